@@ -1,0 +1,92 @@
+"""Solving DiffEqFormer's ODE with Diffrax: any solver, any step-size controller.
+
+Training uses the fixed-step Euler scan of ``DiffEqFormerLMHeadModel.activations`` (fastest, exact). This module
+solves the same ODE dx/dt = f(t, x) with ``diffrax.diffeqsolve``, for evaluation with other solvers (Heun, midpoint,
+adaptive Runge-Kutta with a PID controller) and for analyses that need the continuous trajectory.
+
+The official Euler grid evaluates the weights of step k at t_k = (k+1) h, i.e. it is Diffrax's Euler method for the
+shifted field f(t + h, x). ``time_offset`` applies that shift: ``time_offset=h`` reproduces the training path
+exactly; ``time_offset=0`` (the default) solves the ODE itself, to which both converge as h -> 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import diffrax
+import haliax as hax
+import jax.numpy as jnp
+from haliax import NamedArray
+
+from .model import DiffEqFormerLMHeadModel
+
+
+@dataclass(frozen=True)
+class SolveStats:
+    """What a solve cost: accepted and rejected steps, and vector-field evaluations."""
+
+    num_steps: int
+    num_accepted_steps: int
+    num_rejected_steps: int
+
+
+def solve_hidden(
+    model: DiffEqFormerLMHeadModel,
+    x0: NamedArray,
+    attn_mask=None,
+    *,
+    solver: diffrax.AbstractSolver | None = None,
+    dt0: float | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    t0: float = 0.0,
+    t1: float = 1.0,
+    time_offset: float = 0.0,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    max_steps: int = 4096,
+    pos_ids: NamedArray | None = None,
+    saveat: diffrax.SaveAt | None = None,
+) -> tuple[NamedArray, diffrax.Solution]:
+    """Solve dx/dt = f(t + time_offset, x) from x(t0) = x0 to t1; x0 is [..., Pos, Embed].
+
+    Defaults: Euler with the model's own step 1/L, and Diffrax's recursive-checkpoint adjoint (online
+    checkpointing, as the paper trains). Returns x(t1) (without the final norm) and the Diffrax solution.
+    """
+    solver = diffrax.Euler() if solver is None else solver
+    controller = diffrax.ConstantStepSize() if stepsize_controller is None else stepsize_controller
+    if dt0 is None and isinstance(controller, diffrax.ConstantStepSize):
+        dt0 = (t1 - t0) / model.config.num_layers
+    axes = x0.axes
+    if pos_ids is None:
+        pos_ids = hax.arange(x0.resolve_axis("position"), dtype=jnp.int32)
+
+    def field(t, y, args):
+        tt = hax.named(jnp.asarray(t + time_offset, dtype=y.dtype), ())
+        return model.vector_field(tt, hax.named(y, axes), attn_mask, pos_ids=pos_ids).rearrange(axes).array
+
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(field),
+        solver,
+        t0=t0,
+        t1=t1,
+        dt0=dt0,
+        y0=x0.array,
+        stepsize_controller=controller,
+        adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
+        max_steps=max_steps,
+        saveat=diffrax.SaveAt(t1=True) if saveat is None else saveat,
+    )
+    return hax.named(sol.ys[-1], axes), sol
+
+
+def solve_logits(model: DiffEqFormerLMHeadModel, input_ids: NamedArray, attn_mask=None, **solve_kwargs):
+    """Logits [..., Pos, Vocab] of the model with the ODE solved by Diffrax (see ``solve_hidden``)."""
+    pos_ids = hax.arange(input_ids.resolve_axis("position"), dtype=jnp.int32)
+    x0 = model.embeddings.embed(input_ids, pos_ids)
+    x1, _ = solve_hidden(model, x0, attn_mask, pos_ids=pos_ids, **solve_kwargs)
+    return hax.dot(model.ln_f(x1), model.get_lm_head(), axis=model.Embed)
+
+
+def solve_stats(sol: diffrax.Solution) -> SolveStats:
+    """Step counts of a Diffrax solution (for a perplexity-vs-evaluations comparison)."""
+    s = sol.stats
+    return SolveStats(int(s["num_steps"]), int(s["num_accepted_steps"]), int(s["num_rejected_steps"]))
