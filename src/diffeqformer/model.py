@@ -289,10 +289,11 @@ class DiffEqFormerLMHeadModel(_LmBase):
         else:  # weight sharing: one block applied L times, without L copies of its weights
             keys = maybe_rng_split(k_ode, L.size) if k_ode is not None else None
 
-            def step(x, key):
+            def step(x, t, key):
+                del t  # scanned only so that the scan always has an input (keys may be None)
                 return x + self.block(x, attn_mask, key=key, pos_ids=pos_ids) * h
 
-            x = hax.fold(step, L, remat=self.config.checkpoint_policy)(x, keys)
+            x = hax.fold(step, L, remat=self.config.checkpoint_policy)(x, time_grid(L), keys)
         return self.ln_f(x)
 
 

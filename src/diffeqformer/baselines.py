@@ -1,0 +1,66 @@
+"""Baselines at the dimensions of a DiffEqFormer config (PAPER.md section 1).
+
+- ``gpt2``: Levanter's own GPT-2 (sequential pre-norm blocks, L independent layers).
+- ``llama``: Levanter's own Llama (RoPE, RMSNorm, SwiGLU), tied embeddings as in the ODE model.
+- ``shared``: the weight-shared model, one block applied L times (ALBERT / Zhong et al. 2022), which is DiffEqFormer
+  with ``time_dependent=False``.
+
+Levanter's GPT-2 and Llama configs are Hugging Face compatible; nothing here loads or converts an HF checkpoint, so
+building and training them needs no internet.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from levanter.models.gpt2 import Gpt2Config
+from levanter.models.llama import LlamaConfig
+from levanter.models.lm_model import LmConfig
+
+from .model import DiffEqFormerConfig
+
+BASELINES = ("gpt2", "llama", "shared")
+
+
+def baseline_config(config: DiffEqFormerConfig, kind: str) -> LmConfig:
+    """The ``kind`` baseline with the same width, depth (L layers), heads, MLP width, sequence length and dropout."""
+    if kind == "gpt2":
+        return Gpt2Config(
+            seq_len=config.seq_len,
+            hidden_dim=config.hidden_dim,
+            num_layers=config.num_layers,
+            num_heads=config.num_heads,
+            mlp_scale=config.mlp_scale,
+            initializer_range=config.initializer_range,
+            embed_pdrop=config.embed_pdrop,
+            resid_pdrop=config.resid_pdrop,
+            layer_norm_epsilon=config.layer_norm_epsilon,
+            activation_function=config.activation,
+            use_bias=config.use_bias,
+            gradient_checkpointing=bool(config.gradient_checkpointing),
+            upcast_attn=config.upcast_attn,
+            attn_backend=config.attn_backend,
+            flash_attention_block_size=config.flash_attention_block_size,
+        )
+    if kind == "llama":
+        return LlamaConfig(
+            seq_len=config.seq_len,
+            hidden_dim=config.hidden_dim,
+            intermediate_dim=config.Mlp.size,
+            num_layers=config.num_layers,
+            num_heads=config.num_heads,
+            num_kv_heads=config.num_heads,
+            activation_function=config.activation,
+            initializer_range=config.initializer_range,
+            layer_norm_epsilon=config.layer_norm_epsilon,
+            tie_word_embeddings=True,
+            use_bias=False,
+            rope=config.rope,
+            gradient_checkpointing=config.gradient_checkpointing,
+            upcast_attn=config.upcast_attn,
+            attn_backend=config.attn_backend,
+            flash_attention_block_size=config.flash_attention_block_size,
+        )
+    if kind == "shared":
+        return dataclasses.replace(config, time_dependent=False)
+    raise ValueError(f"unknown baseline {kind!r}; choose one of {BASELINES}")

@@ -1,0 +1,24 @@
+"""Every path of the project, as pathlib constants, so that entry points work from any directory.
+
+``DIFFEQFORMER_HOME`` moves the writable folders (data cache, runs, figures) elsewhere, e.g. on Colab.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+"""The repository root (src/diffeqformer/paths.py -> ../../..)."""
+HOME = Path(os.environ.get("DIFFEQFORMER_HOME", REPO)).resolve()
+"""Root of everything the project writes."""
+
+CONFIG = REPO / "config"
+NOTEBOOKS = REPO / "notebooks"
+BOOK = REPO / "book"
+DATA = HOME / "data"
+"""Scripts and README are committed here; downloads and caches go below it and are git-ignored."""
+DATA_RAW = DATA / "raw"
+DATA_CACHE = DATA / "cache"
+RUNS = HOME / "runs"
+FIGURES = HOME / "figures"
