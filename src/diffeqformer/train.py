@@ -1,0 +1,344 @@
+"""Training: ``python -m diffeqformer.train --config config/<preset>/<name>.yaml [--model.time_embed_dim 32 ...]``.
+
+A thin layer over Levanter's trainer, data cache and checkpointing. Each run lives in ``runs/<name>/`` (or
+``--run_dir``):
+
+    config.yaml      the resolved configuration (what was trained)
+    checkpoints/     Levanter checkpoints; rerunning the same command resumes from the newest one
+    metrics.jsonl    every metric Levanter logs (train loss, eval loss, throughput), one JSON object per line
+    complete.json    written last: final validation loss and perplexity, wall time, the config's hash
+
+A run whose ``complete.json`` matches its configuration is not trained again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import draccus
+import jax
+import jax.random as jrandom
+from haliax import Axis
+from haliax.partitioning import round_axis_for_partitioning
+from levanter.models.lm_model import LmConfig, compute_next_token_loss
+from levanter.optim import AdamConfig, OptimizerConfig
+from levanter.tracker import NoopConfig, Tracker, TrackerConfig
+from levanter.trainer import Trainer, TrainerConfig
+
+from . import paths
+from .model import DiffEqFormerConfig
+
+logger = logging.getLogger(__name__)
+
+DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
+"""The paper's code decays only the embeddings of the ODE model (its hypernetworks are not decayed)."""
+DECAY_BASELINE = r".*attn.*weight|.*mlp.*weight|.*token_embeddings.*|.*position_embeddings.*"
+"""... and the attention/MLP weights and embeddings of the baselines (nanoGPT's convention)."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which corpus to train on."""
+
+    dataset: str = "shakespeare"
+    """'shakespeare' (offline default), 'wikitext103' or 'openwebtext' (need the internet)."""
+    domain: str = "all"
+    """Shakespeare corpus domain: 'all', 'plays' or 'prose'."""
+    vocab_size: int = 4096
+    """Size of the byte-level BPE trained on the offline corpus (online corpora use GPT-2's tokenizer)."""
+
+    def levanter_config(self):
+        from .data import lm_dataset_config
+
+        return lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size)
+
+
+@dataclass
+class TrainConfig:
+    """One training run: data, model, Levanter trainer and optimiser, and where the run is written."""
+
+    name: str = "diffeqformer"
+    """Run name: the run directory is runs/<name> unless run_dir is given."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: LmConfig = field(default_factory=DiffEqFormerConfig)
+    """Any Levanter LmConfig: type diffeqformer, gpt2 or llama."""
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(tracker=NoopConfig()))
+    optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    run_dir: Optional[str] = None
+    """Where the run is written (default: runs/<name>)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (off by default)."""
+    epochs: int = 100
+    """Passes over the training tokens at most (the offline corpus is small; Levanter reshuffles each pass)."""
+
+
+def run_dir_of(config: TrainConfig) -> Path:
+    return Path(config.run_dir) if config.run_dir else paths.RUNS / config.name
+
+
+def validate(config: TrainConfig) -> None:
+    """Reject bad input before any compute, naming the field."""
+    from .data import DATASETS, DOMAINS, check_vocab_size
+
+    t = config.trainer
+    if not isinstance(t.num_train_steps, int) or t.num_train_steps < 1:
+        raise ValueError(f"trainer.num_train_steps must be a positive integer, got {t.num_train_steps!r}")
+    if isinstance(t.train_batch_size, int) and t.train_batch_size < 1:
+        raise ValueError(f"trainer.train_batch_size must be a positive integer, got {t.train_batch_size!r}")
+    if t.steps_per_eval < 1:
+        raise ValueError(f"trainer.steps_per_eval must be a positive integer, got {t.steps_per_eval!r}")
+    if config.data.dataset not in DATASETS:
+        raise ValueError(f"data.dataset must be one of {DATASETS}, got {config.data.dataset!r}")
+    if config.data.domain not in DOMAINS:
+        raise ValueError(f"data.domain must be one of {DOMAINS}, got {config.data.domain!r}")
+    check_vocab_size(config.data.vocab_size)
+    if config.epochs < 1:
+        raise ValueError(f"epochs must be a positive integer, got {config.epochs!r}")
+    for name in ("seq_len", "hidden_dim", "num_layers", "num_heads"):
+        value = getattr(config.model, name, 1)
+        if not isinstance(value, int) or value < 1:
+            raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+    if config.model.hidden_dim % config.model.num_heads:
+        raise ValueError(
+            f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
+            f"({config.model.num_heads})"
+        )
+
+
+def config_hash(config: TrainConfig) -> str:
+    """Hash of what determines the trained parameters (not where the run is written, nor logging)."""
+    relevant = dataclasses.replace(config, run_dir=None, wandb=False)
+    return hashlib.sha256(draccus.dump(relevant).encode()).hexdigest()[:16]
+
+
+def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
+    """The paper's weight-decay masks, unless the config sets its own ``weight_decay_modules``."""
+    if optimizer.weight_decay_modules is not None:
+        return optimizer
+    decay = DECAY_ODE if isinstance(model, DiffEqFormerConfig) and model.time_dependent else DECAY_BASELINE
+    return dataclasses.replace(optimizer, weight_decay_modules=decay, default_weight_decay_mask=False)
+
+
+class JsonlTracker(Tracker):
+    """A Levanter tracker that appends every logged metric to a JSON-lines file (read by ``read_metrics``)."""
+
+    name = "jsonl"
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+
+    def _write(self, record: dict):
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def log_hyperparameters(self, hparams: dict[str, Any]):
+        pass
+
+    def log(self, metrics: Mapping[str, Any], *, step: Optional[int], commit: Optional[bool] = None):
+        scalars = {}
+        for key, value in metrics.items():
+            try:
+                scalars[key] = float(value)
+            except (TypeError, ValueError):
+                continue  # histograms, strings: not for this file
+        if scalars:
+            self._write({"step": step, "time": time.time(), **scalars})
+
+    def log_summary(self, metrics: dict[str, Any]):
+        self.log(metrics, step=None)
+
+    def log_artifact(self, artifact_path, *, name: Optional[str] = None, type: Optional[str] = None):
+        pass
+
+    def finish(self):
+        pass
+
+
+@TrackerConfig.register_subclass("jsonl")
+@dataclass(frozen=True)
+class JsonlTrackerConfig(TrackerConfig):
+    """Config of ``JsonlTracker``."""
+
+    path: str = "metrics.jsonl"
+
+    def init(self, run_id: Optional[str]) -> Tracker:
+        return JsonlTracker(Path(self.path))
+
+
+def read_metrics(run_dir: str | Path):
+    """The metrics of a run as a pandas DataFrame: one row per step, a column per metric (NaN where not logged).
+
+    After a resume, the last value logged for a step wins."""
+    import pandas as pd
+
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.exists():
+        raise FileNotFoundError(f"no metrics file at {path}; has the run started?")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    frame = pd.DataFrame([r for r in records if r.get("step") is not None])
+    if frame.empty:
+        return frame
+    return frame.drop(columns="time").groupby("step").last().sort_index()
+
+
+def _trainer_config(config: TrainConfig, run_dir: Path) -> TrainerConfig:
+    trackers: list[TrackerConfig] = [JsonlTrackerConfig(str(run_dir / "metrics.jsonl"))]
+    if config.wandb:
+        from levanter.tracker.wandb import WandbConfig
+
+        trackers.append(WandbConfig(name=config.name))
+    checkpointer = dataclasses.replace(
+        config.trainer.checkpointer, base_path=str(run_dir / "checkpoints"), append_run_id_to_base_path=False
+    )
+    return dataclasses.replace(
+        config.trainer,
+        id=config.name,
+        tracker=tuple(trackers),
+        checkpointer=checkpointer,
+        log_dir=run_dir / "logs",
+        require_accelerator=False if config.trainer.require_accelerator is None else config.trainer.require_accelerator,
+    )
+
+
+def main(config: TrainConfig) -> dict:
+    """Train (or resume, or skip a finished run) and return the contents of ``complete.json``."""
+    import levanter
+    import levanter.callbacks
+    import levanter.eval
+
+    validate(config)
+    run_dir = run_dir_of(config)
+    digest = config_hash(config)
+    complete = run_dir / "complete.json"
+    if complete.exists():
+        summary = json.loads(complete.read_text())
+        if summary.get("config_hash") == digest:
+            print(f"{config.name}: already complete ({run_dir}); not retraining", file=sys.stderr)
+            return summary
+    saved = run_dir / "config.yaml"
+    if saved.exists() and (run_dir / "checkpoints").exists():
+        previous = saved.read_text().split("\n", 1)[0]
+        if previous != f"# config_hash: {digest}":
+            raise ValueError(
+                f"{run_dir} holds a run with another configuration ({previous.removeprefix('# ')}); "
+                "choose another --name/--run_dir or delete it"
+            )
+    run_dir.mkdir(parents=True, exist_ok=True)
+    saved.write_text(f"# config_hash: {digest}\n" + draccus.dump(config))
+
+    data = config.data.levanter_config()
+    tokenizer = data.the_tokenizer
+    trainer_config = _trainer_config(config, run_dir)
+    optimizer = with_paper_weight_decay(config.optimizer, config.model).build(trainer_config.num_train_steps)
+    levanter.initialize(trainer_config)
+
+    start = time.time()
+    with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
+        data_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
+        Pos = config.model.Pos
+        Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
+        train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key, epochs=config.epochs)
+        eval_sets = data.tagged_eval_sets(Pos)
+        _check_validation_length(eval_sets, Pos)
+
+        state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
+        if int(state.step) > 0:
+            print(f"{config.name}: resuming from step {int(state.step)}", file=sys.stderr)
+        max_eval = trainer_config.max_eval_batches
+        max_eval = max_eval * trainer_config.eval_batch_size if max_eval is not None else None
+        eval_hook = levanter.eval.cb_tagged_lm_evaluate(
+            trainer_config.EvalBatch, eval_sets, tokenizer, trainer.device_mesh, trainer.compute_axis_mapping,
+            max_eval, mp=trainer_config.mp,
+        )
+        trainer.add_hook(eval_hook, every=trainer_config.steps_per_eval)
+        flops = config.model.flops_per_token(Vocab.size)
+        trainer.add_hook(
+            levanter.callbacks.log_performance_stats(
+                Pos.size, trainer_config.batch_schedule, 3 * flops * Pos.size if flops else None
+            ),
+            every=1,
+        )
+        if int(state.step) < trainer_config.num_train_steps:  # else: killed after its last checkpoint
+            loader = trainer.data_loader(train_set).iter_from_step(int(state.step))
+            try:
+                trainer.train(state, loader)  # ends with every hook forced: final evaluation and checkpoint
+            except RuntimeError as err:
+                if "nan" in str(err).lower() or "inf" in str(err).lower():
+                    raise SystemExit(
+                        f"{config.name}: training stopped, the loss is not finite ({err}). "
+                        f"The last good checkpoint is kept in {run_dir / 'checkpoints'}."
+                    ) from None
+                raise
+
+    metrics = read_metrics(run_dir)
+    summary = _summary(config, metrics, digest, time.time() - start)
+    complete.write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _check_validation_length(eval_sets, Pos: Axis) -> None:
+    for dataset, tags in eval_sets:
+        if len(dataset.as_sync_dataset()) < 1:
+            raise ValueError(
+                f"the validation split {tags} holds fewer tokens than model.seq_len ({Pos.size}): "
+                "lower model.seq_len or choose another data.domain"
+            )
+
+
+def _summary(config: TrainConfig, metrics, digest: str, wall_s: float) -> dict:
+    def last(column):
+        if column not in metrics or metrics[column].dropna().empty:
+            return None
+        return float(metrics[column].dropna().iloc[-1])
+
+    eval_loss = last("eval/loss")
+    return {
+        "name": config.name,
+        "config_hash": digest,
+        "steps": config.trainer.num_train_steps,
+        "final_train_loss": last("train/loss"),
+        "final_eval_loss": eval_loss,
+        "final_eval_perplexity": math.exp(eval_loss) if eval_loss is not None else None,
+        "tokens_per_second": last("throughput/tokens_per_second"),
+        "wall_time_s": wall_s,
+        "jax_backend": jax.default_backend(),
+    }
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """Parse a YAML file (plus draccus-style overrides such as ``--model.time_embed_dim 32``)."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"config file not found: {path}")
+    return draccus.parse(TrainConfig, config_path=str(path), args=list(overrides or []))
+
+
+def cli(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--config" not in argv and "--config_path" not in argv:
+        raise SystemExit("usage: python -m diffeqformer.train --config config/<preset>/<name>.yaml [overrides]")
+    key = "--config" if "--config" in argv else "--config_path"
+    i = argv.index(key)
+    path, overrides = argv[i + 1], argv[:i] + argv[i + 2 :]
+    try:
+        config = load_config(path, overrides)
+        main(config)
+    except (ValueError, FileNotFoundError) as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cli()
