@@ -273,7 +273,7 @@ def main(config: TrainConfig) -> dict:
         if int(state.step) < trainer_config.num_train_steps:  # else: killed after its last checkpoint
             loader = trainer.data_loader(train_set).iter_from_step(int(state.step))
             try:
-                trainer.train(state, loader)  # ends with every hook forced: final evaluation and checkpoint
+                state = trainer.train(state, loader).state  # ends with every hook forced: evaluation, checkpoint
             except RuntimeError as err:
                 if "nan" in str(err).lower() or "inf" in str(err).lower():
                     raise SystemExit(
@@ -282,10 +282,38 @@ def main(config: TrainConfig) -> dict:
                     ) from None
                 raise
 
+        _save_model(state.model, run_dir / MODEL_FILE)
+
     metrics = read_metrics(run_dir)
-    summary = _summary(config, metrics, digest, time.time() - start)
+    summary = {**_summary(config, metrics, digest, time.time() - start), "vocab_size": Vocab.size}
     complete.write_text(json.dumps(summary, indent=1) + "\n")
     return summary
+
+
+MODEL_FILE = "model.eqx"
+"""The trained parameters, as ``equinox.tree_serialise_leaves`` writes them (read by ``load_model``)."""
+
+
+def _save_model(model, path: Path) -> None:
+    import equinox as eqx
+
+    tmp = path.with_suffix(".tmp")
+    eqx.tree_serialise_leaves(tmp, model)
+    tmp.replace(path)
+
+
+def load_model(run_dir: str | Path):
+    """The trained model of a finished run, rebuilt from its ``config.yaml`` (no Levanter checkpoint machinery)."""
+    import equinox as eqx
+
+    run_dir = Path(run_dir)
+    complete = run_dir / "complete.json"
+    if not complete.exists():
+        raise FileNotFoundError(f"{run_dir} holds no finished run (no complete.json)")
+    config = load_config(run_dir / "config.yaml")
+    Vocab = Axis("vocab", json.loads(complete.read_text())["vocab_size"])
+    skeleton = eqx.filter_eval_shape(config.model.build, Vocab, key=jrandom.PRNGKey(0))
+    return eqx.tree_deserialise_leaves(run_dir / MODEL_FILE, skeleton)
 
 
 def _check_validation_length(eval_sets, Pos: Axis) -> None:
@@ -322,7 +350,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file not found: {path}")
-    return draccus.parse(TrainConfig, config_path=str(path), args=list(overrides or []))
+    try:
+        return draccus.parse(TrainConfig, config_path=str(path), args=list(overrides or []))
+    except Exception as err:
+        # draccus reports "Couldn't instantiate class ..." and keeps our validation error as the cause: surface it.
+        cause, innermost = err, None
+        while cause is not None:
+            if isinstance(cause, ValueError):
+                innermost = cause
+            cause = cause.__cause__ or cause.__context__
+        if innermost is not None and innermost is not err:
+            raise ValueError(f"{path}: {innermost}") from None
+        raise
 
 
 def cli(argv: list[str] | None = None) -> None:

@@ -1,0 +1,70 @@
+"""Every YAML file in config/ parses into its dataclass; bad input is rejected before any compute."""
+
+import time
+
+import pytest
+from levanter.models.gpt2 import Gpt2Config
+from levanter.models.llama import LlamaConfig
+from levanter.optim import AdamConfig
+from levanter.trainer import TrainerConfig
+
+from diffeqformer import DiffEqFormerConfig, paths
+from diffeqformer.train import DataConfig, TrainConfig, load_config, main, validate
+
+CONFIGS = sorted(paths.CONFIG.rglob("*.yaml"))
+PRESETS = ("smoke", "cpu", "gpu", "paper")
+
+
+def test_every_preset_has_configs():
+    for preset in PRESETS:
+        assert list((paths.CONFIG / preset).glob("*.yaml")), f"no config in config/{preset}"
+    assert (paths.CONFIG / "smoke" / "diffeqformer.yaml").exists()
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(paths.CONFIG)) for p in CONFIGS])
+def test_yaml_parses_into_train_config(path):
+    config = load_config(path)
+    assert isinstance(config, TrainConfig)
+    assert isinstance(config.data, DataConfig)
+    assert isinstance(config.model, (DiffEqFormerConfig, Gpt2Config, LlamaConfig))
+    assert isinstance(config.trainer, TrainerConfig)
+    assert isinstance(config.optimizer, AdamConfig)
+    assert config.name and config.name.startswith(path.parent.name)
+    validate(config)
+    # the model type in the file is the one that was built
+    assert f"type: {config.model.get_choice_name(type(config.model))}" in path.read_text()
+
+
+def test_overrides_in_draccus_style():
+    config = load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml", ["--model.time_embed_dim", "32"])
+    assert config.model.time_embed_dim == 32
+
+
+SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["--trainer.num_train_steps", "0"], "num_train_steps"),
+        (["--trainer.num_train_steps", "-5"], "num_train_steps"),
+        (["--model.sinusoidal_dim", "7"], "sinusoidal_dim"),
+        (["--model.time_embed_dim", "0"], "time_embed_dim"),
+        (["--model.num_heads", "3"], "divisible"),
+        (["--data.dataset", "imagenet"], "data.dataset"),
+        (["--data.domain", "poetry"], "data.domain"),
+        (["--data.vocab_size", "100"], "vocab_size"),
+    ],
+)
+def test_bad_input_is_rejected_before_compute(tmp_path, overrides, message):
+    start = time.perf_counter()
+    with pytest.raises(Exception, match=message):
+        config = load_config(SMOKE, overrides + ["--run_dir", str(tmp_path / "run")])
+        main(config)
+    assert time.perf_counter() - start < 5.0
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_missing_config_file():
+    with pytest.raises(FileNotFoundError, match="not_there.yaml"):
+        load_config(paths.CONFIG / "smoke" / "not_there.yaml")

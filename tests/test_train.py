@@ -1,0 +1,88 @@
+"""diffeqformer.train at smoke size: metrics file, skip when complete, resume after SIGKILL equals a full run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+from diffeqformer import paths
+from diffeqformer.train import load_model, read_metrics
+
+SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
+
+
+def _train_cmd(run_dir):
+    return [sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir", str(run_dir)]
+
+
+def _run(run_dir):
+    # A subprocess, as a user runs it: Levanter's trainer sets global JAX and logging state.
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run(_train_cmd(run_dir), env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def full_run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("full") / "run"
+    start = time.perf_counter()
+    _run(run_dir)
+    return run_dir, time.perf_counter() - start
+
+
+def test_smoke_run_writes_metrics_and_summary(full_run):
+    run_dir, wall = full_run
+    summary = json.loads((run_dir / "complete.json").read_text())
+    metrics = read_metrics(run_dir)
+    assert metrics.index.max() == 19
+    train = metrics["train/loss"].dropna()
+    assert len(train) == 20 and np.all(np.isfinite(train))
+    evals = metrics["eval/loss"].dropna()
+    assert len(evals) >= 2 and evals.iloc[-1] < evals.iloc[0]  # learns something in 20 steps
+    assert summary["final_eval_perplexity"] == pytest.approx(np.exp(evals.iloc[-1]), rel=1e-6)
+    assert summary["tokens_per_second"] > 0
+    assert (run_dir / "config.yaml").read_text().startswith("# config_hash: " + summary["config_hash"])
+    model = load_model(run_dir)
+    assert model.config.time_embed_dim == 4
+    print(f"smoke run: {wall:.1f} s wall, final eval loss {evals.iloc[-1]:.3f}")
+
+
+def test_complete_run_is_not_retrained(full_run):
+    run_dir, _ = full_run
+    before = (run_dir / "metrics.jsonl").read_text()
+    out = _run(run_dir)
+    assert "already complete" in out.stderr
+    assert (run_dir / "metrics.jsonl").read_text() == before
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
+    full_dir, _ = full_run
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    proc = subprocess.Popen(_train_cmd(run_dir), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    checkpoint = run_dir / "checkpoints" / "step-10" / "metadata.json"
+    while not checkpoint.exists():
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, "no checkpoint at step 10 within 300 s"
+        time.sleep(0.2)
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "complete.json").exists()
+
+    out = _run(run_dir)
+    assert "resuming from step" in out.stderr
+    resumed = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
+    full = jax.tree_util.tree_leaves(eqx.filter(load_model(full_dir), eqx.is_array))
+    assert len(resumed) == len(full) > 10
+    for a, b in zip(resumed, full):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
