@@ -173,13 +173,14 @@ def test_batched_input(getkey):
 def test_param_count_formula(getkey, changes):
     config = tiny(**changes)
     assert count_params(config.build(VOCAB, key=getkey())) == count_params_formula(config, VOCAB.size)
+    shape_only = eqx.filter_eval_shape(config.build, VOCAB, key=getkey())
+    assert count_params(shape_only) == count_params_formula(config, VOCAB.size)
     assert config.total_trainable_params(VOCAB.size) == count_params_formula(config, VOCAB.size)
 
 
 def test_params_grow_linearly_with_time_embed_dim():
     """Paper: parameters grow linearly with d_t (about d_t times one block's weights). Beyond the exactly linear
     part, each per-weight MLP adds d_t^2 (its second layer): remove that and the count is affine in d_t."""
-    units = 9  # q, k, v, o, mlp in/out, two norms ... see below
     counts = {}
     for d_t in (4, 8, 12, 16):
         config = tiny(time_embed_dim=d_t)

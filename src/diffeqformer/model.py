@@ -364,8 +364,10 @@ def count_params_formula(config: DiffEqFormerConfig, vocab_size: int) -> int:
 
 
 def count_params(model: eqx.Module) -> int:
-    """Number of trainable (floating-point array) parameters of any model."""
+    """Number of floating-point parameters of any model, also of a shape-only one (``eqx.filter_eval_shape``)."""
     import jax
 
-    leaves = jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_inexact_array))
-    return int(sum(math.prod(leaf.shape) for leaf in leaves))
+    def is_param(leaf) -> bool:
+        return hasattr(leaf, "shape") and hasattr(leaf, "dtype") and jnp.issubdtype(leaf.dtype, jnp.inexact)
+
+    return int(sum(math.prod(leaf.shape) for leaf in jax.tree_util.tree_leaves(model) if is_param(leaf)))
