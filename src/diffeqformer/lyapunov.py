@@ -188,6 +188,18 @@ def _qr_step(phi, rows, h):
     return q, jnp.log(jnp.abs(jnp.diagonal(r, axis1=-2, axis2=-1)))
 
 
+@eqx.filter_jit
+def _tangent_step(block, x, phis, outs, pos_ids, axes, h: float, rows_fn):
+    """One Euler step of the state and of every (output, input) tangent matrix; compiled once per shape."""
+    f = _field(block, axes, pos_ids)
+
+    def one_out(out, phi):
+        return _qr_step(phi, rows_fn(f, x, out), h)
+
+    phis, logs = jax.vmap(one_out)(outs, phis)
+    return x + h * f(x), phis, logs
+
+
 def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn) -> tuple[np.ndarray, int]:
     """Exponents [len(outs), n_in, D] (sorted decreasing) for several output positions."""
     model, ids, x0, blocks, pos_ids = _prepare(model, token_ids)
@@ -196,21 +208,12 @@ def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn) -> tu
     h = 1.0 / L
     outs = [o % n for o in output_positions]
 
-    @eqx.filter_jit
-    def step(block, x, phis):
-        f = _field(block, x0.axes, pos_ids)
-
-        def one_out(out, phi):
-            return _qr_step(phi, rows_fn(f, x, out), h)
-
-        phis, logs = jax.vmap(one_out)(jnp.asarray(outs), phis)
-        return x + h * f(x), phis, logs
-
     x = x0.array
     phis = jnp.broadcast_to(jnp.eye(D, dtype=x.dtype), (len(outs), n, D, D))
     total = jnp.zeros((len(outs), n, D), x.dtype)
+    out_ids = jnp.asarray(outs, dtype=jnp.int32)
     for k in range(L):
-        x, phis, logs = step(_layer(blocks, k), x, phis)
+        x, phis, logs = _tangent_step(_layer(blocks, k), x, phis, out_ids, pos_ids, x0.axes, h, rows_fn)
         total = total + logs
     exps = -jnp.sort(-total / (L * h), axis=-1)  # the horizon is t = 1
     return np.asarray(exps), n
