@@ -56,8 +56,8 @@ logger = logging.getLogger(__name__)
 Domain = Literal["plays", "prose"]
 Split = Literal["train", "validation"]
 
-DATASETS = ("shakespeare", "wikitext103", "openwebtext")
-"""Corpora that ``lm_dataset_config`` knows: the offline default and the paper's two online ones."""
+DATASETS = ("shakespeare", "wikitext103", "openwebtext", "synthetic")
+"""Corpora that ``lm_dataset_config`` knows: the offline default, the paper's two online ones, the synthetic one."""
 DOMAINS = ("all", "plays", "prose")
 """Domains of the Shakespeare corpus: ``all`` is the union of ``plays`` and ``prose`` (see ``Document.domain``)."""
 SPLITS = ("train", "validation")
@@ -603,6 +603,10 @@ def lm_dataset_config(
     ``cache_dir`` is where Levanter writes its token caches (a folder per split); by default it is below ``root``.
     """
     _check_choice("dataset", dataset, DATASETS)
+    if dataset == "synthetic":  # the attribution benchmark's language (diffeqformer.synthetic), word-level tokens
+        from . import synthetic
+
+        return synthetic.prepare(root)
     if dataset == "shakespeare":
         _check_choice("domain", domain, DOMAINS)
         info = prepare_corpus(root, vocab_size=None if tokenizer is not None else vocab_size)

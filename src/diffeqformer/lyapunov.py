@@ -160,11 +160,15 @@ def _field(block, axes, pos_ids):
 def trajectory(model: DiffEqFormerLMHeadModel, token_ids) -> jnp.ndarray:
     """States X_0..X_L [L+1, n, D] of the forward pass (X_0 the embeddings; X_L before the final norm)."""
     model, ids, x0, blocks, pos_ids = _prepare(model, token_ids)
-    h = 1.0 / model.config.num_layers
-    xs = [x0.array]
-    for k in range(model.config.num_layers):
-        f = _field(_layer(blocks, k), x0.axes, pos_ids)
-        xs.append(xs[-1] + h * f(xs[-1]))
+    return _states(blocks, x0.array, pos_ids, x0.axes, model.config.num_layers)
+
+
+@eqx.filter_jit
+def _states(blocks, x, pos_ids, axes, num_steps: int):
+    h = 1.0 / num_steps
+    xs = [x]
+    for k in range(num_steps):
+        xs.append(xs[-1] + h * _field(_layer(blocks, k), axes, pos_ids)(xs[-1]))
     return jnp.stack(xs)
 
 
@@ -274,20 +278,24 @@ def lyapunov_map(
 def attention_weights(model: DiffEqFormerLMHeadModel, token_ids) -> np.ndarray:
     """Attention probabilities [L, heads, query, key] of each Euler step, along the forward trajectory."""
     model, ids, x0, blocks, pos_ids = _prepare(model, token_ids)
-    xs = trajectory(model, token_ids)
-    out = []
-    for k in range(model.config.num_layers):
+    return np.asarray(_attention_probs(blocks, x0.array, pos_ids, x0.axes, model.config.num_layers))
+
+
+@eqx.filter_jit
+def _attention_probs(blocks, x, pos_ids, axes, num_steps: int):
+    xs = _states(blocks, x, pos_ids, axes, num_steps)
+    probs = []
+    for k in range(num_steps):
         block = _layer(blocks, k)
-        x = hax.named(xs[k], x0.axes)
         pos = pos_ids.astype(jnp.float32) if block.attn.rot_embs is not None else pos_ids
-        q, kk, _ = block.attn._compute_qkv(block.attn_norm(x), key=None, pos_ids=pos)
+        q, kk, _ = block.attn._compute_qkv(block.attn_norm(hax.named(xs[k], axes)), key=None, pos_ids=pos)
         q = q.rearrange(("kv_head", "q_heads_per_group", "position", "head_size")).array[:, 0]
         kk = kk.rearrange(("kv_head", "position", "head_size")).array
         scores = jnp.einsum("hqd,hkd->hqk", q, kk) / math.sqrt(q.shape[-1])
         n = scores.shape[-1]
         scores = jnp.where(jnp.tril(jnp.ones((1, n, n), bool)), scores, -jnp.inf)
-        out.append(jax.nn.softmax(scores, axis=-1))
-    return np.asarray(jnp.stack(out))
+        probs.append(jax.nn.softmax(scores, axis=-1))
+    return jnp.stack(probs)
 
 
 def raw_attention_scores(model, token_ids, output_position: int = -1) -> np.ndarray:
@@ -311,20 +319,19 @@ def attention_rollout(model, token_ids, output_position: int = -1) -> np.ndarray
 def gradient_x_input(model: DiffEqFormerLMHeadModel, token_ids, output_position: int = -1) -> np.ndarray:
     """|sum_d (d logit_target / d e_in,d) * e_in,d| per token, target = the model's top next-token prediction."""
     model, ids, x0, blocks, pos_ids = _prepare(model, token_ids)
-    n = x0.array.shape[0]
-    out = output_position % n
-    h = 1.0 / model.config.num_layers
+    out = jnp.asarray(output_position % x0.array.shape[0], jnp.int32)
+    return np.asarray(_grad_x_input(model, blocks, x0.array, pos_ids, x0.axes, out))
 
-    def logits_from(x):
-        for k in range(model.config.num_layers):
-            x = x + h * _field(_layer(blocks, k), x0.axes, pos_ids)(x)
-        final = model.ln_f(hax.named(x, x0.axes))
+
+@eqx.filter_jit
+def _grad_x_input(model, blocks, x0, pos_ids, axes, out):
+    def target_logits(x):
+        final = model.ln_f(hax.named(_states(blocks, x, pos_ids, axes, model.config.num_layers)[-1], axes))
         return hax.dot(final, model.get_lm_head(), axis=model.Embed).rearrange(("position", "vocab")).array[out]
 
-    logits = logits_from(x0.array)
-    target = jnp.argmax(logits)
-    grad = jax.grad(lambda x: logits_from(x)[target])(x0.array)
-    return np.asarray(jnp.abs(jnp.sum(grad * x0.array, axis=-1)))
+    target = jnp.argmax(target_logits(x0))
+    grad = jax.grad(lambda x: target_logits(x)[target])(x0)
+    return jnp.abs(jnp.sum(grad * x0, axis=-1))
 
 
 # ---------------------------------------------------------------------------------------------------------------------
