@@ -68,3 +68,17 @@ def test_bad_input_is_rejected_before_compute(tmp_path, overrides, message):
 def test_missing_config_file():
     with pytest.raises(FileNotFoundError, match="not_there.yaml"):
         load_config(paths.CONFIG / "smoke" / "not_there.yaml")
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(paths.CONFIG)) for p in CONFIGS])
+def test_saved_config_reloads_to_the_same_model(path, tmp_path):
+    """What a run saves (config.yaml) is plain YAML that rebuilds the same model and data config."""
+    from diffeqformer.train import dump_config
+
+    config = load_config(path)
+    text = dump_config(config)
+    assert "!!python" not in text
+    saved = tmp_path / "config.yaml"
+    saved.write_text(text)
+    again = load_config(saved)
+    assert again.model == config.model and again.data == config.data

@@ -116,10 +116,33 @@ def validate(config: TrainConfig) -> None:
         )
 
 
+def dump_config(config: TrainConfig) -> str:
+    """The config as plain YAML that ``load_config`` reads back.
+
+    ``draccus.dump`` writes str-valued enums (Levanter's activation functions) as Python-object tags that a safe
+    YAML loader refuses, so the encoded tree is reduced to plain values first."""
+    import enum
+
+    import yaml
+
+    def plain(x):
+        if isinstance(x, enum.Enum):
+            return x.value
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        if isinstance(x, Path):
+            return str(x)
+        return x
+
+    return yaml.safe_dump(plain(draccus.encode(config)), sort_keys=False)
+
+
 def config_hash(config: TrainConfig) -> str:
     """Hash of what determines the trained parameters (not where the run is written, nor logging)."""
     relevant = dataclasses.replace(config, run_dir=None, wandb=False)
-    return hashlib.sha256(draccus.dump(relevant).encode()).hexdigest()[:16]
+    return hashlib.sha256(dump_config(relevant).encode()).hexdigest()[:16]
 
 
 def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
@@ -236,7 +259,7 @@ def main(config: TrainConfig) -> dict:
                 "choose another --name/--run_dir or delete it"
             )
     run_dir.mkdir(parents=True, exist_ok=True)
-    saved.write_text(f"# config_hash: {digest}\n" + draccus.dump(config))
+    saved.write_text(f"# config_hash: {digest}\n" + dump_config(config))
 
     data = config.data.levanter_config()
     tokenizer = data.the_tokenizer
