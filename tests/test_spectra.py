@@ -1,0 +1,308 @@
+"""Spectra against independent NumPy references: QK, OV, FFN of the ODE model and of the baselines, fast vs full
+eigenvalues, weight sharing, continuity in t, tidy summaries, the netCDF round trip and the plots."""
+
+import dataclasses
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import matplotlib
+import numpy as np
+import pytest
+from helpers import VOCAB, tiny
+from matplotlib.figure import Figure
+from scipy.optimize import linear_sum_assignment
+
+from diffeqformer import spectra as S
+from diffeqformer.baselines import baseline_config
+
+matplotlib.use("Agg")
+
+TIMES = np.array([0.0, 0.37, 1.0])
+
+
+def assert_same_eigenvalues(got, want, tol=1e-4):
+    """Equal as multisets: the best one-to-one matching (Hungarian) is within tol * spectral radius."""
+    got, want = np.asarray(got).ravel(), np.asarray(want).ravel()
+    assert got.shape == want.shape, (got.shape, want.shape)
+    cost = np.abs(got[:, None] - want[None, :])
+    rows, cols = linear_sum_assignment(cost)
+    err, scale = cost[rows, cols].max(), np.abs(want).max()
+    assert err <= tol * scale, f"eigenvalues differ by {err:.3e} (spectral radius {scale:.3e})"
+
+
+def names(x):
+    return tuple(ax.name for ax in x.axes)
+
+
+def padded(lam, size):
+    """The fast path's nonzero eigenvalues plus the structural zeros of the D x D matrix."""
+    return np.concatenate([lam, np.zeros(size - lam.size, dtype=lam.dtype)])
+
+
+def raw_head_matrices(block, i, h):
+    """W_Q, W_K, W_V (D x d_k) and W_O (d_k x D) of head h at time index i, by plain indexing of the raw arrays."""
+    a = block.attn
+    assert names(a.q_proj.weight) == ("time", "kv_head", "q_heads_per_group", "head_size", "embed")
+    assert names(a.k_proj.weight) == ("time", "kv_head", "head_size", "embed")
+    assert names(a.v_proj.weight) == ("time", "kv_head", "head_size", "embed")
+    assert names(a.o_proj.weight) == ("time", "embed", "heads", "head_size")
+    f64 = lambda x: np.asarray(x.array, dtype=np.float64)  # noqa: E731
+    wq = f64(a.q_proj.weight)[i, h, 0].T
+    wk = f64(a.k_proj.weight)[i, h].T
+    wv = f64(a.v_proj.weight)[i, h].T
+    wo = f64(a.o_proj.weight)[i, :, h, :].T
+    return wq, wk, wv, wo
+
+
+def random_model(config, seed=0):
+    """A model of ``config`` with every float parameter drawn from N(0, 0.3^2).
+
+    Not ``config.build``: initialising a model runs dozens of small XLA compilations (~20 s per model on two busy CPU
+    cores), and the spectra do not care how the random weights were drawn, only that every matrix is generic.
+    """
+    rng = np.random.default_rng(seed)
+    skeleton = eqx.filter_eval_shape(config.build, VOCAB, key=jax.random.PRNGKey(0))
+
+    def fill(leaf):
+        if isinstance(leaf, jax.ShapeDtypeStruct) and jnp.issubdtype(leaf.dtype, jnp.floating):
+            return jnp.asarray(0.3 * rng.standard_normal(leaf.shape), dtype=leaf.dtype)
+        return leaf
+
+    return jax.tree_util.tree_map(fill, skeleton)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(tiny())
+
+
+@pytest.fixture(scope="module")
+def ds(model):
+    return S.spectra(model, TIMES)
+
+
+def block_at(model, times):
+    return model.weights_at(hax.named(jnp.asarray(times, dtype=jnp.float32), "time"))
+
+
+def test_dataset_layout(ds, model):
+    c = model.config
+    assert ds.qk.dims == ("time", "head", "eig") and ds.ov.dims == ("time", "head", "eig")
+    assert ds.ffn.dims == ("time", "ffn_eig")
+    assert ds.qk.shape == (3, c.num_heads, c.HeadSize.size)
+    assert ds.ffn.shape == (3, c.hidden_dim)  # min(D, M) = D
+    assert all(ds[m].dtype == np.complex128 for m in S.MATRICES)
+    assert np.abs(ds.qk.imag).max() > 0  # complex eigenvalues are kept
+    np.testing.assert_array_equal(ds.time.values, TIMES)
+    assert ds.attrs["model_kind"] == "diffeqformer"
+    assert S.config_of(ds) == c
+    mags = np.abs(ds.qk.values)
+    assert np.all(np.diff(mags, axis=-1) <= 0)  # sorted by decreasing magnitude
+
+
+@pytest.mark.parametrize("matrix", ["qk", "ov"])
+def test_attention_spectra_match_numpy(ds, model, matrix):
+    block = block_at(model, TIMES)
+    D = model.config.hidden_dim
+    for i in range(len(TIMES)):
+        for h in range(model.config.num_heads):
+            wq, wk, wv, wo = raw_head_matrices(block, i, h)
+            full = wq @ wk.T if matrix == "qk" else wv @ wo  # D x D
+            want = np.linalg.eigvals(full)
+            assert_same_eigenvalues(padded(ds[matrix].values[i, h], D), want)
+
+
+@pytest.mark.parametrize("variant", ["gpt", "llama"])
+def test_ffn_spectrum_matches_numpy(variant):
+    model = random_model(tiny(variant=variant), 1)
+    ds = S.spectra(model, TIMES)
+    mlp = block_at(model, TIMES).mlp
+    if variant == "gpt":
+        assert names(mlp.c_fc.weight) == ("time", "embed", "mlp")
+        assert names(mlp.c_proj.weight) == ("time", "mlp", "embed")
+        w1, w2 = np.asarray(mlp.c_fc.weight.array, np.float64), np.asarray(mlp.c_proj.weight.array, np.float64)
+    else:  # W_1 = W_gate, W_2 = W_down, both stored output-first
+        assert names(mlp.gate_proj.weight) == ("time", "mlp", "embed")
+        assert names(mlp.down_proj.weight) == ("time", "embed", "mlp")
+        w1 = np.swapaxes(np.asarray(mlp.gate_proj.weight.array, np.float64), 1, 2)
+        w2 = np.swapaxes(np.asarray(mlp.down_proj.weight.array, np.float64), 1, 2)
+    for i in range(len(TIMES)):
+        assert_same_eigenvalues(ds.ffn.values[i], np.linalg.eigvals(w1[i] @ w2[i]))
+
+
+def test_product_eigvals_fast_equals_full():
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((3, 10, 4))  # n = 10 > r = 4: the fast path diagonalises B A (4 x 4)
+    b = rng.standard_normal((3, 4, 10))
+    fast, full = S.product_eigvals(a, b), S.product_eigvals(a, b, "full")
+    assert fast.shape == (3, 4) and full.shape == (3, 10)
+    for i in range(3):
+        assert_same_eigenvalues(padded(fast[i], 10), full[i])
+        assert_same_eigenvalues(full[i], np.linalg.eigvals(a[i] @ b[i]))
+    # r >= n: the n x n product itself, both ways
+    np.testing.assert_array_equal(S.product_eigvals(b, a), S.product_eigvals(b, a, "full"))
+
+
+def test_model_fast_equals_full(ds, model):
+    full = S.spectra(model, TIMES, method="full")
+    D = model.config.hidden_dim
+    assert full.qk.shape[-1] == D and full.ffn.shape[-1] == D
+    for matrix in ("qk", "ov"):
+        for i in range(len(TIMES)):
+            for h in range(model.config.num_heads):
+                assert_same_eigenvalues(padded(ds[matrix].values[i, h], D), full[matrix].values[i, h])
+    assert_same_eigenvalues(ds.ffn.values, full.ffn.values)
+
+
+def test_weight_shared_spectra_identical_for_all_t():
+    shared = random_model(baseline_config(tiny(), "shared"), 2)
+    ds = S.spectra(shared, np.linspace(0.0, 1.0, 5))
+    assert ds.attrs["model_kind"] == "diffeqformer-shared"
+    for m in S.MATRICES:
+        for i in range(1, 5):
+            np.testing.assert_array_equal(ds[m].values[i], ds[m].values[0])
+    layers = S.spectra(shared)
+    np.testing.assert_array_equal(layers.qk.values, np.broadcast_to(ds.qk.values[:1], layers.qk.shape))
+
+
+def test_time_dependent_spectra_change_continuously(model):
+    # The sinusoids run at up to s = 1000 rad per unit t, so "small" dt is 1e-6 (1e-3 rad).
+    t0 = np.array([0.2, 0.6])
+    base, near, far = (S.spectra(model, t0 + dt) for dt in (0.0, 1e-6, 1e-2))
+    for m in S.MATRICES:
+        rho = np.abs(base[m].values).max()
+        small = np.abs(np.abs(near[m].values) - np.abs(base[m].values)).max()
+        big = np.abs(np.abs(far[m].values) - np.abs(base[m].values)).max()
+        assert small <= 1e-2 * rho, (m, small, rho)
+        assert small < 0.1 * big, (m, small, big)  # and the spectrum does move with t
+
+
+def test_layer_spectra_are_the_euler_steps(model):
+    L = model.config.num_layers
+    layers = S.spectra(model)
+    assert layers.qk.dims == ("layer", "head", "eig")
+    np.testing.assert_array_equal(layers.layer.values, np.arange(L))
+    np.testing.assert_allclose(layers.time.values, (np.arange(L) + 1.0) / L)
+    at_times = S.spectra(model, (np.arange(L) + 1.0) / L)
+    for m in S.MATRICES:
+        np.testing.assert_array_equal(layers[m].values, at_times[m].values)
+    discrete = S.spectra(model.discretize(L))  # W(t_k) materialised by the model itself, in float32 t
+    assert discrete.attrs["model_kind"] == "diffeqformer-discrete"
+    for m in S.MATRICES:
+        for k in range(L):
+            assert_same_eigenvalues(discrete[m].values[k], layers[m].values[k])
+
+
+def test_gpt2_baseline_matches_numpy():
+    gpt = random_model(baseline_config(tiny(), "gpt2"), 3)  # random LayerNorm gains too, for fold_norm
+    blocks = gpt.transformer.blocks.stacked
+    assert names(blocks.attn.c_attn.weight) == ("layers", "embed", "qkv", "heads", "head_size")
+    assert names(blocks.attn.c_proj.weight) == ("layers", "heads", "head_size", "embed")
+    qkv = np.asarray(blocks.attn.c_attn.weight.array, np.float64)
+    wo = np.asarray(blocks.attn.c_proj.weight.array, np.float64)
+    g = np.asarray(blocks.ln_1.weight.array, np.float64)
+    ds, folded = S.spectra(gpt), S.spectra(gpt, fold_norm=True)
+    assert ds.attrs["model_kind"] == "gpt2" and ds.qk.dims == ("layer", "head", "eig")
+    D = gpt.config.hidden_dim
+    for k in range(gpt.config.num_layers):
+        for h in range(gpt.config.num_heads):
+            wq, wk, wv = qkv[k, :, 0, h], qkv[k, :, 1, h], qkv[k, :, 2, h]
+            assert_same_eigenvalues(padded(ds.qk.values[k, h], D), np.linalg.eigvals(wq @ wk.T))
+            assert_same_eigenvalues(padded(ds.ov.values[k, h], D), np.linalg.eigvals(wv @ wo[k, h]))
+            gq = np.diag(g[k]) @ wq @ wk.T @ np.diag(g[k])  # LN(x) W_Q = x_hat diag(gamma) W_Q
+            assert_same_eigenvalues(padded(folded.qk.values[k, h], D), np.linalg.eigvals(gq))
+    w1 = np.asarray(blocks.mlp.c_fc.weight.array, np.float64)
+    w2 = np.asarray(blocks.mlp.c_proj.weight.array, np.float64)
+    for k in range(gpt.config.num_layers):
+        assert_same_eigenvalues(ds.ffn.values[k], np.linalg.eigvals(w1[k] @ w2[k]))
+    with pytest.raises(TypeError, match="arbitrary times"):
+        S.spectra(gpt, [0.5])
+
+
+def test_llama_baseline_with_grouped_query_heads_matches_numpy():
+    config = dataclasses.replace(baseline_config(tiny(num_heads=4), "llama"), num_kv_heads=2)
+    llama = random_model(config, 4)
+    ds = S.spectra(llama)
+    assert ds.attrs["model_kind"] == "llama" and ds.qk.shape == (4, 4, 4)
+    a = llama.transformer.layers.stacked.self_attn
+    assert names(a.q_proj.weight) == ("layer", "kv_head", "q_heads_per_group", "head_size", "embed")
+    q, k_, v = (np.asarray(w.array, np.float64) for w in (a.q_proj.weight, a.k_proj.weight, a.v_proj.weight))
+    o = np.asarray(a.o_proj.weight.array, np.float64)  # [layer, embed, heads, head_size]
+    D = config.hidden_dim
+    for layer in range(config.num_layers):
+        for g in range(2):
+            for j in range(2):
+                h = 2 * g + j  # Levanter flattens (kv_head, q_heads_per_group) kv-head-major
+                qk = q[layer, g, j].T @ k_[layer, g]
+                ov = v[layer, g].T @ o[layer, :, h, :].T
+                assert_same_eigenvalues(padded(ds.qk.values[layer, h], D), np.linalg.eigvals(qk))
+                assert_same_eigenvalues(padded(ds.ov.values[layer, h], D), np.linalg.eigvals(ov))
+    w1 = np.swapaxes(np.asarray(llama.transformer.layers.stacked.mlp.gate_proj.weight.array, np.float64), 1, 2)
+    w2 = np.swapaxes(np.asarray(llama.transformer.layers.stacked.mlp.down_proj.weight.array, np.float64), 1, 2)
+    for layer in range(config.num_layers):
+        assert_same_eigenvalues(ds.ffn.values[layer], np.linalg.eigvals(w1[layer] @ w2[layer]))
+
+
+def test_unknown_model_is_rejected():
+    with pytest.raises(TypeError, match="no spectra"):
+        S.spectra(object())
+
+
+def test_summary_is_tidy_and_correct(ds, model):
+    df = S.summarize(ds)
+    H = model.config.num_heads
+    assert len(df) == len(TIMES) * (2 * H + 1)
+    assert list(df.columns[:3]) == ["time", "matrix", "head"]
+    assert df.loc[df.matrix == "ffn", "head"].isna().all()
+    row = df[(df.time == TIMES[1]) & (df.matrix == "ov") & (df["head"] == 1)].iloc[0]
+    lam = ds.ov.values[1, 1]
+    rho = np.abs(lam).max()
+    assert row.spectral_radius == pytest.approx(rho)
+    assert row.max_real == pytest.approx(lam.real.max())
+    nonzero = np.abs(lam) > 1e-6 * rho
+    assert row.n_nonzero == nonzero.sum()
+    assert row.frac_positive_real == pytest.approx((lam.real > 1e-6 * rho).sum() / nonzero.sum())
+    assert row.positivity == pytest.approx(lam.real.sum() / np.abs(lam).sum())
+    layer_df = S.summarize(S.spectra(model))
+    assert list(layer_df.columns[:4]) == ["layer", "time", "matrix", "head"]
+    change = S.spectral_change(ds)
+    assert len(change) == (len(TIMES) - 1) * (2 * H + 1) and (change.change >= 0).all()
+
+
+def test_save_load_round_trip(ds, tmp_path):
+    path = S.save_spectra(ds, tmp_path / "spectra.nc")
+    back = S.load_spectra(path)
+    assert back.identical(ds)
+    assert back.qk.dtype == np.complex128 and back["head"].dtype == np.int64
+    assert S.config_of(back) == S.config_of(ds)
+
+
+def test_cached_spectra_reuses_the_file(model, tmp_path):
+    first = S.cached_spectra(model, tmp_path, TIMES)
+    files = list(tmp_path.glob("spectra-*.nc"))
+    assert len(files) == 1
+    assert S.cached_spectra(model, tmp_path, TIMES).identical(first)
+    S.cached_spectra(model, tmp_path, TIMES[:2])
+    assert len(list(tmp_path.glob("spectra-*.nc"))) == 2
+
+
+def test_plots_return_figures(ds, tmp_path):
+    gpt = S.spectra(random_model(baseline_config(tiny(), "gpt2"), 5))
+    figs = [
+        S.plot_vs_depth(ds, "qk", "real"),
+        S.plot_vs_depth(ds, "ov", "abs", logy=True),
+        S.plot_vs_depth(gpt, "ffn", "abs"),
+        S.plot_complex_plane(ds, "ov"),
+        S.plot_complex_plane(gpt, "qk"),
+        S.plot_comparison({"DiffEqFormer": ds, "GPT-2": gpt}, "qk", "abs"),
+        S.plot_summary(S.summarize(ds)),
+        S.plot_summary(S.summarize(gpt), "positivity"),
+    ]
+    for i, fig in enumerate(figs):
+        assert isinstance(fig, Figure)
+        fig.savefig(tmp_path / f"{i}.png")
+    assert "QK" in figs[0].axes[0].get_title()
+    with pytest.raises(ValueError):
+        S.plot_vs_depth(ds, "qk", "imag")
