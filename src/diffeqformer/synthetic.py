@@ -149,13 +149,23 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None) -> pd.Dat
 
     from .lyapunov import attention_rollout, gradient_x_input, raw_attention_scores, token_lyapunov
 
-    methods = methods or {
-        "lyapunov (max exponent)": lambda m, ids, out: token_lyapunov(m, ids, output_position=out).max_exponent.values,
-        "lyapunov (sum)": lambda m, ids, out: token_lyapunov(m, ids, output_position=out).sum_exponents.values,
-        "raw attention": raw_attention_scores,
-        "attention rollout": attention_rollout,
-        "gradient x input": gradient_x_input,
-    }
+    if methods is None:
+        lyap_cache: dict = {}
+
+        def lyap(m, ids, out):  # one solve serves both Lyapunov scores of a prompt
+            key = (id(ids), out)
+            if key not in lyap_cache:
+                lyap_cache.clear()
+                lyap_cache[key] = token_lyapunov(m, ids, output_position=out)
+            return lyap_cache[key]
+
+        methods = {
+            "lyapunov (max exponent)": lambda m, ids, out: lyap(m, ids, out).max_exponent.values,
+            "lyapunov (sum)": lambda m, ids, out: lyap(m, ids, out).sum_exponents.values,
+            "raw attention": raw_attention_scores,
+            "attention rollout": attention_rollout,
+            "gradient x input": gradient_x_input,
+        }
     index = {i: w for i, w in enumerate(VOCABULARY)}
     length = model.config.seq_len
     rows = []
