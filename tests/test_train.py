@@ -89,8 +89,6 @@ def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
 
 
 def _decayed_paths(optimizer_config, model):
-    from haliax.tree_util import tree_flatten_with_path  # noqa: F401  (path helpers vary across versions)
-
     mask = optimizer_config.build_weight_decay_mask()(model)
     paths_and_flags = jax.tree_util.tree_flatten_with_path(mask)[0]
     return {jax.tree_util.keystr(p): bool(flag) for p, flag in paths_and_flags if isinstance(flag, bool)}
