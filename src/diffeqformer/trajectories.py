@@ -1,0 +1,944 @@
+"""Attention-only particle dynamics: do tokens cluster? (PAPER.md section 2, Fig. 2c/2d, Fig. 13).
+
+One attention head moves n tokens x_1..x_n in R^d (column vectors):
+
+    dx_i/dt = P_i sum_j softmax_j( beta x_i^T A(t) x_j ) B(t) x_j,
+
+with the bilinear form A(t) = Q(t)^T K(t) (the score <Q x_i, K x_j>) and the value map B(t) = V(t). Two geometries:
+
+* ``"sphere"``: P_i = I - x_i x_i^T / |x_i|^2 projects the velocity onto the tangent space of the sphere at x_i
+  (LayerNorm as a projection, Geshkovski et al. 2023, "The emergence of clusters in self-attention dynamics" and
+  "A mathematical perspective on transformers"). The projected field is tangent for any |x_i|, so the exact flow keeps
+  |x_i| = 1.
+* ``"free"``: P_i = I, no projection.
+
+``simulate`` runs the paper's experiment: random Q(0), K(0), V(0) and W(t) = g(t) W(0) for every weight, with
+g(t) = t^p (p = 0 is weight sharing), so A(t) = g(t)^2 A(0) and B(t) = g(t) B(0). ``simulate_model`` drives the same
+dynamics with one head of a ``DiffEqFormerLMHeadModel``. Both return an ``xarray.Dataset``; ``clustering_metrics`` and
+``final_metrics`` reduce it, ``plot_trajectories`` and ``plot_metrics`` draw it. The expensive step (the solve) and the
+cheap ones (metrics, figures) are separate functions, so a figure never re-runs a simulation.
+
+Numerical choices, stated once:
+
+* Solver: Diffrax's Tsit5 with a PID step-size controller by default, saving at ``num_saves + 1`` equally spaced
+  times. The paper uses 200 explicit Euler steps; ``SolverConfig(solver="euler", adaptive=False, num_steps=200)``
+  reproduces that. With fast growth g(t) = t^p the velocity reaches g(T) |B| (10^4 at T = 10, p = 4), so a fixed step
+  of T/200 moves a token by far more than the sphere's size per step: such runs show the discretisation, not the ODE
+  (the adaptive solve of the same systems takes up to 3 x 10^5 steps).
+* Sphere constraint: in float32 the drift of |x_i| accumulates over the 10^4-10^5 steps that fast growth needs
+  (measured: 2e-4 for p = 4 with Tsit5 at rtol 1e-7). We therefore renormalise: the standard projection method
+  (Hairer, Lubich & Wanner, "Geometric Numerical Integration", IV.4) divides each token by its norm after every step,
+  and the dense output from which the saved times are interpolated is projected the same way. This keeps the order of
+  the underlying solver (tested); ``SolverConfig(project=False)`` turns it off, and the tests check that the
+  unprojected solve of the tangent field stays on the sphere to 1e-5 by itself where the step count is small.
+* Free space: the norms grow like exp(int_0^t g), so the scores x_i^T A x_j overflow float32 for fast growth and long
+  horizons (p = 4 near t = 2.9 with Q = K = V = I). A solve stops at the first non-finite state; it is flagged
+  (``success = False``) and its later times are NaN. Clustering in free space is measured on directions x/|x|.
+* Softmax with a large beta g(t)^2 is nearly a hard max; see ``SolverConfig.dtmin`` for what that asks of the step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+import diffrax
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+import xarray as xr
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+    from .model import DiffEqFormerLMHeadModel
+
+GEOMETRIES = ("sphere", "free")
+WEIGHTS = ("gaussian", "identity", "gaussian_qk")
+SOLVERS: dict[str, Callable[[], diffrax.AbstractSolver]] = {
+    "euler": diffrax.Euler,
+    "heun": diffrax.Heun,
+    "midpoint": diffrax.Midpoint,
+    "ralston": diffrax.Ralston,
+    "bosh3": diffrax.Bosh3,
+    "tsit5": diffrax.Tsit5,
+    "dopri5": diffrax.Dopri5,
+    "dopri8": diffrax.Dopri8,
+}
+"""Explicit Diffrax solvers by name (orders 1, 2, 2, 2, 3, 5, 5, 8)."""
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Configuration
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SolverConfig:
+    """How the ODE is solved (shared by ``simulate`` and ``simulate_model``)."""
+
+    solver: str = "tsit5"
+    """A key of ``SOLVERS``."""
+    adaptive: bool = True
+    """PID step-size control (needs a solver with an error estimate: not Euler, Heun is fine); False: constant steps."""
+    num_steps: int = 200
+    """Constant steps: their number on [t0, t1]. Adaptive: the first step is (t1 - t0) / num_steps."""
+    rtol: float = 1e-6
+    """Relative tolerance of the PID controller."""
+    atol: float = 1e-6
+    """Absolute tolerance of the PID controller (positions are O(1))."""
+    max_steps: int = 1_000_000
+    """Diffrax's step budget; a solve that exhausts it is marked ``success = False`` and its later times are NaN."""
+    dtmin: float = 1e-5
+    """Adaptive: the smallest step, as a fraction of t1 - t0; such a step is taken even if its error estimate is too
+    large. Needed because with fast growth the softmax is nearly a hard max (beta g(t)^2 ~ 10^8 at t = 10, p = 4):
+    where a token's arg max switches the field jumps, and along a switching surface the solution chatters (a sliding
+    mode), so that the controller asks for steps at float32's resolution of t. Measured on the default experiment
+    (10 seeds x 5 growth laws): with 1e-6, runs took up to 7.6e5 steps and one exhausted 1e6; with 1e-5, at most 7.8e4
+    steps, 7x faster, and 47 of the 50 final fractions of clustered pairs are unchanged (the other three, all
+    chattering runs, differ by up to 0.39; the per-growth means by at most 0.03)."""
+    project: bool = True
+    """Sphere only: renormalise every token after each step (the projection method; see the module docstring)."""
+
+    def __post_init__(self):
+        if self.solver not in SOLVERS:
+            raise ValueError(f"solver must be one of {tuple(SOLVERS)}, got {self.solver!r}")
+        if self.adaptive and self.solver == "euler":
+            raise ValueError("Euler has no error estimate: use adaptive=False, or an adaptive solver such as 'tsit5'")
+        _check_positive_int(self, "num_steps", "max_steps")
+        if not (self.rtol > 0 and self.atol > 0):
+            raise ValueError("rtol and atol must be positive")
+        if not 0 < self.dtmin < 1:
+            raise ValueError(f"dtmin is a fraction of the time span in (0, 1), got {self.dtmin!r}")
+
+
+@dataclass(frozen=True)
+class TrajectoryConfig:
+    """The random-weight experiment of Fig. 2c/2d: n tokens, one head, W(t) = t^p W(0) for each power p."""
+
+    num_tokens: int = 40
+    """n: number of tokens (particles)."""
+    dim: int = 3
+    """d: dimension of the tokens (3 for the 3-D pictures)."""
+    horizon: float = 10.0
+    """T: the dynamics runs on [0, T]. T = 10 with dt = T/200 = 0.05 is the scale of Geshkovski et al.'s simulations
+    (T = 15, dt = 0.1); on [0, 1] no growth law moves the tokens noticeably (t^p <= 1)."""
+    num_saves: int = 200
+    """Saved intervals: the Dataset has num_saves + 1 times 0, T/num_saves, ..., T."""
+    beta: float = 1.0
+    """Inverse temperature of the softmax (Geshkovski et al.'s default; beta = 0 is uniform attention)."""
+    geometry: str = "sphere"
+    """'sphere' (tangent projection, tokens start uniform on S^{d-1}) or 'free' (no projection; same start, so that
+    the two geometries differ only by the projection)."""
+    growth_powers: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0)
+    """Powers p of g(t) = t^p: 0 is weight sharing, 1..4 the paper's polynomial growth."""
+    weights: str = "gaussian"
+    """Q(0), K(0), V(0): 'gaussian' (i.i.d. N(0, 1/d) entries, the fan-in scale: the paper's 'random' weights),
+    'identity' (Q = K = V = I, Geshkovski et al.'s canonical case) or 'gaussian_qk' (Gaussian Q, K and V = I)."""
+    seeds: tuple[int, ...] = (0,)
+    """One simulation per seed (weights and start both drawn from it); the Dataset gets a ``seed`` dimension."""
+    solver: SolverConfig = dataclasses.field(default_factory=SolverConfig)
+    """How the ODE is solved."""
+
+    def __post_init__(self):
+        _check_positive_int(self, "num_tokens", "dim", "num_saves")
+        if not self.horizon > 0:
+            raise ValueError(f"horizon must be positive, got {self.horizon!r}")
+        if not self.beta >= 0:
+            raise ValueError(f"beta must be >= 0, got {self.beta!r}")
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
+        if self.weights not in WEIGHTS:
+            raise ValueError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
+        if not self.growth_powers or any(p < 0 for p in self.growth_powers):
+            raise ValueError(f"growth_powers must be a non-empty tuple of powers >= 0, got {self.growth_powers!r}")
+        if not self.seeds:
+            raise ValueError("seeds must not be empty")
+
+
+@dataclass(frozen=True)
+class ModelTrajectoryConfig:
+    """The same dynamics driven by one head of a DiffEqFormer, in the model's width D, on the model's t in [0, t1]."""
+
+    heads: tuple[int, ...] = (0,)
+    """Attention heads to simulate (one simulation each; the Dataset gets a ``head`` dimension)."""
+    num_tokens: int = 40
+    """n: number of tokens, drawn uniformly on S^{D-1}."""
+    beta: float | None = None
+    """Inverse temperature; None means D, which makes unit-sphere tokens score like LayerNorm outputs (radius sqrt(D),
+    no affine part): (sqrt(D) x)^T A (sqrt(D) y) = D x^T A y."""
+    geometry: str = "sphere"
+    """'sphere' or 'free', as in ``TrajectoryConfig``."""
+    t1: float = 1.0
+    """End time; the model is trained on [0, 1]."""
+    num_saves: int = 200
+    """Saved intervals on [0, t1]."""
+    seed: int = 0
+    """Seed of the start tokens and of nothing else."""
+    steps_per_period: int = 8
+    """Adaptive solves: the step is capped at (shortest sinusoid period of e(t)) / steps_per_period, so that the
+    solver resolves the weights' fastest oscillation (period 2 pi / s = 0.0063 for the paper's s = 1000)."""
+    solver: SolverConfig = dataclasses.field(default_factory=SolverConfig)
+    """How the ODE is solved."""
+
+    def __post_init__(self):
+        _check_positive_int(self, "num_tokens", "num_saves", "steps_per_period")
+        if not self.heads or any(h < 0 for h in self.heads):
+            raise ValueError(f"heads must be a non-empty tuple of head indices, got {self.heads!r}")
+        if self.geometry not in GEOMETRIES:
+            raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
+        if not self.t1 > 0:
+            raise ValueError(f"t1 must be positive, got {self.t1!r}")
+        if self.beta is not None and not self.beta > 0:
+            raise ValueError(f"beta must be positive or None, got {self.beta!r}")
+
+
+def _check_positive_int(obj, *names: str) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def config_hash(config: TrajectoryConfig | ModelTrajectoryConfig) -> str:
+    """First 16 hex digits of the SHA-256 of the configuration's canonical JSON (the cache key)."""
+    text = json.dumps({"type": type(config).__name__, **dataclasses.asdict(config)}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_from_attrs(attrs: dict) -> TrajectoryConfig | ModelTrajectoryConfig:
+    """The configuration a Dataset of ``simulate`` / ``simulate_model`` was made with (from ``attrs['config']``)."""
+    raw = json.loads(attrs["config"])
+    kind = raw.pop("type")
+    raw["solver"] = SolverConfig(**raw["solver"])
+    for key in ("growth_powers", "seeds", "heads"):
+        if key in raw:
+            raw[key] = tuple(raw[key])
+    return {"TrajectoryConfig": TrajectoryConfig, "ModelTrajectoryConfig": ModelTrajectoryConfig}[kind](**raw)
+
+
+def _attrs(config: TrajectoryConfig | ModelTrajectoryConfig, **extra) -> dict:
+    """Every field flat (``solver_*`` for the solver), netCDF-safe (no bool, no None), plus the JSON for round trips."""
+
+    def safe(v):
+        if isinstance(v, bool):
+            return int(v)
+        if v is None:
+            return "none"
+        if isinstance(v, tuple):
+            return list(v)
+        return v
+
+    flat = {k: safe(v) for k, v in dataclasses.asdict(config).items() if k != "solver"}
+    flat.update({f"solver_{k}": safe(v) for k, v in dataclasses.asdict(config.solver).items()})
+    content = json.dumps({"type": type(config).__name__, **dataclasses.asdict(config)}, sort_keys=True)
+    return {**flat, **{k: safe(v) for k, v in extra.items()}, "config": content, "config_hash": config_hash(config)}
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Dynamics and solve
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def attention_velocity(x: jax.Array, A: jax.Array, B: jax.Array, beta, sphere: bool) -> jax.Array:
+    """The attention-only vector field at one time: [n, d] -> [n, d].
+
+    v_i = P_i sum_j S_ij B x_j,  S_ij = softmax_j(beta x_i^T A x_j),  P_i = I - x_i x_i^T / |x_i|^2 on the sphere
+    (identity in free space). A and B are [d, d]; beta is a scalar.
+    """
+    scores = beta * ((x @ A) @ x.T)  # [n, n]: x_i^T A x_j
+    weights = jax.nn.softmax(scores, axis=-1)
+    v = weights @ (x @ B.T)  # row i: sum_j S_ij (B x_j)^T
+    if sphere:
+        radial = jnp.sum(v * x, axis=-1, keepdims=True) / jnp.sum(x * x, axis=-1, keepdims=True)
+        v = v - radial * x
+    return v
+
+
+def _normalise_rows(y: jax.Array) -> jax.Array:
+    return y / jnp.linalg.norm(y, axis=-1, keepdims=True)
+
+
+class _ProjectedInterpolation(diffrax.AbstractLocalInterpolation):
+    """The wrapped solver's dense output within one step, with every token divided by its norm."""
+
+    inner: diffrax.AbstractLocalInterpolation
+
+    @property
+    def t0(self):
+        return self.inner.t0
+
+    @property
+    def t1(self):
+        return self.inner.t1
+
+    def evaluate(self, t0, t1=None, left=True):
+        if t1 is not None:
+            return self.evaluate(t1, left=left) - self.evaluate(t0, left=left)
+        return _normalise_rows(self.inner.evaluate(t0, left=left))
+
+
+class SphereProjection(diffrax.AbstractWrappedSolver):
+    """Wraps a Diffrax solver: after each step every token (row of y, [..., n, d]) is divided by its norm, and so is
+    the dense output from which the saved times are interpolated.
+
+    The standard projection method for an ODE with the invariant |x_i| = 1 (Hairer, Lubich & Wanner, GNI IV.4): the
+    correction is of the size of the step's own error, so the solver keeps its order, and the drift cannot accumulate.
+    Error estimates and the FSAL stage are the wrapped solver's; they refer to the unprojected step end, which differs
+    from the projected one by the step's drift (far below the tolerances), so that is harmless.
+    """
+
+    solver: diffrax.AbstractSolver
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    @property
+    def interpolation_cls(self):  # pyright: ignore
+        inner_cls = self.solver.interpolation_cls
+        return lambda **kwargs: _ProjectedInterpolation(inner_cls(**kwargs))
+
+    @property
+    def term_compatible_contr_kwargs(self):
+        return self.solver.term_compatible_contr_kwargs
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def error_order(self, terms):
+        return self.solver.error_order(terms) if hasattr(self.solver, "error_order") else None
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, args)
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        y1, y_error, dense_info, solver_state, result = self.solver.step(
+            terms, t0, t1, y0, args, solver_state, made_jump
+        )
+        y1 = _normalise_rows(y1)
+        if "y1" in dense_info:
+            dense_info = {**dense_info, "y1": y1}
+        return y1, y_error, dense_info, solver_state, result
+
+    def func(self, terms, t0, y0, args):
+        return self.solver.func(terms, t0, y0, args)
+
+
+def _solve(
+    field: Callable,
+    y0: jax.Array,
+    args,
+    ts: jax.Array,
+    dt0: jax.Array,
+    solver: SolverConfig,
+    sphere: bool,
+    dtmax: float | None = None,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Solve dy/dt = field(t, y, args) from ts[0] to ts[-1] with (first) step dt0, saved at ts. Returns
+    (ys [len(ts), ...], num_steps, success); times a failed solve did not reach are NaN (Diffrax fills them with inf).
+    ``solver.num_steps`` is not read here: dt0 is traced, so that solves differing only in the step share a compile."""
+    inner = SOLVERS[solver.solver]()
+    method = SphereProjection(inner) if (sphere and solver.project) else inner
+    t0, t1 = ts[0], ts[-1]
+    if solver.adaptive:
+        controller = diffrax.PIDController(
+            rtol=solver.rtol, atol=solver.atol, dtmax=dtmax, dtmin=solver.dtmin * (t1 - t0), force_dtmin=True
+        )
+    else:
+        controller = diffrax.ConstantStepSize()
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(field),
+        method,
+        t0=t0,
+        t1=t1,
+        dt0=dt0,
+        y0=y0,
+        args=args,
+        saveat=diffrax.SaveAt(ts=ts),
+        stepsize_controller=controller,
+        max_steps=solver.max_steps,
+        throw=False,
+        # Stop at the first non-finite state (free space can overflow float32) instead of stepping on to max_steps.
+        event=diffrax.Event(lambda t, y, args, **kwargs: jnp.logical_not(jnp.all(jnp.isfinite(y)))),
+    )
+    success = sol.result == diffrax.RESULTS.successful
+    ys = jnp.where(jnp.isfinite(sol.ys), sol.ys, jnp.nan)
+    return ys, sol.stats["num_steps"], success
+
+
+def growth_label(power: float) -> str:
+    """'1', 't', 't^2', ... for g(t) = t^power."""
+    if power == 0:
+        return "1"
+    if power == 1:
+        return "t"
+    return f"t^{power:g}"
+
+
+def initial_weights(key: jax.Array, dim: int, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Q(0), K(0), V(0), each [d, d] (see ``TrajectoryConfig.weights``)."""
+    kq, kk, kv = jax.random.split(key, 3)
+    eye = jnp.eye(dim, dtype=jnp.float32)
+    if kind == "identity":
+        return eye, eye, eye
+    scale = 1.0 / math.sqrt(dim)
+    q = jax.random.normal(kq, (dim, dim), dtype=jnp.float32) * scale
+    k = jax.random.normal(kk, (dim, dim), dtype=jnp.float32) * scale
+    if kind == "gaussian_qk":
+        return q, k, eye
+    if kind == "gaussian":
+        return q, k, jax.random.normal(kv, (dim, dim), dtype=jnp.float32) * scale
+    raise ValueError(f"weights must be one of {WEIGHTS}, got {kind!r}")
+
+
+def uniform_sphere(key: jax.Array, n: int, dim: int) -> jax.Array:
+    """n points uniform on S^{dim-1}: normalised standard Gaussians, [n, dim]."""
+    return _normalise_rows(jax.random.normal(key, (n, dim), dtype=jnp.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _polynomial_runner(solver: SolverConfig, sphere: bool) -> Callable:
+    """The compiled solve of a batch of (power, Q(0), K(0), V(0), x(0)), one per (solver settings, geometry): times,
+    beta and the step are traced arguments, so e.g. a convergence study compiles once per solver."""
+
+    def field(t, x, args):
+        power, q0, k0, v0, beta = args
+        g = jnp.power(jnp.asarray(t, x.dtype), power)
+        return attention_velocity(x, g * g * (q0.T @ k0), g * v0, beta, sphere)
+
+    def run(batch, ts, dt0, beta):
+        def one(inputs):
+            power, q, k, v, x = inputs
+            return _solve(field, x, (power, q, k, v, beta), ts, dt0, solver, sphere)
+
+        # lax.map, not vmap: a vmapped adaptive solve runs every system for as many steps as the slowest one needs
+        # (fast growth needs 10^5 steps, weight sharing 20) at the batched cost; a sequential map does not.
+        return jax.lax.map(one, batch)
+
+    return jax.jit(run)
+
+
+def simulate(config: TrajectoryConfig = TrajectoryConfig(), *, cache_dir: Path | str | None = None) -> xr.Dataset:
+    """Solve the random-weight dynamics for every growth power and seed of ``config``.
+
+    For seed s: key = PRNGKey(s) split into (weights, start); Q(0), K(0), V(0) from ``initial_weights``; x(0) uniform
+    on S^{d-1}; every power p uses the same weights and start. For power p: Q(t) = t^p Q(0) etc., so
+    A(t) = t^{2p} Q(0)^T K(0) and B(t) = t^p V(0). All (p, s) pairs are solved in one compiled call (a sequential
+    ``lax.map`` over Diffrax solves, compiled once per solver setting and shape).
+
+    Returns a Dataset with
+      ``x``          (growth, seed, time, token, dim)   positions
+      ``q0``, ``k0``, ``v0`` (seed, row, col)           Q(0), K(0), V(0)
+      ``success``    (growth, seed)                     the solve reached T, finite, within ``max_steps``
+      ``num_steps``  (growth, seed)                     accepted + rejected solver steps
+    coordinates growth (the powers p, with ``growth_label``), seed, time, token, dim; ``attrs`` holds every
+    configuration field (``config`` as JSON for ``config_from_attrs``). With ``cache_dir``, the Dataset is read from /
+    written to ``cache_dir/trajectories-<config_hash>.nc``.
+    """
+    path = None
+    if cache_dir is not None:
+        path = Path(cache_dir) / f"trajectories-{config_hash(config)}.nc"
+        if path.exists():
+            with xr.open_dataset(path, engine="scipy") as cached:
+                return _restore_dtypes(cached.load())
+
+    n, d = config.num_tokens, config.dim
+    ts = jnp.linspace(0.0, config.horizon, config.num_saves + 1, dtype=jnp.float32)
+    keys = jnp.stack([jax.random.PRNGKey(s) for s in config.seeds])
+    key_w, key_x = jax.vmap(lambda k: jax.random.split(k, 2), out_axes=1)(keys)
+    q0, k0, v0 = jax.vmap(lambda k: initial_weights(k, d, config.weights))(key_w)
+    x0 = jax.vmap(lambda k: uniform_sphere(k, n, d))(key_x)
+    powers = jnp.asarray(config.growth_powers, dtype=jnp.float32)
+
+    G, S = len(config.growth_powers), len(config.seeds)
+    batch = (jnp.repeat(powers, S), *(jnp.tile(a, (G, 1, 1)) for a in (q0, k0, v0, x0)))
+    run = _polynomial_runner(dataclasses.replace(config.solver, num_steps=1), config.geometry == "sphere")
+    dt0 = jnp.float32(config.horizon / config.solver.num_steps)
+    ys, num_steps, success = run(batch, ts, dt0, jnp.float32(config.beta))
+    ys = ys.reshape(G, S, *ys.shape[1:])
+    num_steps, success = num_steps.reshape(G, S), success.reshape(G, S)
+
+    coords = {
+        "growth": ("growth", np.asarray(config.growth_powers, dtype=np.float64)),
+        "growth_label": ("growth", [growth_label(p) for p in config.growth_powers]),
+        "seed": ("seed", np.asarray(config.seeds, dtype=np.int32)),
+        "time": ("time", np.linspace(0.0, config.horizon, config.num_saves + 1)),
+        "token": ("token", np.arange(n, dtype=np.int32)),
+        "dim": ("dim", np.arange(d, dtype=np.int32)),
+    }
+    ds = xr.Dataset(
+        {
+            "x": (("growth", "seed", "time", "token", "dim"), np.asarray(ys)),
+            "q0": (("seed", "row", "col"), np.asarray(q0)),
+            "k0": (("seed", "row", "col"), np.asarray(k0)),
+            "v0": (("seed", "row", "col"), np.asarray(v0)),
+            "success": (("growth", "seed"), np.asarray(success)),
+            "num_steps": (("growth", "seed"), np.asarray(num_steps, dtype=np.int32)),
+        },
+        coords=coords,
+        attrs=_attrs(config, kind="polynomial"),
+    )
+    ds["x"].attrs["description"] = "token positions x_i(t)"
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _netcdf_safe(ds).to_netcdf(path, engine="scipy")
+    return ds
+
+
+def _netcdf_safe(ds: xr.Dataset) -> xr.Dataset:
+    """netCDF3 (the scipy engine) has no bool: store flags as int8."""
+    out = ds.copy()
+    for name, var in ds.data_vars.items():
+        if var.dtype == bool:
+            out[name] = var.astype(np.int8)
+            out[name].attrs["dtype"] = "bool"
+    return out
+
+
+def _restore_dtypes(ds: xr.Dataset) -> xr.Dataset:
+    for name, var in ds.data_vars.items():
+        if var.attrs.get("dtype") == "bool":
+            ds[name] = var.astype(bool)
+    return ds
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Driven by a DiffEqFormer
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def model_attention_matrices(model: "DiffEqFormerLMHeadModel", t: hax.NamedArray, head: int):
+    """The bilinear form A(t) and value map B(t) of one head of the model, each [..., D, D] (leading axes: those of t).
+
+    With W_Q^h(t), W_K^h(t), W_V^h(t) of shape [head_size, D] (rows of the model's projections for head h) and
+    W_O^h(t) of shape [D, head_size],
+
+        A(t) = W_Q^h(t)^T W_K^h(t) / sqrt(head_size),   B(t) = W_O^h(t) W_V^h(t),
+
+    so that the head's output at token i is sum_j softmax_j(x_i^T A x_j) B x_j for a layer input x (biases dropped).
+    These are the paper's QK and OV matrices (written W_Q W_K^T and W_V W_O in its row-vector convention).
+    """
+    attn = model.weights_at(t).attn
+    groups = attn.q_proj.weight.resolve_axis("q_heads_per_group").size
+    kv, g = divmod(head, groups)
+    wq = attn.q_proj.weight.rearrange((..., "kv_head", "q_heads_per_group", "head_size", "embed")).array[..., kv, g, :, :]
+    wk = attn.k_proj.weight.rearrange((..., "kv_head", "head_size", "embed")).array[..., kv, :, :]
+    wv = attn.v_proj.weight.rearrange((..., "kv_head", "head_size", "embed")).array[..., kv, :, :]
+    wo = attn.o_proj.weight.rearrange((..., "heads", "embed", "head_size")).array[..., head, :, :]
+    head_size = wq.shape[-2]
+    a = jnp.swapaxes(wq, -1, -2) @ wk / math.sqrt(head_size)
+    b = wo @ wv
+    return a, b
+
+
+def simulate_model(
+    model: "DiffEqFormerLMHeadModel", config: ModelTrajectoryConfig = ModelTrajectoryConfig()
+) -> xr.Dataset:
+    """Tokens moved by one head of a DiffEqFormer: dx_i/dt = P_i sum_j softmax_j(beta x_i^T A(t) x_j) B(t) x_j.
+
+    A(t), B(t) from ``model_attention_matrices``, evaluated at every solver stage (so the model's own growth of its QK
+    and OV spectra drives the dynamics), in the model's width D with no projection to 3-D: that is the system the
+    head actually defines. The rest of the block (LayerNorm's affine part, biases, the MLP, the other heads) is left
+    out, as in the paper's attention-only simulation. Tokens start uniform on S^{D-1}.
+
+    Solver: adaptive solves cap the step at 2 pi / (s * steps_per_period), s the sinusoid scale of the time
+    embedding, because W(t) contains sin(s t) (period 0.0063 for s = 1000) and a controller that only sees the tokens
+    could step over it. Note that the network was trained on its L Euler grid points only; between them W(t) is
+    whatever the hypernetwork extrapolates.
+
+    Returns a Dataset with ``x`` (head, time, token, dim), ``x_pca`` (head, time, token, pc: the positions projected on
+    the top-3 principal components of all times and tokens of that head, centred, for 3-D pictures),
+    ``pca_explained`` (head, pc: fraction of variance), ``qk_radius`` and ``ov_radius`` (head, time: spectral radii
+    max |eig| of A(t) and B(t)), ``success`` and ``num_steps`` (head); attrs as in ``simulate`` plus the model's size.
+    """
+    mc = model.config
+    D = mc.hidden_dim
+    for h in config.heads:
+        if h >= mc.num_heads:
+            raise ValueError(f"head {h} does not exist: the model has {mc.num_heads} heads")
+    beta = float(D) if config.beta is None else config.beta
+    sphere = config.geometry == "sphere"
+    ts = jnp.linspace(0.0, config.t1, config.num_saves + 1, dtype=jnp.float32)
+    x0 = uniform_sphere(jax.random.PRNGKey(config.seed), config.num_tokens, D)
+    scale = model.time_embedding.scale
+    dtmax = 2 * math.pi / (scale * config.steps_per_period) if config.solver.adaptive else None
+
+    solver = dataclasses.replace(config.solver, num_steps=1)
+    dt0 = jnp.float32(config.t1 / config.solver.num_steps)
+    xs, steps, oks, qk_r, ov_r = [], [], [], [], []
+    for h in config.heads:
+        head = jnp.asarray(h, dtype=jnp.int32)
+        ys, n_steps, ok = _run_model(model, head, x0, ts, dt0, beta, solver, sphere, dtmax)
+        xs.append(np.asarray(ys))
+        steps.append(int(n_steps))
+        oks.append(bool(ok))
+        a, b = _matrices_at(model, ts, head)
+        # eigenvalues of non-symmetric matrices: numpy (jnp.linalg.eigvals is CPU-only)
+        qk_r.append(np.abs(np.linalg.eigvals(np.asarray(a, dtype=np.float64))).max(axis=-1))
+        ov_r.append(np.abs(np.linalg.eigvals(np.asarray(b, dtype=np.float64))).max(axis=-1))
+    x = np.stack(xs)
+    x_pca, explained = _pca3(x)
+
+    ds = xr.Dataset(
+        {
+            "x": (("head", "time", "token", "dim"), x),
+            "x_pca": (("head", "time", "token", "pc"), x_pca),
+            "pca_explained": (("head", "pc"), explained),
+            "qk_radius": (("head", "time"), np.stack(qk_r)),
+            "ov_radius": (("head", "time"), np.stack(ov_r)),
+            "success": ("head", np.asarray(oks)),
+            "num_steps": ("head", np.asarray(steps, dtype=np.int32)),
+        },
+        coords={
+            "head": ("head", np.asarray(config.heads, dtype=np.int32)),
+            "time": ("time", np.linspace(0.0, config.t1, config.num_saves + 1)),
+            "token": ("token", np.arange(config.num_tokens, dtype=np.int32)),
+            "dim": ("dim", np.arange(D, dtype=np.int32)),
+            "pc": ("pc", np.arange(x_pca.shape[-1], dtype=np.int32)),
+        },
+        attrs=_attrs(
+            config,
+            kind="model",
+            dim=D,
+            horizon=config.t1,
+            beta_used=beta,
+            dtmax=dtmax,
+            model_hidden_dim=D,
+            model_num_heads=mc.num_heads,
+            model_num_layers=mc.num_layers,
+            model_time_dependent=mc.time_dependent,
+            model_sinusoidal_scale=float(scale),
+        ),
+    )
+    return ds
+
+
+@eqx.filter_jit
+def _run_model(model, head, x0, ts, dt0, beta: float, solver: SolverConfig, sphere: bool, dtmax: float | None):
+    # Module level, with the Python scalars static: repeated calls with the same shapes reuse the compiled solve.
+    def field(t, x, head):
+        a, b = model_attention_matrices(model, hax.named(jnp.asarray(t, dtype=x.dtype), ()), head)
+        return attention_velocity(x, a, b, beta, sphere)
+
+    return _solve(field, x0, head, ts, dt0, solver, sphere, dtmax=dtmax)
+
+
+@eqx.filter_jit
+def _matrices_at(model, ts, head):
+    return model_attention_matrices(model, hax.named(ts, "time"), head)
+
+
+def _pca3(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x [heads, time, token, D] -> (coordinates on the top min(3, D) principal axes, explained variance fractions),
+    per head, with all times and tokens pooled and centred. NaN (failed solves) rows are left out of the fit."""
+    heads, T, n, D = x.shape
+    k = min(3, D)
+    out = np.full((heads, T, n, k), np.nan)
+    explained = np.full((heads, k), np.nan)
+    for h in range(heads):
+        flat = x[h].reshape(-1, D).astype(np.float64)
+        ok = np.all(np.isfinite(flat), axis=-1)
+        if ok.sum() < 2:
+            continue
+        mean = flat[ok].mean(axis=0)
+        _, s, vt = np.linalg.svd(flat[ok] - mean, full_matrices=False)
+        out[h] = ((flat - mean) @ vt[:k].T).reshape(T, n, k)
+        explained[h] = (s[:k] ** 2) / np.sum(s**2)
+    return out, explained
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Clustering metrics (cheap: numpy on the saved positions)
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def cosine_gram(x: xr.DataArray) -> xr.DataArray:
+    """G_ij = <x_i, x_j> / (|x_i| |x_j|) over ``token`` x ``token_j``, for every other index of x (dims must include
+    ``token`` and ``dim``). On the sphere this is the plain Gram matrix <x_i, x_j>."""
+    u = x / np.sqrt((x**2).sum("dim", skipna=False))
+    return xr.dot(u, u.rename(token="token_j"), dim="dim")
+
+
+def clustering_metrics(ds: xr.Dataset | xr.DataArray, threshold: float = 0.999) -> xr.Dataset:
+    """Clustering of the tokens at every saved time, from the cosine Gram matrix G (``cosine_gram``).
+
+    ``fraction``: fraction of the n(n-1)/2 pairs i < j with G_ij > threshold (Geshkovski et al.'s public code uses
+    0.999; in free space G is the cosine similarity, so the metric asks about directions).
+    ``clusters``: rank of the 0/1 matrix 1[G > threshold] (numpy's SVD rank), as Geshkovski et al.'s code counts
+    clusters (they threshold at 0.9999 for this count; one threshold here, so that fraction 1 means 1 cluster). When
+    "G_ij > threshold" is an equivalence relation the matrix is block-diagonal with all-ones blocks after a
+    permutation, and its rank is exactly the number of clusters (= number of distinct rows); otherwise it is a proxy.
+    ``distance``: mean over pairs i < j of the chord distance |x_i/|x_i| - x_j/|x_j|| = sqrt(2 - 2 G_ij), in [0, 2]
+    (mean pairwise distance on the sphere; of directions in free space).
+
+    Returns a Dataset with these three variables over every dimension of x except ``token`` and ``dim``; NaN where the
+    positions are NaN (a failed solve).
+    """
+    x = ds["x"] if isinstance(ds, xr.Dataset) else ds
+    g = cosine_gram(x).transpose(..., "token", "token_j")
+    arr = np.asarray(g.values, dtype=np.float64)
+    n = arr.shape[-1]
+    iu = np.triu_indices(n, k=1)
+    pairs = arr[..., iu[0], iu[1]]
+    finite = np.all(np.isfinite(pairs), axis=-1) if pairs.shape[-1] else np.ones(arr.shape[:-2], bool)
+    above = np.where(np.isfinite(arr), arr, 0.0) > threshold
+    diag = np.arange(n)
+    above[..., diag, diag] = True  # a token is always with itself (G_ii can round to just below a threshold near 1)
+    fraction = (pairs > threshold).mean(axis=-1) if pairs.shape[-1] else np.ones(arr.shape[:-2])
+    clusters = np.linalg.matrix_rank(above.astype(np.float64)).astype(np.float64)
+    distance = np.sqrt(np.clip(2.0 - 2.0 * pairs, 0.0, None)).mean(axis=-1) if pairs.shape[-1] else np.zeros(
+        arr.shape[:-2]
+    )
+    dims = g.dims[:-2]
+    coords = {k: v for k, v in g.coords.items() if set(v.dims) <= set(dims)}
+    out = xr.Dataset(
+        {
+            "fraction": (dims, np.where(finite, fraction, np.nan)),
+            "clusters": (dims, np.where(finite, clusters, np.nan)),
+            "distance": (dims, np.where(finite, distance, np.nan)),
+        },
+        coords=coords,
+        attrs={**(ds.attrs if isinstance(ds, xr.Dataset) else {}), "threshold": threshold},
+    )
+    out["fraction"].attrs["long_name"] = f"fraction of pairs with cos > {threshold:g}"
+    out["clusters"].attrs["long_name"] = f"rank of 1[cos > {threshold:g}]"
+    out["distance"].attrs["long_name"] = "mean pairwise chord distance"
+    return out
+
+
+def final_metrics(metrics: xr.Dataset, by: str | None = None) -> pd.DataFrame:
+    """Final-time values of ``clustering_metrics`` as a table: one row per value of ``by`` (default: ``growth`` or
+    ``head``, whichever exists), columns ``<metric>_mean``, ``<metric>_std`` over seeds (std 0 with one seed) and
+    ``seeds`` (number of finite runs). Pass the trajectories Dataset to compute the metrics first."""
+    if "x" in metrics:
+        metrics = clustering_metrics(metrics)
+    by = by or next(d for d in ("growth", "head") if d in metrics.dims)
+    last = metrics.isel(time=-1)
+    rest = [d for d in last.dims if d != by]
+    rows = {}
+    for name in ("fraction", "clusters", "distance"):
+        v = last[name]
+        rows[f"{name}_mean"] = v.mean(rest).values if rest else v.values
+        rows[f"{name}_std"] = v.std(rest).values if rest else np.zeros(v.shape)
+    counts = last["fraction"].notnull().sum(rest).values if rest else np.ones(last.sizes[by], int)
+    index = metrics["growth_label"].values if by == "growth" and "growth_label" in metrics.coords else metrics[by].values
+    table = pd.DataFrame(rows, index=pd.Index(index, name="g(t)" if by == "growth" else by))
+    table["seeds"] = counts
+    return table
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Figures (cheap: no solve)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _panel_dim(ds: xr.Dataset) -> str | None:
+    return next((d for d in ("growth", "head") if d in ds.dims), None)
+
+
+def _panel_title(ds: xr.Dataset, dim: str | None, i: int) -> str:
+    if dim == "growth":
+        p = float(ds["growth"].values[i])
+        tex = "1" if p == 0 else ("t" if p == 1 else f"t^{{{p:g}}}")
+        return f"$g(t) = {tex}$"
+    if dim == "head":
+        return f"head {int(ds['head'].values[i])}"
+    return ""
+
+
+def _describe(attrs: dict) -> str:
+    """One line with every parameter a reader needs to read the figure."""
+    solver = attrs.get("solver_solver", "?")
+    mode = "adaptive" if attrs.get("solver_adaptive", 1) else f"{attrs.get('solver_num_steps', '?')} steps"
+    beta = float(attrs.get("beta_used", attrs.get("beta", float("nan"))))
+    parts = [
+        f"$n = {attrs.get('num_tokens', '?')}$",
+        f"$d = {attrs.get('dim', '?')}$",
+        f"$T = {float(attrs.get('horizon', float('nan'))):g}$",
+        rf"$\beta = {beta:g}$",
+        "on the sphere" if attrs.get("geometry") == "sphere" else "in free space",
+    ]
+    if attrs.get("kind") == "polynomial":
+        parts.append(f"{attrs.get('weights')} $Q(0), K(0), V(0)$")
+    else:
+        parts.append(f"DiffEqFormer heads ($D = {attrs.get('model_hidden_dim')}$)")
+    return ", ".join(parts) + f"; {solver} ({mode})"
+
+
+def plot_trajectories(
+    ds: xr.Dataset,
+    *,
+    seed: int | None = None,
+    directions: bool | None = None,
+    max_tokens: int | None = None,
+    threshold: float = 0.999,
+    max_jump: float = 0.1,
+) -> "Figure":
+    """A row of 3-D panels, one per growth law (or head): the trajectory of every token coloured by token, start points
+    as open circles, end points filled; on the sphere the unit sphere is drawn as a faint wireframe.
+
+    ``seed``: which seed to draw (default: the first). ``directions``: draw x/|x| (default: True in free space, where
+    norms can grow by orders of magnitude, False on the sphere). Model-driven Datasets (``x_pca``) are drawn in their
+    top-3 principal components, without a sphere. The panel title gives the final fraction of clustered pairs.
+
+    Fast growth makes tokens move further between two saved times than a straight chord can show (a cluster rotating
+    at g(t) |Im lambda(V)| ~ 10^4 rad per unit time): a segment longer than ``max_jump`` times the size of the picture
+    (2 on the sphere) is left out rather than drawn as a chord through the sphere, and the figure says so.
+    """
+    import matplotlib.pyplot as plt
+
+    dim = _panel_dim(ds)
+    use_pca = "x_pca" in ds
+    x = ds["x_pca"].rename(pc="dim") if use_pca else ds["x"]
+    if "seed" in x.dims:
+        x = x.sel(seed=seed) if seed is not None else x.isel(seed=0)
+    if x.sizes["dim"] != 3:
+        raise ValueError(f"3-D trajectories need dim = 3 (got {x.sizes['dim']}); use a model-driven Dataset's x_pca")
+    geometry = ds.attrs.get("geometry", "sphere")
+    if directions is None:
+        directions = geometry == "free" and not use_pca
+    if directions:
+        x = x / np.sqrt((x**2).sum("dim", skipna=False))
+    on_sphere = (geometry == "sphere" or directions) and not use_pca
+    panels = x.sizes[dim] if dim else 1
+    x_full = ds["x"].sel(seed=x["seed"]) if "seed" in ds["x"].dims else ds["x"]
+    final = clustering_metrics(x_full.isel(time=[-1]), threshold)["fraction"].isel(time=0)
+
+    cmap = plt.get_cmap("turbo")
+    fig = plt.figure(figsize=(3.3 * max(panels, 2), 4.1))
+    gaps = 0
+    for i in range(panels):
+        ax = fig.add_subplot(1, panels, i + 1, projection="3d")
+        arr = (x.isel({dim: i}) if dim else x).transpose("time", "token", "dim").values
+        n = arr.shape[1] if max_tokens is None else min(max_tokens, arr.shape[1])
+        colours = [cmap(0.05 + 0.9 * j / max(n - 1, 1)) for j in range(n)]
+        if on_sphere:
+            u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 25), np.linspace(0, np.pi, 13))
+            ax.plot_wireframe(
+                np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.55", alpha=0.2, linewidth=0.4
+            )
+        size = 2.0 if on_sphere else float(np.nanmax(np.nanmax(arr, axis=(0, 1)) - np.nanmin(arr, axis=(0, 1))))
+        for j in range(n):
+            path, jumps = _break_long_segments(arr[:, j], max_jump * size)
+            gaps += jumps
+            ax.plot(path[:, 0], path[:, 1], path[:, 2], color=colours[j], linewidth=0.8, alpha=0.8)
+        ax.scatter(*arr[0, :n].T, s=12, facecolors="none", edgecolors=colours, linewidths=0.8, depthshade=False)
+        end = arr[-1, :n]
+        ok = np.all(np.isfinite(end), axis=-1)
+        ax.scatter(*end[ok].T, s=28, c=[c for c, k in zip(colours, ok) if k], edgecolors="k", linewidths=0.6,
+                   depthshade=False)
+        ax.view_init(elev=22, azim=35)
+        if on_sphere:
+            lim = 1.0
+            ax.set(xlim=(-lim, lim), ylim=(-lim, lim), zlim=(-lim, lim))
+            ax.set_box_aspect((1, 1, 1), zoom=1.25)
+            ax.set_axis_off()
+        else:
+            ax.set_box_aspect((1, 1, 1), zoom=0.9)
+            explained = ds["pca_explained"].isel({dim: i}).values if use_pca and dim else None
+            for k, setter in enumerate((ax.set_xlabel, ax.set_ylabel, ax.set_zlabel)):
+                name = f"PC{k + 1}" if use_pca else f"$x_{k + 1}$"
+                if explained is not None:
+                    name += f" ({100 * explained[k]:.0f}%)"
+                setter(name, fontsize=8, labelpad=-4)
+            ax.tick_params(labelsize=6, pad=0)
+        frac = float(final.isel({dim: i}) if dim else final)
+        ax.set_title(f"{_panel_title(ds, dim, i)}\nclustered pairs at $T$: {frac:.2f}", fontsize=10, pad=0)
+    seed_text = f", seed {int(x['seed'])}" if "seed" in ds.dims else ""
+    what = "top-3 principal components" if use_pca else ("directions $x/|x|$" if directions else "positions")
+    note = f"\n{gaps} steps between saved times longer than {max_jump:g} x the picture not drawn" if gaps else ""
+    fig.suptitle(
+        f"Attention-only token trajectories ({what}), start $\\circ$, end $\\bullet$, colour = token{seed_text}\n"
+        + _describe(ds.attrs)
+        + note,
+        fontsize=9.5,
+    )
+    fig.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=0.76 if gaps else 0.8, wspace=0.02)
+    return fig
+
+
+def _break_long_segments(path: np.ndarray, max_length: float) -> tuple[np.ndarray, int]:
+    """[T, 3] -> the same points with a NaN row inserted wherever consecutive points are further apart than
+    max_length (matplotlib breaks a line at NaN), and the number of such gaps."""
+    jump = np.linalg.norm(np.diff(path, axis=0), axis=-1) > max_length
+    if not jump.any():
+        return path, 0
+    where = np.nonzero(jump)[0] + 1
+    return np.insert(path, where, np.nan, axis=0), int(jump.sum())
+
+
+def plot_metrics(metrics: xr.Dataset) -> "Figure":
+    """Fraction of clustered pairs, number of clusters and mean pairwise distance against t: one line per growth law
+    (or head), the mean over seeds with a min-max band. Pass ``clustering_metrics(ds)`` (or the trajectories, whose
+    metrics are then computed, a cheap reduction)."""
+    import matplotlib.pyplot as plt
+
+    if "x" in metrics:
+        metrics = clustering_metrics(metrics)
+    dim = _panel_dim(metrics)
+    lines = metrics.sizes[dim] if dim else 1
+    palette = plt.get_cmap("viridis")
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.9), constrained_layout=True)
+    thr = metrics.attrs.get("threshold", 0.999)
+    cos = r"\langle x_i, x_j\rangle" if metrics.attrs.get("geometry") == "sphere" else r"\cos(x_i, x_j)"
+    labels = {
+        "fraction": f"fraction of pairs with ${cos} > {thr:g}$",
+        "clusters": f"clusters: rank of $1[{cos} > {thr:g}]$",
+        "distance": r"mean pairwise distance $|\hat x_i - \hat x_j|$",
+    }
+    t = metrics["time"].values
+    for ax, name in zip(axes, ("fraction", "clusters", "distance")):
+        for i in range(lines):
+            m = metrics[name].isel({dim: i}) if dim else metrics[name]
+            colour = palette(0.9 * i / max(lines - 1, 1)) if lines > 1 else "C0"
+            if "seed" in m.dims:
+                if m.sizes["seed"] > 1:
+                    ax.fill_between(t, m.min("seed").values, m.max("seed").values, color=colour, alpha=0.15, lw=0)
+                m = m.mean("seed")
+            ax.plot(t, m.values, color=colour, lw=1.8, label=_panel_title(metrics, dim, i) or None)
+        ax.set_xlabel("$t$")
+        ax.set_ylabel(labels[name])
+        ax.set_xlim(t[0], t[-1])
+        ax.grid(alpha=0.3)
+    axes[0].set_ylim(-0.02, 1.02)
+    axes[1].set_ylim(0, None)
+    axes[2].set_ylim(0, 1.08 * max(float(metrics["distance"].max()), 0.1))
+    if dim:
+        axes[0].legend(fontsize=9, frameon=False)
+    seeds = f"; mean over {metrics.sizes['seed']} seeds, band: min to max" if "seed" in metrics.dims else ""
+    fig.suptitle(f"Clustering against $t$: {_describe(metrics.attrs)}{seeds}", fontsize=10)
+    return fig
+
+
+__all__ = [
+    "GEOMETRIES",
+    "ModelTrajectoryConfig",
+    "SOLVERS",
+    "SolverConfig",
+    "SphereProjection",
+    "TrajectoryConfig",
+    "WEIGHTS",
+    "attention_velocity",
+    "clustering_metrics",
+    "config_from_attrs",
+    "config_hash",
+    "cosine_gram",
+    "final_metrics",
+    "growth_label",
+    "initial_weights",
+    "model_attention_matrices",
+    "plot_metrics",
+    "plot_trajectories",
+    "simulate",
+    "simulate_model",
+    "uniform_sphere",
+]
