@@ -11,7 +11,7 @@ from levanter.trainer import TrainerConfig
 from diffeqformer import DiffEqFormerConfig, paths
 from diffeqformer.train import DataConfig, TrainConfig, load_config, main, validate
 
-CONFIGS = sorted(paths.CONFIG.rglob("*.yaml"))
+CONFIGS = sorted(p for p in paths.CONFIG.rglob("*.yaml") if not p.name.startswith("finetune_"))  # finetune configs: test_finetune
 PRESETS = ("smoke", "cpu", "gpu", "paper")
 
 

@@ -89,20 +89,8 @@ def run_dir_of(config: TrainConfig) -> Path:
 
 def validate(config: TrainConfig) -> None:
     """Reject bad input before any compute, naming the field."""
-    from .data import DATASETS, DOMAINS, check_vocab_size
-
-    t = config.trainer
-    if not isinstance(t.num_train_steps, int) or t.num_train_steps < 1:
-        raise ValueError(f"trainer.num_train_steps must be a positive integer, got {t.num_train_steps!r}")
-    if isinstance(t.train_batch_size, int) and t.train_batch_size < 1:
-        raise ValueError(f"trainer.train_batch_size must be a positive integer, got {t.train_batch_size!r}")
-    if t.steps_per_eval < 1:
-        raise ValueError(f"trainer.steps_per_eval must be a positive integer, got {t.steps_per_eval!r}")
-    if config.data.dataset not in DATASETS:
-        raise ValueError(f"data.dataset must be one of {DATASETS}, got {config.data.dataset!r}")
-    if config.data.domain not in DOMAINS:
-        raise ValueError(f"data.domain must be one of {DOMAINS}, got {config.data.domain!r}")
-    check_vocab_size(config.data.vocab_size)
+    validate_trainer(config.trainer)
+    validate_data(config.data)
     if config.epochs < 1:
         raise ValueError(f"epochs must be a positive integer, got {config.epochs!r}")
     for name in ("seq_len", "hidden_dim", "num_layers", "num_heads"):
@@ -114,6 +102,27 @@ def validate(config: TrainConfig) -> None:
             f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
             f"({config.model.num_heads})"
         )
+
+
+def validate_trainer(t: TrainerConfig) -> None:
+    """Reject a trainer section with a non-positive number of steps, batch size or evaluation interval."""
+    if not isinstance(t.num_train_steps, int) or t.num_train_steps < 1:
+        raise ValueError(f"trainer.num_train_steps must be a positive integer, got {t.num_train_steps!r}")
+    if isinstance(t.train_batch_size, int) and t.train_batch_size < 1:
+        raise ValueError(f"trainer.train_batch_size must be a positive integer, got {t.train_batch_size!r}")
+    if t.steps_per_eval < 1:
+        raise ValueError(f"trainer.steps_per_eval must be a positive integer, got {t.steps_per_eval!r}")
+
+
+def validate_data(data: DataConfig) -> None:
+    """Reject an unknown corpus or domain, or a vocabulary size the tokenizer cannot have."""
+    from .data import DATASETS, DOMAINS, check_vocab_size
+
+    if data.dataset not in DATASETS:
+        raise ValueError(f"data.dataset must be one of {DATASETS}, got {data.dataset!r}")
+    if data.domain not in DOMAINS:
+        raise ValueError(f"data.domain must be one of {DOMAINS}, got {data.domain!r}")
+    check_vocab_size(data.vocab_size)
 
 
 def dump_config(config: TrainConfig) -> str:
@@ -147,10 +156,15 @@ def config_hash(config: TrainConfig) -> str:
 
 def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
     """The paper's weight-decay masks, unless the config sets its own ``weight_decay_modules``."""
+    decay = DECAY_ODE if isinstance(model, DiffEqFormerConfig) and model.time_dependent else DECAY_BASELINE
+    return with_weight_decay(optimizer, decay)
+
+
+def with_weight_decay(optimizer: OptimizerConfig, modules: str) -> OptimizerConfig:
+    """Decay the parameters whose path matches the regex ``modules`` (only), unless the config sets its own."""
     if optimizer.weight_decay_modules is not None:
         return optimizer
-    decay = DECAY_ODE if isinstance(model, DiffEqFormerConfig) and model.time_dependent else DECAY_BASELINE
-    return dataclasses.replace(optimizer, weight_decay_modules=decay, default_weight_decay_mask=False)
+    return dataclasses.replace(optimizer, weight_decay_modules=modules, default_weight_decay_mask=False)
 
 
 class JsonlTracker(Tracker):
@@ -216,7 +230,8 @@ def read_metrics(run_dir: str | Path):
     return frame.drop(columns="time").groupby("step").last().sort_index()
 
 
-def _trainer_config(config: TrainConfig, run_dir: Path) -> TrainerConfig:
+def trainer_config_of(config: TrainConfig, run_dir: Path) -> TrainerConfig:
+    """Levanter's trainer config of a run: metrics to ``metrics.jsonl`` (and W&B), checkpoints in the run directory."""
     trackers: list[TrackerConfig] = [JsonlTrackerConfig(str(run_dir / "metrics.jsonl"))]
     if config.wandb:
         from levanter.tracker.wandb import WandbConfig
@@ -238,12 +253,33 @@ def _trainer_config(config: TrainConfig, run_dir: Path) -> TrainerConfig:
 def main(config: TrainConfig) -> dict:
     """Train (or resume, or skip a finished run) and return the contents of ``complete.json``."""
     import levanter
-    import levanter.callbacks
-    import levanter.eval
 
     validate(config)
     run_dir = run_dir_of(config)
     digest = config_hash(config)
+    finished = start_run(config, run_dir, digest)
+    if finished is not None:
+        return finished
+
+    data = config.data.levanter_config()
+    trainer_config = trainer_config_of(config, run_dir)
+    optimizer = with_paper_weight_decay(config.optimizer, config.model).build(trainer_config.num_train_steps)
+    levanter.initialize(trainer_config)
+
+    start = time.time()
+    with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
+        data_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
+        Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
+        state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
+        state = fit(trainer, state, config, data, data_key=data_key, Pos=config.model.Pos,
+                    flops_per_token=config.model.flops_per_token(Vocab.size), run_dir=run_dir)
+        return finish_run(config, run_dir, state.model, digest, start, vocab_size=Vocab.size)
+
+
+def start_run(config, run_dir: Path, digest: str) -> Optional[dict]:
+    """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written.
+
+    Refuses a run directory that holds checkpoints of another configuration."""
     complete = run_dir / "complete.json"
     if complete.exists():
         summary = json.loads(complete.read_text())
@@ -260,56 +296,61 @@ def main(config: TrainConfig) -> dict:
             )
     run_dir.mkdir(parents=True, exist_ok=True)
     saved.write_text(f"# config_hash: {digest}\n" + dump_config(config))
+    return None
 
-    data = config.data.levanter_config()
-    tokenizer = data.the_tokenizer
-    trainer_config = _trainer_config(config, run_dir)
-    optimizer = with_paper_weight_decay(config.optimizer, config.model).build(trainer_config.num_train_steps)
-    levanter.initialize(trainer_config)
 
-    start = time.time()
-    with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
-        data_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
-        Pos = config.model.Pos
-        Vocab = round_axis_for_partitioning(Axis("vocab", len(tokenizer)), trainer.parameter_axis_mapping)
-        train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key, epochs=config.epochs)
-        eval_sets = data.tagged_eval_sets(Pos)
-        _check_validation_length(eval_sets, Pos)
+def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per_token: Optional[float],
+        run_dir: Path, evaluate_first: bool = False):
+    """Run Levanter's training loop from ``state`` (fresh or resumed) to ``trainer.num_train_steps``; return the state.
 
-        state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
-        if int(state.step) > 0:
-            print(f"{config.name}: resuming from step {int(state.step)}", file=sys.stderr)
-        max_eval = trainer_config.max_eval_batches
-        max_eval = max_eval * trainer_config.eval_batch_size if max_eval is not None else None
-        eval_hook = levanter.eval.cb_tagged_lm_evaluate(
-            trainer_config.EvalBatch, eval_sets, tokenizer, trainer.device_mesh, trainer.compute_axis_mapping,
-            max_eval, mp=trainer_config.mp,
-        )
-        trainer.add_hook(eval_hook, every=trainer_config.steps_per_eval)
-        flops = config.model.flops_per_token(Vocab.size)
-        trainer.add_hook(
-            levanter.callbacks.log_performance_stats(
-                Pos.size, trainer_config.batch_schedule, 3 * flops * Pos.size if flops else None
-            ),
-            every=1,
-        )
-        if int(state.step) < trainer_config.num_train_steps:  # else: killed after its last checkpoint
-            loader = trainer.data_loader(train_set).iter_from_step(int(state.step))
-            try:
-                state = trainer.train(state, loader).state  # ends with every hook forced: evaluation, checkpoint
-            except RuntimeError as err:
-                if "nan" in str(err).lower() or "inf" in str(err).lower():
-                    raise SystemExit(
-                        f"{config.name}: training stopped, the loss is not finite ({err}). "
-                        f"The last good checkpoint is kept in {run_dir / 'checkpoints'}."
-                    ) from None
-                raise
+    Hooks: validation loss every ``trainer.steps_per_eval`` steps and at the end, throughput every step.
+    ``evaluate_first`` also evaluates the initial model, logged at step -1: Levanter logs the metrics of update k
+    (0-indexed) at step k, so step -1 is the model before any update. A non-finite loss stops with a message and keeps
+    the last good checkpoint. ``config`` supplies ``name`` and ``epochs``."""
+    import levanter.callbacks
+    import levanter.eval
+    from levanter.callbacks import StepInfo
 
-        _save_model(state.model, run_dir / MODEL_FILE)
+    trainer_config = trainer.config
+    train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key, epochs=config.epochs)
+    eval_sets = data.tagged_eval_sets(Pos)
+    _check_validation_length(eval_sets, Pos)
+    if int(state.step) > 0:
+        print(f"{config.name}: resuming from step {int(state.step)}", file=sys.stderr)
+    max_eval = trainer_config.max_eval_batches
+    max_eval = max_eval * trainer_config.eval_batch_size if max_eval is not None else None
+    eval_hook = levanter.eval.cb_tagged_lm_evaluate(
+        trainer_config.EvalBatch, eval_sets, data.the_tokenizer, trainer.device_mesh, trainer.compute_axis_mapping,
+        max_eval, mp=trainer_config.mp,
+    )
+    if evaluate_first and int(state.step) == 0:
+        eval_hook(StepInfo(state, loss=float("nan"), step_duration=0.0))
+    trainer.add_hook(eval_hook, every=trainer_config.steps_per_eval)
+    trainer.add_hook(
+        levanter.callbacks.log_performance_stats(
+            Pos.size, trainer_config.batch_schedule, 3 * flops_per_token * Pos.size if flops_per_token else None
+        ),
+        every=1,
+    )
+    if int(state.step) >= trainer_config.num_train_steps:  # killed after its last checkpoint
+        return state
+    loader = trainer.data_loader(train_set).iter_from_step(int(state.step))
+    try:
+        return trainer.train(state, loader).state  # ends with every hook forced: evaluation, checkpoint
+    except RuntimeError as err:
+        if "nan" in str(err).lower() or "inf" in str(err).lower():
+            raise SystemExit(
+                f"{config.name}: training stopped, the loss is not finite ({err}). "
+                f"The last good checkpoint is kept in {run_dir / 'checkpoints'}."
+            ) from None
+        raise
 
-    metrics = read_metrics(run_dir)
-    summary = {**_summary(config, metrics, digest, time.time() - start), "vocab_size": Vocab.size}
-    complete.write_text(json.dumps(summary, indent=1) + "\n")
+
+def finish_run(config, run_dir: Path, model, digest: str, start: float, **extra) -> dict:
+    """Save the model, then write ``complete.json`` (the summary of the metrics, plus ``extra``) and return it."""
+    _save_model(model, run_dir / MODEL_FILE)
+    summary = {**_summary(config, read_metrics(run_dir), digest, time.time() - start), **extra}
+    (run_dir / "complete.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
 
 
@@ -368,13 +409,15 @@ def _summary(config: TrainConfig, metrics, digest: str, wall_s: float) -> dict:
     }
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
-    """Parse a YAML file (plus draccus-style overrides such as ``--model.time_embed_dim 32``)."""
+def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: type = TrainConfig):
+    """Parse a YAML file (plus draccus-style overrides such as ``--model.time_embed_dim 32``) into ``cls``."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"config file not found: {path}")
     try:
-        return draccus.parse(TrainConfig, config_path=str(path), args=list(overrides or []))
+        return draccus.parse(cls, config_path=str(path), args=list(overrides or []))
+    except draccus.utils.DecodingError as err:  # a value of the wrong type: "`epochs`: Couldn't parse 'x' into an int"
+        raise ValueError(f"{path}: {err}") from None
     except Exception as err:
         # draccus reports "Couldn't instantiate class ..." and keeps our validation error as the cause: surface it.
         cause, innermost = err, None
@@ -387,16 +430,18 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
         raise
 
 
-def cli(argv: list[str] | None = None) -> None:
+def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, module: str = "diffeqformer.train"):
+    """``python -m <module> --config file.yaml [overrides]``: parse into ``cls`` and call ``run``; bad input exits with
+    a one-line error."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" not in argv and "--config_path" not in argv:
-        raise SystemExit("usage: python -m diffeqformer.train --config config/<preset>/<name>.yaml [overrides]")
+        raise SystemExit(f"usage: python -m {module} --config config/<preset>/<name>.yaml [overrides]")
     key = "--config" if "--config" in argv else "--config_path"
     i = argv.index(key)
     path, overrides = argv[i + 1], argv[:i] + argv[i + 2 :]
     try:
-        config = load_config(path, overrides)
-        main(config)
+        config = load_config(path, overrides, cls=cls)
+        run(config)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
 

@@ -1,0 +1,393 @@
+"""Adaptive fine-tuning (PAPER.md section 3, Fig. 5): ``python -m diffeqformer.finetune --config file.yaml [...]``.
+
+A DiffEqFormer pretrained with L Euler steps becomes an ordinary N-layer transformer for any N
+(``DiffEqFormerLMHeadModel.discretize``); that transformer, or a pretrained GPT/Llama as it is, is then fine-tuned on
+a target domain with Levanter's trainer, either fully or with Levanter's LoRA (``levanter.lora``: adapters on every
+linear map that ``lora.target_modules`` selects, everything else frozen).
+
+A fine-tuning run names the finished pretraining run it starts from twice: the pretraining's config file and its run
+directory (``pretrain.config``, ``pretrain.run_dir``); the run must be complete and must have been trained with exactly
+that configuration (same config hash). The run directory (``runs/<name>/`` or ``--run_dir``) holds what a training
+run holds (``diffeqformer.train``) plus ``pretrain_config.yaml``, the pretraining's resolved configuration:
+
+    config.yaml           the resolved fine-tuning configuration, its hash on the first line
+    pretrain_config.yaml  the pretraining's config.yaml (what ``load_model`` rebuilds the model from)
+    checkpoints/          Levanter checkpoints (LoRA: the adapters and their optimiser state only)
+    metrics.jsonl         every metric; the validation loss of the model before fine-tuning is logged at step -1
+    model.eqx             the fine-tuned model (LoRA: with its adapters, not merged)
+    complete.json         final and initial validation loss, parameter counts (trainable and total), throughput, ...
+
+Its config hash covers the fine-tuning configuration and the pretraining's config hash, not the paths.
+``finetune_grid`` lists every run of the Fig. 5 experiment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.random as jrandom
+import levanter
+from haliax import Axis
+from haliax.partitioning import round_axis_for_partitioning
+from levanter.lora import LoraConfig, LowRankLinear, lora_trainable_params_filter, loraize, merge_lora_modules
+from levanter.models.lm_model import compute_next_token_loss
+from levanter.optim import AdamConfig, OptimizerConfig
+from levanter.tracker import NoopConfig
+from levanter.trainer import Trainer, TrainerConfig
+from levanter.utils.jax_utils import parameter_count
+
+from . import paths, train
+from .model import DiffEqFormerConfig
+from .train import (
+    DECAY_BASELINE,
+    MODEL_FILE,
+    DataConfig,
+    TrainConfig,
+    cli,
+    dump_config,
+    finish_run,
+    fit,
+    load_config,
+    read_metrics,
+    run_dir_of,
+    start_run,
+    trainer_config_of,
+    validate_data,
+    validate_trainer,
+    with_weight_decay,
+)
+
+METHODS = ("lora", "full")
+"""Fine-tuning methods: LoRA adapters only, or every parameter."""
+PRETRAIN_CONFIG = "pretrain_config.yaml"
+"""The copy of the pretraining's ``config.yaml`` in a fine-tuning run directory."""
+
+
+@dataclass(frozen=True)
+class PretrainRef:
+    """The finished pretraining run a fine-tuning starts from."""
+
+    config: str = ""
+    """Its config file (relative paths: to the working directory, else to the repository root)."""
+    run_dir: Optional[str] = None
+    """Its run directory (default: runs/<name in that config file>); it must hold a run of exactly that config."""
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run: the pretrained model, how it is discretised and adapted, the target data, the trainer."""
+
+    name: str = "finetune"
+    """Run name: the run directory is runs/<name> unless run_dir is given."""
+    pretrain: PretrainRef = field(default_factory=PretrainRef)
+    steps: Optional[int] = None
+    """Euler steps N of the discretised DiffEqFormer (any N >= 1); null for a GPT/Llama pretraining."""
+    method: str = "lora"
+    """'lora' (Levanter's LoRA adapters, the rest frozen) or 'full' (every parameter)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Levanter's LoRA: rank r, alpha (adapters scaled by alpha/r), dropout, target_modules (None: every linear map)."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The target domain; its tokenizer must be the pretraining's."""
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(tracker=NoopConfig()))
+    optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    """Weight decay (unless weight_decay_modules is set): attention/MLP weights and embeddings, as for GPT."""
+    run_dir: Optional[str] = None
+    """Where the run is written (default: runs/<name>)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (off by default)."""
+    epochs: int = 100
+    """Passes over the target domain's training tokens at most."""
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """A finished pretraining run, checked against its config file (``validate``)."""
+
+    config: TrainConfig
+    run_dir: Path
+    config_hash: str
+    Vocab: Axis
+
+
+def validate(config: FinetuneConfig) -> Pretraining:
+    """Reject bad input before anything is written, naming the field; return the checked pretraining run.
+
+    Takes seconds: the pretrained model is built shape-only (to check the LoRA rank and targets), not loaded."""
+    validate_trainer(config.trainer)
+    validate_data(config.data)
+    if config.epochs < 1:
+        raise ValueError(f"epochs must be a positive integer, got {config.epochs!r}")
+    if config.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
+    if config.steps is not None and (not _is_int(config.steps) or config.steps < 1):
+        raise ValueError(
+            f"steps must be a positive integer (or null for a GPT/Llama pretraining), got {config.steps!r}"
+        )
+
+    if not config.pretrain.config:
+        raise ValueError("pretrain.config must name the pretraining's config file")
+    pre_path = _repository_path(config.pretrain.config)
+    if not pre_path.exists():
+        raise ValueError(f"pretrain.config: no such file {config.pretrain.config}")
+    pre = load_config(pre_path)
+    pre_dir = Path(config.pretrain.run_dir) if config.pretrain.run_dir else run_dir_of(pre)
+    complete = pre_dir / "complete.json"
+    if not complete.exists():
+        raise ValueError(
+            f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no complete.json); "
+            f"train it first: python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}"
+        )
+    summary = json.loads(complete.read_text())
+    digest = train.config_hash(pre)
+    if summary.get("config_hash") != digest:
+        raise ValueError(
+            f"pretrain.config: the run in {pre_dir} was trained with another configuration "
+            f"(hash {summary.get('config_hash')}) than {pre_path} (hash {digest})"
+        )
+
+    ode = isinstance(pre.model, DiffEqFormerConfig)
+    kind = pre.model.get_choice_name(type(pre.model))
+    if ode and config.steps is None:
+        raise ValueError(
+            f"steps must be given for a DiffEqFormer pretraining (it was trained with {pre.model.num_layers})"
+        )
+    if not ode and config.steps is not None:
+        raise ValueError(f"steps must be null for a {kind} pretraining: only a DiffEqFormer can be discretised")
+    if _tokenizer_of(config.data) != _tokenizer_of(pre.data):
+        raise ValueError(
+            f"data: the fine-tuning data's tokenizer ({_tokenizer_of(config.data)}) is not the pretraining's "
+            f"({_tokenizer_of(pre.data)}); set data.dataset/data.vocab_size as in {pre_path}"
+        )
+
+    pretraining = Pretraining(pre, pre_dir, digest, Axis("vocab", summary["vocab_size"]))
+    if config.method == "lora":
+        r, hidden = config.lora.r, pre.model.hidden_dim
+        if not _is_int(r) or not 1 <= r <= hidden:
+            raise ValueError(f"lora.r must be an integer from 1 to the hidden size {hidden}, got {r!r}")
+        if not (math.isfinite(config.lora.alpha) and config.lora.alpha > 0):
+            raise ValueError(f"lora.alpha must be positive, got {config.lora.alpha!r}")
+        if not 0.0 <= config.lora.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {config.lora.dropout!r}")
+        shape = eqx.filter_eval_shape(
+            lambda: adapt(pre.model.build(pretraining.Vocab, key=jrandom.PRNGKey(0)), config, key=jrandom.PRNGKey(0))
+        )
+        if not any(jax.tree_util.tree_leaves(lora_trainable_params_filter(shape))):
+            raise ValueError(f"lora.target_modules {config.lora.target_modules!r} matches no linear layer of the model")
+    return pretraining
+
+
+def config_hash(config: FinetuneConfig, pretrain_config_hash: str) -> str:
+    """Hash of what determines the fine-tuned parameters: the fine-tuning config without its paths, and the
+    pretraining's config hash (so the same file at another path, or the same run moved, hashes the same)."""
+    relevant = dataclasses.replace(config, run_dir=None, wandb=False, pretrain=PretrainRef())
+    text = dump_config(relevant) + f"pretrain_config_hash: {pretrain_config_hash}\n"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def adapt(model, config: FinetuneConfig, *, key):
+    """The pretrained model as it is fine-tuned: a DiffEqFormer discretised to ``config.steps`` Euler steps, then,
+    for LoRA, with Levanter's adapters on the linear maps that ``config.lora.target_modules`` selects."""
+    if config.steps is not None:
+        model = model.discretize(config.steps)
+    if config.method == "lora":
+        model = _zero_lora_b(loraize(model, config.lora, key=key))
+    return model
+
+
+def _zero_lora_b(model):
+    """LoRA's initialisation (Hu et al., 2021): B = 0, so that the adapted model starts as the pretrained model.
+
+    Levanter's ``loraize`` draws both factors at random, which moves every adapted weight by A B alpha/r before
+    training (with rank 4 on 32-wide layers, far more than the pretrained weights' own scale)."""
+
+    def zero_b(module):
+        if not isinstance(module, LowRankLinear):
+            return module
+        zero = dataclasses.replace(module.lora_B, weight=hax.zeros_like(module.lora_B.weight))
+        return dataclasses.replace(module, lora_B=zero)
+
+    return jax.tree_util.tree_map(zero_b, model, is_leaf=lambda node: isinstance(node, LowRankLinear))
+
+
+def trainable(config: FinetuneConfig, model):
+    """The trainer's ``is_trainable`` filter: the LoRA adapters only, or everything."""
+    return lora_trainable_params_filter(model) if config.method == "lora" else True
+
+
+def main(config: FinetuneConfig) -> dict:
+    """Fine-tune (or resume, or skip a finished run) and return the contents of ``complete.json``."""
+    pretraining = validate(config)
+    run_dir = run_dir_of(config)
+    digest = config_hash(config, pretraining.config_hash)
+    finished = start_run(config, run_dir, digest)
+    if finished is not None:
+        return finished
+    (run_dir / PRETRAIN_CONFIG).write_text((pretraining.run_dir / "config.yaml").read_text())
+
+    data = config.data.levanter_config()
+    trainer_config = trainer_config_of(config, run_dir)
+    optimizer = with_weight_decay(config.optimizer, DECAY_BASELINE).build(trainer_config.num_train_steps)
+    levanter.initialize(trainer_config)
+
+    start = time.time()
+    with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
+        data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
+        Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
+        if Vocab != pretraining.Vocab:
+            raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
+        model = adapt(train.load_model(pretraining.run_dir), config, key=adapter_key)
+        # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones from here.
+        state = trainer.initial_state(training_key, model=model, is_trainable=trainable(config, model))
+        counts = {
+            "trainable_params": parameter_count(state.trainable_model),
+            "total_params": parameter_count(state.model),
+        }
+        levanter.tracker.log_summary(counts)
+        model_config = state.model.config
+        state = fit(trainer, state, config, data, data_key=data_key, Pos=model_config.Pos,
+                    flops_per_token=model_config.flops_per_token(Vocab.size), run_dir=run_dir, evaluate_first=True)
+        return finish_run(
+            config, run_dir, state.model, digest, start,
+            vocab_size=Vocab.size, method=config.method, euler_steps=config.steps, **counts,
+            pretrained_eval_loss=_initial_eval_loss(run_dir), pretrain_config_hash=pretraining.config_hash,
+        )
+
+
+def load_model(run_dir: str | Path, *, merged: bool = False):
+    """The fine-tuned model of a finished run, rebuilt from ``pretrain_config.yaml`` and ``config.yaml``.
+
+    LoRA runs keep their adapters (``LoraLinear`` modules); ``merged=True`` folds them into the weights
+    (``levanter.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained model's structure."""
+    run_dir = Path(run_dir)
+    complete = run_dir / "complete.json"
+    if not complete.exists():
+        raise FileNotFoundError(f"{run_dir} holds no finished run (no complete.json)")
+    config = load_config(run_dir / "config.yaml", cls=FinetuneConfig)
+    pre = load_config(run_dir / PRETRAIN_CONFIG)
+    Vocab = Axis("vocab", json.loads(complete.read_text())["vocab_size"])
+    key = jrandom.PRNGKey(0)  # only shapes matter: the values are read from the file
+    skeleton = eqx.filter_eval_shape(lambda: adapt(pre.model.build(Vocab, key=key), config, key=key))
+    model = eqx.tree_deserialise_leaves(run_dir / MODEL_FILE, skeleton)
+    return merge_lora_modules(model) if merged else model
+
+
+def _initial_eval_loss(run_dir: Path) -> Optional[float]:
+    metrics = read_metrics(run_dir)
+    if -1 not in metrics.index or "eval/loss" not in metrics:
+        return None
+    return float(metrics.loc[-1, "eval/loss"])
+
+
+def _tokenizer_of(data: DataConfig) -> str:
+    """Which tokenizer ``data.lm_dataset_config`` uses for a corpus."""
+    from .data import ONLINE_TOKENIZER
+
+    if data.dataset in ("wikitext103", "openwebtext"):
+        return ONLINE_TOKENIZER
+    if data.dataset == "shakespeare":
+        return f"shakespeare BPE with {data.vocab_size} tokens"
+    return data.dataset  # synthetic: its own word-level vocabulary
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _repository_path(path: str) -> Path:
+    """``path`` as given if it exists (relative to the working directory), else relative to the repository root."""
+    given = Path(path)
+    return given if given.is_absolute() or given.exists() else paths.REPO / given
+
+
+# --------------------------------------------------------------------------------------------- the Fig. 5 grid
+
+DISCRETISATIONS = (9, 12, 18, 24)
+"""Euler steps N of the fine-tuned DiffEqFormers (it is pretrained with 18)."""
+DIRECTIONS = (("plays", "prose"), ("prose", "plays"))
+"""(pretraining domain, fine-tuning domain) of the offline corpus: the paper's WikiText-103 <-> OpenWebText."""
+PRETRAINED = {"diffeqformer18": "pretrain_diffeqformer18_{domain}.yaml", "gpt2_24": "pretrain_gpt2_24_{domain}.yaml"}
+"""The pretrained models of a preset: an 18-step DiffEqFormer and the 24-layer GPT-2 baseline, one per domain."""
+TEMPLATES = {method: f"finetune_{method}.yaml" for method in METHODS}
+"""The fine-tuning configs of a preset, one per method; the grid overrides name, pretrain, steps and data.domain."""
+
+
+@dataclass(frozen=True)
+class GridRun:
+    """One run of an experiment: ``python -m <module> --config <config> <overrides>`` writes ``runs/<name>``."""
+
+    name: str
+    module: str
+    """``diffeqformer.train`` (pretraining, training from scratch) or ``diffeqformer.finetune``."""
+    config: Path
+    overrides: tuple[str, ...] = ()
+    after: tuple[str, ...] = ()
+    """Names of the runs that must be complete first (the pretraining a fine-tuning starts from)."""
+
+    @property
+    def run_dir(self) -> Path:
+        return paths.RUNS / self.name
+
+    def argv(self) -> list[str]:
+        """The arguments after ``python``."""
+        return ["-m", self.module, "--config", str(self.config), *self.overrides]
+
+
+def finetune_grid(preset: str = "cpu") -> list[GridRun]:
+    """Every run of the Fig. 5 experiment at a preset, in an order that runs each pretraining before its fine-tunings:
+
+    * the pretrainings: an 18-step DiffEqFormer and a 24-layer GPT-2 on each domain (``PRETRAINED``);
+    * for each direction (``DIRECTIONS``) and method (``METHODS``): the DiffEqFormer discretised to each N of
+      ``DISCRETISATIONS``, and the 24-layer GPT-2, fine-tuned on the other domain (``TEMPLATES``);
+    * a 24-layer GPT-2 trained from scratch on each target domain for as many steps as a fine-tuning.
+
+    Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (the cpu preset does)."""
+    folder = paths.CONFIG / preset
+    domains = sorted({d for direction in DIRECTIONS for d in direction})
+    pretrained = {(m, d): folder / f.format(domain=d) for m, f in PRETRAINED.items() for d in domains}
+    templates = {method: folder / f for method, f in TEMPLATES.items()}
+    missing = [str(p) for p in [*pretrained.values(), *templates.values()] if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"finetune_grid({preset!r}) needs {', '.join(missing)}")
+
+    pre_names = {key: load_config(path).name for key, path in pretrained.items()}
+    runs = [GridRun(pre_names[key], "diffeqformer.train", path) for key, path in pretrained.items()]
+    for source, target in DIRECTIONS:
+        for method in METHODS:
+            for model, steps in [*(("diffeqformer18", n) for n in DISCRETISATIONS), ("gpt2_24", None)]:
+                label = f"{model}-{source}-to-{target}" + (f"-n{steps}" if steps else "") + f"-{method}"
+                name = f"{preset}-finetune-{label}"
+                overrides = (
+                    "--name", name,
+                    "--pretrain.config", str(pretrained[model, source].relative_to(paths.REPO)),
+                    "--steps", "null" if steps is None else str(steps),
+                    "--data.domain", target,
+                )
+                after = (pre_names[model, source],)
+                runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides, after))
+    budget = load_config(templates["full"], cls=FinetuneConfig).trainer
+    for target in domains:
+        name = f"{preset}-scratch-gpt2_24-{target}"
+        overrides = (
+            "--name", name,
+            "--trainer.num_train_steps", str(budget.num_train_steps),
+            "--trainer.steps_per_eval", str(budget.steps_per_eval),
+        )
+        runs.append(GridRun(name, "diffeqformer.train", pretrained["gpt2_24", target], overrides))
+    return runs
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cli(cls=FinetuneConfig, run=main, module="diffeqformer.finetune")

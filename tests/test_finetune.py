@@ -1,0 +1,273 @@
+"""diffeqformer.finetune at smoke size: LoRA trains only its adapters, a discretisation with N != L fine-tunes, resume
+after SIGKILL equals an uninterrupted run, bad input is rejected before anything is written; the Fig. 5 grid."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import equinox as eqx
+import haliax as hax
+import jax
+import numpy as np
+import pytest
+import yaml
+from helpers import VOCAB, assert_close, random_ids, tiny
+from levanter.layers.attention import AttentionMask
+from levanter.lora import LoraConfig, LowRankLinear, lora_trainable_params_filter
+
+from diffeqformer import paths
+from diffeqformer.finetune import (
+    DISCRETISATIONS,
+    METHODS,
+    FinetuneConfig,
+    adapt,
+    finetune_grid,
+    load_model,
+    main,
+)
+from diffeqformer.train import config_hash as train_config_hash
+from diffeqformer.train import load_config, read_metrics
+from diffeqformer.train import load_model as load_pretrained
+
+PRETRAIN = paths.CONFIG / "smoke" / "diffeqformer.yaml"  # 3 Euler steps
+LORA = paths.CONFIG / "smoke" / "finetune_diffeqformer_lora.yaml"  # both discretise it to 5 steps
+FULL = paths.CONFIG / "smoke" / "finetune_diffeqformer_full.yaml"
+FINETUNE_CONFIGS = sorted(paths.CONFIG.rglob("finetune_*.yaml"))
+
+arrays = lambda tree: jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array))  # noqa: E731
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+    # A persistent compilation cache shared by the subprocesses: reruns of a configuration skip XLA compilation.
+    cache = tmp_path_factory.mktemp("jax-cache")
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(cache)}
+
+
+def _run(module, config, run_dir, env, *extra):
+    cmd = [sys.executable, "-m", module, "--config", str(config), "--run_dir", str(run_dir), *map(str, extra)]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory, env):
+    """One smoke pretraining run (20 steps of the 3-step DiffEqFormer), shared by every test of this module.
+
+    Its config file is the smoke one without Levanter's gradient watch (which compiles the training step twice) and
+    without starting Ray: written next to the run, it is the file the fine-tunings name as ``pretrain.config``."""
+    folder = tmp_path_factory.mktemp("pretrain")
+    config = yaml.safe_load(PRETRAIN.read_text())
+    config["trainer"] |= {"watch": {"interval": 0}, "ray": {"auto_start_cluster": False}}
+    (folder / "pretrain.yaml").write_text(yaml.safe_dump(config))
+    _run("diffeqformer.train", folder / "pretrain.yaml", folder / "run", env)
+    return folder / "run"
+
+
+def _from(pretrained):
+    return ["--pretrain.config", str(pretrained.parent / "pretrain.yaml"), "--pretrain.run_dir", str(pretrained)]
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory, pretrained, env):
+    run_dir = tmp_path_factory.mktemp("lora") / "run"
+    start = time.perf_counter()
+    _run("diffeqformer.finetune", LORA, run_dir, env, *_from(pretrained))
+    print(f"smoke LoRA fine-tuning: {time.perf_counter() - start:.1f} s wall")
+    return run_dir
+
+
+def test_lora_trains_only_the_adapters(lora_run, pretrained):
+    tuned = load_model(lora_run)
+    reference = load_pretrained(pretrained).discretize(5)
+    is_lora = lora_trainable_params_filter(tuned)
+    adapters, frozen = eqx.partition(tuned, is_lora)
+    for a, b in zip(arrays(frozen), arrays(reference), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))  # every pretrained weight untouched
+    lora_b = [m.lora_B.weight.array for m in jax.tree_util.tree_leaves(adapters, is_leaf=_is_lora)
+              if isinstance(m, LowRankLinear)]
+    assert len(lora_b) == 6  # q, k, v, o and the two MLP maps (each stacked over the 5 layers)
+    assert all(np.any(np.asarray(b) != 0) for b in lora_b)  # B starts at zero: every adapter has learned
+
+    summary = json.loads((lora_run / "complete.json").read_text())
+    n_lora, n_frozen = (sum(x.size for x in arrays(t)) for t in (adapters, frozen))
+    assert summary["trainable_params"] == n_lora and summary["total_params"] == n_lora + n_frozen
+    assert 0 < n_lora < n_frozen // 10
+    assert (summary["method"], summary["euler_steps"]) == ("lora", 5)
+    merged = load_model(lora_run, merged=True)  # the adapters folded into the weights: the reference's named shapes
+    assert _named_shapes(merged) == _named_shapes(reference)
+
+
+def _named_shapes(model):
+    leaves = jax.tree_util.tree_leaves(model, is_leaf=lambda x: isinstance(x, hax.NamedArray))
+    return [dict(x.shape) for x in leaves if isinstance(x, hax.NamedArray)]
+
+
+def _is_lora(node):
+    return isinstance(node, LowRankLinear)
+
+
+def test_metrics_start_from_the_pretrained_model(lora_run):
+    metrics = read_metrics(lora_run)
+    summary = json.loads((lora_run / "complete.json").read_text())
+    evals = metrics["eval/loss"].dropna()
+    assert evals.index[0] == -1  # evaluated before the first update
+    assert summary["pretrained_eval_loss"] == pytest.approx(evals.loc[-1])
+    assert summary["final_eval_loss"] == pytest.approx(evals.iloc[-1]) and evals.iloc[-1] < evals.loc[-1]
+    assert summary["final_eval_perplexity"] == pytest.approx(np.exp(evals.iloc[-1]), rel=1e-6)
+    assert summary["tokens_per_second"] > 0 and summary["wall_time_s"] > 0
+    assert (lora_run / "config.yaml").read_text().startswith("# config_hash: " + summary["config_hash"])
+    assert load_config(lora_run / "pretrain_config.yaml").model.num_layers == 3
+
+
+def test_full_finetuning_of_another_discretisation_learns(tmp_path, pretrained, env):
+    run_dir = tmp_path / "run"
+    _run("diffeqformer.finetune", FULL, run_dir, env, *_from(pretrained))
+    summary = json.loads((run_dir / "complete.json").read_text())
+    assert summary["euler_steps"] == 5 and summary["trainable_params"] == summary["total_params"]
+    metrics = read_metrics(run_dir)
+    train = metrics["train/loss"].dropna()
+    assert len(train) == 20 and np.all(np.isfinite(train)) and train.iloc[-5:].mean() < train.iloc[:5].mean()
+    assert summary["final_eval_loss"] < summary["pretrained_eval_loss"]
+    model = load_model(run_dir)
+    assert model.config.num_layers == 5 and model.transformer.blocks.Block.size == 5
+
+
+def test_complete_run_is_not_rerun(lora_run, pretrained, capsys):
+    before = (lora_run / "metrics.jsonl").read_text()
+    summary = main(load_config(LORA, [*_from(pretrained), "--run_dir", str(lora_run)], cls=FinetuneConfig))
+    assert "already complete" in capsys.readouterr().err
+    assert summary == json.loads((lora_run / "complete.json").read_text())
+    assert (lora_run / "metrics.jsonl").read_text() == before
+
+
+def test_another_config_in_the_same_run_dir_is_refused(lora_run, pretrained):
+    before = sorted(p.name for p in lora_run.iterdir())
+    config = load_config(LORA, [*_from(pretrained), "--run_dir", str(lora_run), "--lora.r", "2"], cls=FinetuneConfig)
+    with pytest.raises(ValueError, match="another configuration"):
+        main(config)
+    assert sorted(p.name for p in lora_run.iterdir()) == before
+
+
+def test_resume_after_sigkill_equals_uninterrupted_run(lora_run, pretrained, tmp_path, env):
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "diffeqformer.finetune", "--config", str(LORA), *_from(pretrained),
+           "--run_dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    checkpoint = run_dir / "checkpoints" / "step-10" / "metadata.json"
+    while not _complete_json(checkpoint):  # Levanter writes metadata.json once the checkpoint is committed
+        assert proc.poll() is None, proc.stderr.read()[-3000:]
+        assert time.time() < deadline, "no checkpoint at step 10 within 600 s"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (run_dir / "complete.json").exists()
+
+    out = _run("diffeqformer.finetune", LORA, run_dir, env, *_from(pretrained))
+    assert "resuming from step" in out.stderr
+    resumed, full = arrays(load_model(run_dir)), arrays(load_model(lora_run))
+    assert len(resumed) == len(full) > 10
+    for a, b in zip(resumed, full):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def _complete_json(path):
+    try:
+        return "step" in json.loads(path.read_text())
+    except (OSError, ValueError):
+        return False
+
+
+@pytest.fixture(scope="module")
+def fake_gpt_pretraining(tmp_path_factory):
+    """A finished-looking GPT-2 pretraining run: validation reads only complete.json (it builds models shape-only)."""
+    run_dir = tmp_path_factory.mktemp("gpt") / "run"
+    run_dir.mkdir()
+    config = load_config(paths.CONFIG / "smoke" / "gpt2.yaml")
+    (run_dir / "complete.json").write_text(json.dumps({"config_hash": train_config_hash(config), "vocab_size": 4096}))
+    return run_dir
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["--steps", "0"], "steps must be a positive integer"),
+        (["--steps", "2.5"], "steps"),
+        (["--steps", "null"], "steps must be given"),
+        (["--lora.r", "0"], "lora.r"),
+        (["--lora.r", "33"], "lora.r"),  # the smoke model is 32 wide
+        (["--lora.target_modules", "nothing_is_called_this"], "target_modules"),
+        (["--method", "adapters"], "method"),
+        (["--trainer.num_train_steps", "0"], "num_train_steps"),
+        (["--data.domain", "poetry"], "data.domain"),
+        (["--data.vocab_size", "512"], "tokenizer"),
+        (["--pretrain.config", ""], "pretrain.config"),
+        (["--pretrain.config", "config/smoke/not_there.yaml"], "pretrain.config"),
+        (["--pretrain.config", "config/smoke/gpt2.yaml"], "pretrain.config.*another configuration"),
+        (["--pretrain.run_dir", "{tmp}/nowhere"], "pretrain.run_dir"),
+        (["--pretrain.run_dir", "{tmp}/unfinished"], "pretrain.run_dir.*no finished"),
+        (["--pretrain.config", "config/smoke/gpt2.yaml", "--pretrain.run_dir", "{gpt}"], "steps must be null"),
+    ],
+)
+def test_bad_input_is_rejected_before_anything_is_written(tmp_path, pretrained, fake_gpt_pretraining, overrides,
+                                                           message):
+    (tmp_path / "unfinished").mkdir()
+    (tmp_path / "unfinished" / "config.yaml").write_text(PRETRAIN.read_text())  # started, never completed
+    overrides = [o.format(tmp=tmp_path, gpt=fake_gpt_pretraining) for o in overrides]
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=message):
+        args = [*_from(pretrained), *overrides, "--run_dir", str(tmp_path / "run")]
+        main(load_config(LORA, args, cls=FinetuneConfig))
+    assert time.perf_counter() - start < 10.0
+    assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+def test_lora_starts_as_the_discretised_model(getkey):
+    """B = 0 at initialisation: the adapted model computes exactly what the pretrained model, discretised, computes."""
+    config = FinetuneConfig(steps=6, method="lora", lora=LoraConfig(r=2))
+    ids, mask = random_ids(getkey()), AttentionMask.causal()
+
+    @eqx.filter_jit  # one compilation: the tiny model op by op takes a minute on two busy cores
+    def logits(model_key, lora_key):
+        model = tiny().build(VOCAB, key=model_key)
+        lora = adapt(model, config, key=lora_key)
+        assert sum(isinstance(m, LowRankLinear) for m in jax.tree_util.tree_leaves(lora, is_leaf=_is_lora)) == 6
+        return lora(ids, mask), model.discretize(6)(ids, mask)
+
+    assert_close(*logits(getkey(), getkey()), 1e-5)
+
+
+@pytest.mark.parametrize("path", FINETUNE_CONFIGS, ids=[str(p.relative_to(paths.CONFIG)) for p in FINETUNE_CONFIGS])
+def test_finetune_yaml_parses(path):
+    config = load_config(path, cls=FinetuneConfig)
+    assert config.name.startswith(path.parent.name) and config.method in METHODS
+    assert (paths.REPO / config.pretrain.config).exists()
+
+
+def test_fig5_grid():
+    runs = finetune_grid("cpu")
+    names = [r.name for r in runs]
+    assert len(set(names)) == len(names) == 4 + 2 * 2 * (len(DISCRETISATIONS) + 1) + 2
+    pretrainings = {r.name: load_config(r.config) for r in runs if r.name.startswith("cpu-pretrain")}
+    assert len(pretrainings) == 4 and all(c.trainer.num_train_steps <= 300 for c in pretrainings.values())
+    steps = []
+    for run in runs:
+        if run.module != "diffeqformer.finetune":
+            continue
+        # each starts from a pretraining listed before it, on the other domain; its overrides parse
+        assert len(run.after) == 1 and names.index(run.after[0]) < names.index(run.name)
+        config = load_config(run.config, list(run.overrides), cls=FinetuneConfig)
+        pre = pretrainings[run.after[0]]
+        assert config.name == run.name and load_config(paths.REPO / config.pretrain.config).name == pre.name
+        assert config.data.domain != pre.data.domain and config.trainer.num_train_steps <= 150
+        assert (config.steps is None) == (pre.model.num_layers == 24)
+        steps.append(config.steps or 0)
+    assert sorted(steps) == sorted([0] * 4 + [n for n in DISCRETISATIONS for _ in range(4)])
+    assert sum(r.name.startswith("cpu-scratch") for r in runs) == 2
+    with pytest.raises(FileNotFoundError, match="pretrain_diffeqformer18"):
+        finetune_grid("smoke")
