@@ -82,3 +82,16 @@ def test_saved_config_reloads_to_the_same_model(path, tmp_path):
     saved.write_text(text)
     again = load_config(saved)
     assert again.model == config.model and again.data == config.data
+
+
+def test_config_hash_ignores_model_defaults_but_not_changes():
+    """A model field at its default does not enter the hash (new options keep old runs valid); a changed one does."""
+    import dataclasses
+
+    from diffeqformer.train import config_hash
+
+    config = load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
+    explicit = dataclasses.replace(config, model=dataclasses.replace(config.model, random_step_offset=False))
+    changed = dataclasses.replace(config, model=dataclasses.replace(config.model, random_step_offset=True))
+    assert config_hash(explicit) == config_hash(config)
+    assert config_hash(changed) != config_hash(config)

@@ -223,3 +223,84 @@ def test_registered_with_levanter():
     from levanter.models.lm_model import LmConfig
 
     assert LmConfig.get_choice_class("diffeqformer") is DiffEqFormerConfig
+
+
+# Randomised step placement in training (config.random_step_offset)
+
+
+def test_random_time_grid_keeps_steps_and_varies_the_offset(getkey):
+    from diffeqformer.model import random_time_grid, time_grid
+
+    L = tiny().Layers
+    firsts = []
+    for _ in range(50):
+        t = np.asarray(random_time_grid(L, key=getkey()).array)
+        np.testing.assert_allclose(np.diff(t), 1.0 / L.size, atol=1e-6)
+        assert 0.0 < t[0] <= 1.0 / L.size and t[-1] <= 1.0
+        firsts.append(t[0])
+    assert np.ptp(firsts) > 0.5 / L.size  # spread over the first step's interval
+    assert time_grid(L).array[0] == np.float32(1.0 / L.size)
+
+
+@eqx.filter_jit
+def _logits(model, ids, key):
+    return model(ids, CAUSAL, key=key).array
+
+
+def test_random_step_offset_off_ignores_the_key(getkey):
+    model = tiny().build(VOCAB, key=getkey())
+    ids = random_ids(getkey())
+    plain = np.asarray(_logits(model, ids, None))
+    for _ in range(2):
+        np.testing.assert_array_equal(np.asarray(_logits(model, ids, getkey())), plain)
+
+
+def test_random_step_offset_on_uses_the_key_in_training_only(getkey):
+    key = getkey()
+    fixed = tiny().build(VOCAB, key=key)
+    model = tiny(random_step_offset=True).build(VOCAB, key=key)
+    ids = random_ids(getkey())
+    # no key (evaluation): exactly the deterministic model
+    np.testing.assert_array_equal(np.asarray(_logits(model, ids, None)), np.asarray(_logits(fixed, ids, None)))
+    k1, k2 = getkey(), getkey()
+    a, b = _logits(model, ids, k1), _logits(model, ids, k2)
+    assert float(jnp.max(jnp.abs(a - b))) > 1e-4
+    np.testing.assert_array_equal(np.asarray(_logits(model, ids, k1)), np.asarray(a))  # same key, same u
+
+    # against an explicit Euler loop at t_k = (k + u)/L, u drawn as the model draws it
+    _, k_time = jax.random.split(k1)
+    u = 1.0 - jax.random.uniform(k_time, (), dtype=jnp.float32)
+    pos = hax.arange(model.config.Pos, dtype=jnp.int32)
+    x = model.embeddings.embed(ids, pos)
+    L = model.config.num_layers
+    for k in range(L):
+        x = x + model.weights_at(hax.named((k + u) / L, ()))(x, CAUSAL, pos_ids=pos) * (1.0 / L)
+    want = hax.dot(model.ln_f(x), model.get_lm_head(), axis="embed").rearrange(("position", "vocab"))
+    assert_close(a, want, 1e-4)
+
+
+def test_random_step_offset_is_validated():
+    with pytest.raises(ValueError, match="random_step_offset"):
+        tiny(random_step_offset="yes")
+    assert not DiffEqFormerConfig().random_step_offset  # off by default: the official grid
+
+
+@pytest.mark.slow  # ~70 s: a Levanter Trainer run; the flag-on/off forward tests above stay in make test
+def test_random_step_offset_trains_with_levanter(tmp_path):
+    """Levanter's loss function sees a different grid for each key (its trainer passes one per step), and Levanter's
+    trainer brings the loss down with random step placement."""
+    from levanter.models.lm_model import LmExample, compute_next_token_loss
+    from test_training import _train
+
+    config = tiny(random_step_offset=True)
+    model = config.build(VOCAB, key=jax.random.PRNGKey(1))
+    tokens = hax.named(jnp.arange(config.seq_len, dtype=jnp.int32) % VOCAB.size, config.Pos)
+    example = LmExample.causal(tokens)
+    loss = eqx.filter_jit(compute_next_token_loss)
+    with jax.numpy_dtype_promotion("standard"):  # Levanter's loss mixes its integer mask with floats
+        l1, l2 = (float(loss(model, example, key=jax.random.PRNGKey(k))) for k in (1, 2))
+    assert l1 != l2
+
+    losses, _ = _train(tmp_path, lambda: config.build(VOCAB, key=jax.random.PRNGKey(1)), config.Pos, steps=15)
+    assert len(losses) == 15 and np.all(np.isfinite(losses))
+    assert losses[-3:].mean() < 0.8 * losses[0], losses

@@ -6,6 +6,10 @@ with the official time grid t_k = (k+1)/L (the weights of step k are W(t_k)):
 
     x_{k+1} = x_k + (1/L) f(t_k, x_k),    k = 0..L-1
 
+With ``random_step_offset`` the training forward pass (the one that gets a PRNG key) uses t_k = (k+u)/L instead,
+one u ~ U(0, 1] per call, so that the weights are trained at every t rather than at L fixed points; without a key
+(evaluation, inference) the grid is the official one.
+
 Weights for all L steps are materialised once per forward pass (one batched hypernetwork call) and the steps run as
 a Haliax scan with gradient checkpointing, so the cost is that of an L-layer GPT. ``discretize(N)`` turns the model
 into an ordinary N-layer Levanter transformer; ``diffeqformer.solve`` solves the same ODE with any Diffrax solver.
@@ -66,6 +70,9 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
     """'per_weight' (each weight owns its MLP, the paper's choice) or 'shared_mlp' (Appendix D.2's alternative)."""
     time_dependent: bool = True
     """False: one weight set for all t, the weight-shared baseline."""
+    random_step_offset: bool = False
+    """Training (a PRNG key given): Euler grid t_k = (k+u)/L, one u ~ U(0, 1] per call; else t_k = (k+1)/L. No
+    effect on the weight-shared model (its weights do not depend on t)."""
     variant: str = "gpt"
     """'gpt' (LayerNorm, GELU MLP, learned positions) or 'llama' (RMSNorm, SwiGLU, RoPE)."""
     initializer_range: float = 0.02
@@ -110,6 +117,8 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
         for name in ("embed_pdrop", "resid_pdrop"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"model.{name} must be in [0, 1), got {getattr(self, name)!r}")
+        if not isinstance(self.random_step_offset, bool):
+            raise ValueError(f"model.random_step_offset must be true or false, got {self.random_step_offset!r}")
         if self.sinusoidal_scale <= 0 or self.sinusoidal_max_period <= 0:
             raise ValueError("model.sinusoidal_scale and model.sinusoidal_max_period must be positive")
 
@@ -175,6 +184,15 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
 def time_grid(Steps: Axis, dtype=jnp.float32) -> NamedArray:
     """The official Euler grid t_k = (k+1)/N, k = 0..N-1: the weights of step k are W(t_k)."""
     return (hax.arange(Steps, dtype=dtype) + 1.0) / Steps.size
+
+
+def random_time_grid(Steps: Axis, *, key, dtype=jnp.float32) -> NamedArray:
+    """A randomly shifted Euler grid t_k = (k+u)/N, k = 0..N-1, with one u ~ U(0, 1] for all steps.
+
+    Every step keeps its length 1/N and its place in [k/N, (k+1)/N]; the first weight time t_0 = u/N lies in
+    (0, 1/N] (the official code defines this grid but never uses it). u = 1 gives ``time_grid``."""
+    u = 1.0 - jrandom.uniform(key, (), dtype=dtype)  # U[0, 1) -> (0, 1]
+    return (hax.arange(Steps, dtype=dtype) + u) / Steps.size
 
 
 class Embeddings(eqx.Module):
@@ -279,12 +297,18 @@ class DiffEqFormerLMHeadModel(_LmBase):
 
     def activations(self, input_ids: NamedArray, attn_mask: AttentionMask | NamedArray | None = None, *, key=None,
                     pos_ids: NamedArray | None = None) -> NamedArray:
+        """Final-normed hidden states [..., Pos, Embed] after L Euler steps on the official grid t_k = (k+1)/L, or,
+        with ``config.random_step_offset`` and a key (training), on ``random_time_grid``."""
+        L = self.config.Layers
+        times = time_grid(L)
+        if self.config.random_step_offset and key is not None and isinstance(self.block, TemporalBlock):
+            key, k_time = jrandom.split(key)
+            times = random_time_grid(L, key=k_time)
         k_embed, k_ode = maybe_rng_split(key, 2)
         x, pos_ids = self._embed(input_ids, k_embed, pos_ids)
-        L = self.config.Layers
         h = 1.0 / L.size
         if isinstance(self.block, TemporalBlock):
-            blocks = Stacked(self.weights_at(time_grid(L)), L, self.config.checkpoint_policy)
+            blocks = Stacked(self.weights_at(times), L, self.config.checkpoint_policy)
             x = euler_steps(blocks, x, attn_mask, h, key=k_ode, pos_ids=pos_ids)
         else:  # weight sharing: one block applied L times, without L copies of its weights
             keys = maybe_rng_split(k_ode, L.size) if k_ode is not None else None

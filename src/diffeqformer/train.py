@@ -125,14 +125,12 @@ def validate_data(data: DataConfig) -> None:
     check_vocab_size(data.vocab_size)
 
 
-def dump_config(config: TrainConfig) -> str:
-    """The config as plain YAML that ``load_config`` reads back.
+def plain_tree(config) -> dict:
+    """A draccus-encoded config reduced to plain YAML values (enums to their values, paths to strings).
 
     ``draccus.dump`` writes str-valued enums (Levanter's activation functions) as Python-object tags that a safe
-    YAML loader refuses, so the encoded tree is reduced to plain values first."""
+    YAML loader refuses, hence this reduction."""
     import enum
-
-    import yaml
 
     def plain(x):
         if isinstance(x, enum.Enum):
@@ -145,13 +143,28 @@ def dump_config(config: TrainConfig) -> str:
             return str(x)
         return x
 
-    return yaml.safe_dump(plain(draccus.encode(config)), sort_keys=False)
+    return plain(draccus.encode(config))
+
+
+def dump_config(config) -> str:
+    """The config as plain YAML that ``load_config`` reads back."""
+    import yaml
+
+    return yaml.safe_dump(plain_tree(config), sort_keys=False)
 
 
 def config_hash(config: TrainConfig) -> str:
-    """Hash of what determines the trained parameters (not where the run is written, nor logging)."""
-    relevant = dataclasses.replace(config, run_dir=None, wandb=False)
-    return hashlib.sha256(dump_config(relevant).encode()).hexdigest()[:16]
+    """Hash of what determines the trained parameters (not where the run is written, nor logging).
+
+    Model fields left at their class default are not hashed, so that adding a model option whose default keeps the
+    old behaviour (e.g. ``random_step_offset``) does not invalidate finished runs. Any value that differs from the
+    default is hashed, so two configs that train differently never share a hash."""
+    import yaml
+
+    tree = plain_tree(dataclasses.replace(config, run_dir=None, wandb=False))
+    defaults = plain_tree(type(config.model)())
+    tree["model"] = {k: v for k, v in tree["model"].items() if k not in defaults or defaults[k] != v}
+    return hashlib.sha256(yaml.safe_dump(tree, sort_keys=False).encode()).hexdigest()[:16]
 
 
 def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:

@@ -1,0 +1,610 @@
+"""Adaptive computation at inference: validation perplexity against the number of vector-field evaluations (NFE).
+
+A trained DiffEqFormer defines the ODE dx/dt = f(t, x) on [0, 1], so at inference any ODE solver may replace the
+L Euler steps it was trained with. ``solver_sweep`` evaluates the validation loss of one model with
+
+* fixed-step solvers at N steps (``steps``): ``euler`` on the training grid (the weights of step k are
+  W((k+1)/N), so N = L is exactly the model's own forward pass and ``discretize(N)`` for other N), ``euler_left``
+  (Diffrax's Euler on the ODE itself, weights at the left end k/N of each step), ``heun`` and ``midpoint``
+  (second order, on the ODE itself);
+* adaptive Runge-Kutta solvers (``tsit5``, ``dopri5``, ``bosh3``) with Diffrax's PID step-size controller at
+  rtol = atol = ``tolerance``; each validation sequence is solved on its own (``jax.vmap``), so each gets its own
+  step sizes, and the NFE reported is the mean over sequences.
+
+NFE, counted from Diffrax's statistics. ``num_steps`` counts every step attempted, accepted or rejected (Diffrax
+0.7's ``stats``). A fixed-step solver with s stages costs s evaluations per step (Euler 1, Heun and midpoint 2),
+and never rejects a step. Tsit5, Dopri5 (7 stages) and Bosh3 (4 stages) are FSAL ("first same as last"): the last
+stage of an accepted step is f at the new point, reused as the next step's first stage, and a rejected step is
+retried from the same point with its first stage kept. Diffrax evaluates that first stage itself only on the first
+step (and again on every retry of a rejected first step, which its statistics do not show), so we evaluate
+f(0, x_0) once ourselves and hand it to Diffrax as the solver state. Every step then costs s - 1 evaluations:
+
+    NFE = s * num_steps                  (fixed step, not FSAL)
+    NFE = 1 + (s - 1) * num_steps        (FSAL, first stage supplied)
+
+The initial step is the model's own 1/L (Diffrax's initial-step heuristic would cost two more evaluations).
+``tests/test_inference.py`` counts the evaluations directly (a host callback in the vector field) and checks both
+formulas. One evaluation of f is one pass through the parallel block for one sequence, the cost of one layer of
+the L-layer transformer; the time-dependent weights W(t) are recomputed at each evaluation (at the solver's own
+times), which a deployment would precompute for fixed grids.
+
+A solve that reaches ``max_steps`` before t = 1 leaves the hidden state short of the end of the interval; its loss
+is not reported (NaN) and the row counts the sequences that hit the cap in ``max_steps_hit``.
+
+With the paper's sinusoid scale s = 1000 the weights W(t) oscillate in t with periods down to 2 pi / 1000, so an
+adaptive solver that resolves the ODE takes hundreds of steps: the trained network is a good L-step map, not a
+smooth ODE. The tables show this rather than hide it.
+
+Data are a tidy ``pandas.DataFrame`` (``COLUMNS``) whose ``attrs`` hold the sweep's configuration, the model's
+configuration and fingerprint, and the data's description; ``save_sweep`` writes it as CSV with a JSON sidecar,
+``cached_sweep`` caches it by a hash of all of that, and the ``plot_*`` functions only draw.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import diffrax
+import draccus
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pandas as pd
+from haliax import Axis
+from levanter.layers.attention import AttentionMask
+from levanter.utils.tree_utils import inference_mode
+
+from .model import DiffEqFormerLMHeadModel
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+FIXED_SOLVERS = {"euler": 1, "euler_left": 1, "heun": 2, "midpoint": 2}
+"""Fixed-step solvers and their stages (vector-field evaluations per step)."""
+ADAPTIVE_SOLVERS = {"tsit5": 7, "dopri5": 7, "bosh3": 4}
+"""Adaptive FSAL Runge-Kutta solvers and their stages (each step costs stages - 1 evaluations, see the module doc)."""
+
+COLUMNS = (
+    "solver", "adaptive", "steps", "tolerance", "nfe", "nfe_min", "nfe_max", "accepted_steps", "rejected_steps",
+    "loss", "perplexity", "wall_s", "max_steps_hit", "num_sequences", "num_tokens",
+)
+"""Columns of a sweep's DataFrame, one row per (solver, steps) or (solver, tolerance):
+
+solver, adaptive (bool); steps (fixed-step solvers, else <NA>); tolerance (rtol = atol of adaptive solvers, else
+NaN); nfe, nfe_min, nfe_max (mean, min and max vector-field evaluations per sequence); accepted_steps,
+rejected_steps (means per sequence); loss (mean next-token cross-entropy in nats over the scored tokens; NaN if a
+sequence hit max_steps), perplexity = exp(loss); wall_s (seconds for all sequences, after compilation);
+max_steps_hit (sequences whose solve stopped at max_steps); num_sequences, num_tokens (scored tokens)."""
+
+NFE_CONVENTION = (
+    "NFE per sequence from Diffrax stats: fixed-step solvers stages * num_steps; FSAL adaptive solvers "
+    "1 + (stages - 1) * num_steps with f(0, x0) evaluated once and passed as the solver state (num_steps counts "
+    "accepted and rejected steps); initial step 1/L, no initial-step heuristic."
+)
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Which solvers, step counts and tolerances ``solver_sweep`` evaluates."""
+
+    fixed_solvers: tuple[str, ...] = ("euler", "heun", "midpoint")
+    """Fixed-step solvers (keys of ``FIXED_SOLVERS``)."""
+    steps: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24)
+    """Step counts N of the fixed-step solvers."""
+    adaptive_solvers: tuple[str, ...] = ("tsit5",)
+    """Adaptive solvers (keys of ``ADAPTIVE_SOLVERS``)."""
+    tolerances: tuple[float, ...] = (1e-1, 1e-2, 1e-3, 1e-4)
+    """rtol = atol of the PID controller."""
+    max_steps: int = 4096
+    """Cap on the steps (accepted + rejected) of one adaptive solve."""
+    pcoeff: float = 0.4
+    """Proportional coefficient of the PID controller (Diffrax's suggestion for non-stiff problems: 0.4)."""
+    icoeff: float = 1.0
+    """Integral coefficient of the PID controller."""
+    batch_size: int = 16
+    """Sequences solved together (one ``jax.vmap``): each gets its own adaptive steps, but a chunk runs until its
+    slowest sequence is done, so wall times follow the slowest sequence of each chunk."""
+
+    def __post_init__(self):
+        for solver in self.fixed_solvers:
+            _check_solver(solver, FIXED_SOLVERS, "fixed_solvers")
+        for solver in self.adaptive_solvers:
+            _check_solver(solver, ADAPTIVE_SOLVERS, "adaptive_solvers")
+        for n in self.steps:
+            _check_steps(n, "steps")
+        for tol in self.tolerances:
+            _check_tolerance(tol, "tolerances")
+        _check_positive_int(self.max_steps, "max_steps")
+        _check_positive_int(self.batch_size, "batch_size")
+        if not (self.pcoeff >= 0 and self.icoeff > 0):
+            raise ValueError(f"pcoeff must be >= 0 and icoeff > 0, got {self.pcoeff!r}, {self.icoeff!r}")
+
+
+@dataclass(frozen=True)
+class TokenData:
+    """Validation sequences: token ids, document (segment) ids and the loss mask, each [batch, seq]."""
+
+    tokens: np.ndarray
+    """int32 token ids."""
+    segment_ids: np.ndarray
+    """int32 document ids: attention does not cross a change (Levanter's packing of documents)."""
+    loss_mask: np.ndarray
+    """float32: 1 where position i is scored on predicting token i + 1 (Levanter: all but the last position)."""
+    source: str = "array"
+    """Where the tokens come from (a run directory, or 'array')."""
+
+    @classmethod
+    def from_tokens(cls, tokens, source: str = "array") -> "TokenData":
+        """Plain token ids [batch, seq]: one document per sequence, every position but the last scored."""
+        tokens = np.asarray(tokens)
+        if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+            raise ValueError(f"tokens must be an integer array [batch, seq], got {tokens.dtype}{list(tokens.shape)}")
+        mask = np.ones(tokens.shape, np.float32)
+        mask[:, -1] = 0.0
+        return cls(tokens.astype(np.int32), np.zeros(tokens.shape, np.int32), mask, source)
+
+    @property
+    def num_sequences(self) -> int:
+        return int(self.tokens.shape[0])
+
+    def digest(self) -> str:
+        """SHA-256 (16 hex digits) of the three arrays: part of the cache key of a sweep."""
+        h = hashlib.sha256()
+        for a in (self.tokens, self.segment_ids, self.loss_mask):
+            h.update(np.ascontiguousarray(a).tobytes())
+        return h.hexdigest()[:16]
+
+    def describe(self) -> dict:
+        return {"source": self.source, "num_sequences": self.num_sequences, "seq_len": int(self.tokens.shape[1]),
+                "scored_tokens": int(self.loss_mask.sum()), "sha256": self.digest()}
+
+
+def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
+    """The first ``num_sequences`` sequences of a run's validation set, as its training evaluated them.
+
+    The run's ``config.yaml`` gives the corpus and tokenizer; the sequences come from the Levanter validation cache
+    that ``diffeqformer.train`` builds (``tagged_eval_sets``), in order, with their document ids and loss masks."""
+    from .train import load_config
+
+    _check_positive_int(num_sequences, "num_sequences")
+    run_dir = Path(run_dir)
+    config = load_config(run_dir / "config.yaml")
+    eval_sets = config.data.levanter_config().tagged_eval_sets(config.model.Pos)
+    examples = []
+    with jax.numpy_dtype_promotion("standard"):  # Levanter's LmExample.causal multiplies a bool mask by floats
+        for dataset, _tags in eval_sets:
+            sync = dataset.as_sync_dataset()
+            take = min(len(sync), num_sequences - len(examples))
+            examples += sync.get_batch(list(range(take)))
+            if len(examples) == num_sequences:
+                break
+    if not examples:
+        raise ValueError(f"{run_dir}: the validation set holds no sequence of length {config.model.seq_len}")
+
+    def stack(get):
+        return np.stack([np.asarray(get(e)) for e in examples])
+
+    tokens = stack(lambda e: e.tokens.array).astype(np.int32)
+    segments = examples[0].attn_mask.segment_ids
+    seg = stack(lambda e: e.attn_mask.segment_ids[0].array) if segments is not None else np.zeros_like(tokens)
+    mask = stack(lambda e: e.loss_mask.array).astype(np.float32)
+    return TokenData(tokens, seg.astype(np.int32), mask, str(run_dir))
+
+
+def as_token_data(data, model: DiffEqFormerLMHeadModel | None = None) -> TokenData:
+    """``data`` as ``TokenData`` (a plain [batch, seq] int array becomes one document per sequence), checked
+    against the model's vocabulary and maximum length."""
+    data = data if isinstance(data, TokenData) else TokenData.from_tokens(data)
+    if data.tokens.ndim != 2 or data.tokens.shape[1] < 2 or data.tokens.shape[0] < 1:
+        raise ValueError(f"tokens must be [batch >= 1, seq >= 2], got shape {data.tokens.shape}")
+    if not data.segment_ids.shape == data.loss_mask.shape == data.tokens.shape:
+        raise ValueError("tokens, segment_ids and loss_mask must have the same shape")
+    if model is not None:
+        if data.tokens.shape[1] > model.config.seq_len:
+            raise ValueError(f"sequences of {data.tokens.shape[1]} tokens exceed model.seq_len={model.config.seq_len}")
+        if data.tokens.min() < 0 or data.tokens.max() >= model.Vocab.size:
+            raise ValueError(f"token ids must be in [0, {model.Vocab.size})")
+    if data.loss_mask.sum() <= 0:
+        raise ValueError("loss_mask scores no token")
+    return data
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Solving one chunk of sequences
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def _check_solver(solver, known: Mapping[str, int], parameter: str = "solver") -> None:
+    if solver not in known:
+        raise ValueError(f"{parameter}: unknown solver {solver!r}; choose one of {tuple(known)}")
+
+
+def _check_steps(steps, parameter: str = "steps") -> None:
+    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 1:
+        raise ValueError(f"{parameter} must be positive integers, got {steps!r}")
+
+
+def _check_tolerance(tolerance, parameter: str = "tolerance") -> None:
+    if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float, np.floating)) or not (
+        math.isfinite(tolerance) and tolerance > 0
+    ):
+        raise ValueError(f"{parameter} must be positive and finite, got {tolerance!r}")
+
+
+def _check_positive_int(value, parameter: str) -> None:
+    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{parameter} must be a positive integer, got {value!r}")
+
+
+def _diffrax_solver(name: str) -> diffrax.AbstractSolver:
+    return {
+        "euler": diffrax.Euler, "euler_left": diffrax.Euler, "heun": diffrax.Heun, "midpoint": diffrax.Midpoint,
+        "tsit5": diffrax.Tsit5, "dopri5": diffrax.Dopri5, "bosh3": diffrax.Bosh3,
+    }[name]()
+
+
+def nfe_from_stats(solver: str, num_steps):
+    """Vector-field evaluations of one solve of ``solve_sequences`` from Diffrax's ``num_steps`` (see module doc)."""
+    if solver in FIXED_SOLVERS:
+        return FIXED_SOLVERS[solver] * num_steps
+    _check_solver(solver, {**FIXED_SOLVERS, **ADAPTIVE_SOLVERS})
+    return 1 + (ADAPTIVE_SOLVERS[solver] - 1) * num_steps
+
+
+def _solve_one(model, tokens, segment_ids, dt0, tol, *, solver: str, max_steps: int, pcoeff: float, icoeff: float,
+               field_hook=None):
+    """Logits [seq, vocab] of one sequence with the ODE solved by ``solver``, and Diffrax's step counts."""
+    Pos = Axis("position", tokens.shape[0])
+    ids = hax.named(tokens, Pos)
+    pos_ids = hax.arange(Pos, dtype=jnp.int32)
+    mask = AttentionMask.causal().with_segment_ids(hax.named(segment_ids, Pos))
+    x0 = model.embeddings.embed(ids, pos_ids)
+    axes = x0.axes
+    snap = solver == "euler"
+
+    def field(t, y, args):
+        if snap:  # the training grid: step k = round(t/h) uses W((k+1)/N), computed exactly as model.time_grid does
+            n = 1.0 / dt0
+            t = (jnp.round(t * n) + 1.0) / jnp.round(n)
+        if field_hook is not None:
+            field_hook(t)
+        tt = hax.named(jnp.asarray(t, dtype=y.dtype), ())
+        return model.vector_field(tt, hax.named(y, axes), mask, pos_ids=pos_ids).rearrange(axes).array
+
+    term = diffrax.ODETerm(field)
+    dfx_solver = _diffrax_solver(solver)
+    y0 = x0.array
+    if solver in ADAPTIVE_SOLVERS:
+        controller = diffrax.PIDController(rtol=tol, atol=tol, pcoeff=pcoeff, icoeff=icoeff)
+        first_step, f0 = dfx_solver.init(term, 0.0, dt0, y0, None)  # FSAL state: (first step?, f(t0, y0))
+        assert jnp.shape(first_step) == () and jax.tree_util.tree_structure(f0) == jax.tree_util.tree_structure(y0)
+        solver_state = (jnp.array(False), field(jnp.asarray(0.0, y0.dtype), y0, None))
+    else:
+        controller = diffrax.ConstantStepSize()
+        solver_state = None
+    sol = diffrax.diffeqsolve(
+        term, dfx_solver, t0=0.0, t1=1.0, dt0=dt0, y0=y0, stepsize_controller=controller, max_steps=max_steps,
+        saveat=diffrax.SaveAt(t1=True), throw=False, solver_state=solver_state,
+        made_jump=False if solver_state is not None else None,
+    )
+    x1 = hax.named(sol.ys[-1], axes)
+    logits = hax.dot(model.ln_f(x1), model.get_lm_head(), axis=model.Embed).rearrange((Pos, model.Vocab)).array
+    hit = sol.result == diffrax.RESULTS.max_steps_reached
+    stats = sol.stats
+    return logits, (stats["num_steps"], stats["num_accepted_steps"], stats["num_rejected_steps"], hit)
+
+
+def _token_losses(logits, tokens, loss_mask):
+    """Summed next-token cross-entropy of one sequence: logits [seq, vocab] at i score tokens[i + 1]."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    targets = jnp.roll(tokens, -1)
+    nll = -jnp.take_along_axis(logp, targets[:, None], axis=-1)[:, 0]
+    return jnp.sum(nll * loss_mask)
+
+
+@eqx.filter_jit
+def _solve_batch(model, tokens, segment_ids, loss_mask, dt0, tol, *, solver: str, max_steps: int, pcoeff: float,
+                 icoeff: float):
+    """``_solve_one`` vmapped over sequences [batch, seq]: logits, summed losses per sequence, step counts."""
+    one = lambda tok, seg: _solve_one(model, tok, seg, dt0, tol, solver=solver, max_steps=max_steps,  # noqa: E731
+                                      pcoeff=pcoeff, icoeff=icoeff)
+    logits, stats = jax.vmap(one)(tokens, segment_ids)
+    return logits, jax.vmap(_token_losses)(logits, tokens, loss_mask), stats
+
+
+def _chunks(data: TokenData, batch_size: int):
+    """Chunks of ``batch_size`` sequences; the last is padded with copies of the first sequence, weight 0."""
+    n = data.num_sequences
+    for start in range(0, n, batch_size):
+        idx = np.arange(start, start + batch_size)
+        valid = idx < n
+        idx = np.where(valid, idx, 0)
+        yield data.tokens[idx], data.segment_ids[idx], data.loss_mask[idx] * valid[:, None], valid
+
+
+def _run(model, data: TokenData, solver: str, config: SweepConfig, *, steps=None, tolerance=None):
+    """Solve every sequence of ``data`` in chunks of ``config.batch_size``: summed loss, per-sequence stats, seconds."""
+    adaptive = solver in ADAPTIVE_SOLVERS
+    dt0 = jnp.float32(1.0 / (model.config.num_layers if adaptive else steps))
+    tol = jnp.float32(tolerance if adaptive else 1.0)
+    kw = dict(solver=solver, max_steps=config.max_steps, pcoeff=config.pcoeff, icoeff=config.icoeff)
+    nll, stats = 0.0, []
+    start = time.perf_counter()
+    for tokens, seg, mask, valid in _chunks(data, config.batch_size):
+        _, losses, chunk_stats = jax.block_until_ready(_solve_batch(model, tokens, seg, mask, dt0, tol, **kw))
+        nll += float(np.sum(np.asarray(losses, np.float64)))
+        stats.append([np.asarray(x)[valid] for x in chunk_stats])
+    num_steps, accepted, rejected, hit = (np.concatenate(x) for x in zip(*stats))
+    return nll, (num_steps.astype(np.int64), accepted, rejected, hit), time.perf_counter() - start
+
+
+def _row(model, data: TokenData, solver: str, config: SweepConfig, *, steps=None, tolerance=None) -> dict:
+    adaptive = solver in ADAPTIVE_SOLVERS
+    nll, (num_steps, accepted, rejected, hit), wall = _run(model, data, solver, config, steps=steps,
+                                                            tolerance=tolerance)
+    nfe = nfe_from_stats(solver, num_steps)
+    tokens = int(data.loss_mask.sum())
+    loss = nll / tokens if not hit.any() else math.nan
+    return {
+        "solver": solver, "adaptive": adaptive, "steps": None if adaptive else int(steps),
+        "tolerance": float(tolerance) if adaptive else math.nan, "nfe": float(nfe.mean()), "nfe_min": int(nfe.min()),
+        "nfe_max": int(nfe.max()), "accepted_steps": float(accepted.mean()), "rejected_steps": float(rejected.mean()),
+        "loss": loss, "perplexity": math.exp(loss), "wall_s": wall, "max_steps_hit": int(hit.sum()),
+        "num_sequences": data.num_sequences, "num_tokens": tokens,
+    }
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def solve_sequences(model: DiffEqFormerLMHeadModel, tokens, solver: str = "euler", *, steps: int | None = None,
+                    tolerance: float | None = None, max_steps: int = 4096, segment_ids=None, pcoeff: float = 0.4,
+                    icoeff: float = 1.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """Logits [batch, seq, vocab] of ``tokens`` [batch, seq] with the ODE solved by ``solver``, one sequence at a
+    time (vmapped), and per-sequence statistics: ``num_steps``, ``accepted_steps``, ``rejected_steps``, ``nfe``,
+    ``max_steps_hit``. Fixed-step solvers need ``steps``, adaptive ones ``tolerance`` (see the module doc)."""
+    adaptive = _check_one(solver, steps, tolerance)
+    _check_positive_int(max_steps, "max_steps")
+    data = as_token_data(tokens, model)
+    model = inference_mode(model, True)  # no dropout
+    seg = data.segment_ids if segment_ids is None else np.asarray(segment_ids, np.int32)
+    dt0 = jnp.float32(1.0 / (model.config.num_layers if adaptive else steps))
+    tol = jnp.float32(tolerance if adaptive else 1.0)
+    logits, _, (n, acc, rej, hit) = _solve_batch(model, data.tokens, seg, data.loss_mask, dt0, tol, solver=solver,
+                                                 max_steps=max_steps, pcoeff=pcoeff, icoeff=icoeff)
+    n = np.asarray(n).astype(np.int64)
+    stats = {"num_steps": n, "accepted_steps": np.asarray(acc), "rejected_steps": np.asarray(rej),
+             "nfe": nfe_from_stats(solver, n), "max_steps_hit": np.asarray(hit)}
+    return np.asarray(logits), stats
+
+
+def _check_one(solver, steps, tolerance) -> bool:
+    _check_solver(solver, {**FIXED_SOLVERS, **ADAPTIVE_SOLVERS})
+    if solver in ADAPTIVE_SOLVERS:
+        if tolerance is None:
+            raise ValueError(f"tolerance is required by the adaptive solver {solver!r}")
+        _check_tolerance(tolerance)
+        return True
+    if steps is None:
+        raise ValueError(f"steps is required by the fixed-step solver {solver!r}")
+    _check_steps(steps)
+    return False
+
+
+def evaluate(model: DiffEqFormerLMHeadModel, data, solver: str, *, steps: int | None = None,
+             tolerance: float | None = None, max_steps: int = 4096, batch_size: int = 16, pcoeff: float = 0.4,
+             icoeff: float = 1.0) -> dict:
+    """One row of ``solver_sweep`` (a dict with the keys ``COLUMNS``): ``solver`` at ``steps`` (fixed step) or
+    ``tolerance`` (adaptive) on ``data`` (``TokenData`` or token ids [batch, seq])."""
+    adaptive = _check_one(solver, steps, tolerance)
+    config = SweepConfig(
+        fixed_solvers=() if adaptive else (solver,), steps=() if adaptive else (steps,),
+        adaptive_solvers=(solver,) if adaptive else (), tolerances=(tolerance,) if adaptive else (),
+        max_steps=max_steps, pcoeff=pcoeff, icoeff=icoeff, batch_size=batch_size,
+    )
+    return solver_sweep(model, data, config).iloc[0].to_dict()
+
+
+def solver_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig = SweepConfig()) -> pd.DataFrame:
+    """Validation loss and perplexity against NFE for every solver and step count / tolerance of ``config``.
+
+    ``data``: ``TokenData`` (e.g. ``validation_data(run_dir, 64)``) or token ids [batch, seq]. Returns a DataFrame
+    with the columns ``COLUMNS`` (fixed-step rows first, in config order), and in ``attrs`` the sweep's
+    configuration, the model's configuration and fingerprint, the data's description, the NFE convention and the
+    compilation time of each solver."""
+    from .spectra import fingerprint
+
+    if not isinstance(config, SweepConfig):
+        raise ValueError(f"config must be a SweepConfig, got {type(config).__name__}")
+    data = as_token_data(data, model)
+    model = inference_mode(model, True)  # no dropout
+    runs = [(s, {"steps": n}) for s in config.fixed_solvers for n in config.steps]
+    runs += [(s, {"tolerance": tol}) for s in config.adaptive_solvers for tol in config.tolerances]
+    rows, compile_s = [], {}
+    for solver, kw in runs:
+        if solver not in compile_s:  # compile (and run the cheapest setting once) so that wall_s excludes it
+            start = time.perf_counter()
+            warm = {"tolerance": max(config.tolerances)} if solver in ADAPTIVE_SOLVERS else {"steps": 1}
+            _run(model, TokenData(*(a[: config.batch_size] for a in (data.tokens, data.segment_ids,
+                                                                       data.loss_mask))), solver, config, **warm)
+            compile_s[solver] = time.perf_counter() - start
+        rows.append(_row(model, data, solver, config, **kw))
+    frame = pd.DataFrame(rows, columns=list(COLUMNS))
+    frame["steps"] = frame["steps"].astype("Int64")
+    frame.attrs.update({
+        "sweep": dataclasses.asdict(config),
+        "model": _jsonable(draccus.encode(model.config)),
+        "model_fingerprint": fingerprint(model),
+        "data": data.describe(),
+        "nfe_convention": NFE_CONVENTION,
+        "compile_s": compile_s,
+        "compile_note": "compile_s: seconds to compile each solver and run its cheapest setting on one chunk",
+        "diffrax_version": _version("diffrax"),
+        "jax_backend": jax.default_backend(),
+    })
+    return frame
+
+
+def perplexity_vs_euler_steps(model: DiffEqFormerLMHeadModel, data, steps: Sequence[int] = tuple(range(1, 25)), *,
+                              batch_size: int = 16) -> pd.DataFrame:
+    """``solver_sweep`` with Euler on the training grid alone (t_k = (k+1)/N, i.e. ``model.discretize(N)``) at
+    each N in ``steps``: perplexity against the number of steps, e.g. to compare step placements in training."""
+    return solver_sweep(model, data, SweepConfig(fixed_solvers=("euler",), steps=tuple(steps), adaptive_solvers=(),
+                                                 tolerances=(), batch_size=batch_size))
+
+
+def sweep_hash(model: DiffEqFormerLMHeadModel, data: TokenData, config: SweepConfig) -> str:
+    """16 hex digits of the SHA-256 of the model's fingerprint, the data's digest and the sweep configuration."""
+    from .spectra import fingerprint
+
+    key = {"model": fingerprint(model), "data": data.digest(), "sweep": dataclasses.asdict(config)}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig, cache_dir: str | Path) -> pd.DataFrame:
+    """``solver_sweep``, read from ``cache_dir/solver-sweep-<sweep_hash>.csv`` when it was computed before."""
+    data = as_token_data(data, model)
+    path = Path(cache_dir) / f"solver-sweep-{sweep_hash(model, data, config)}.csv"
+    if path.exists():
+        return load_sweep(path)
+    frame = solver_sweep(model, data, config)
+    save_sweep(frame, path)
+    return frame
+
+
+def save_sweep(frame: pd.DataFrame, path: str | Path) -> Path:
+    """Write a sweep as ``<path>.csv`` and its ``attrs`` (configuration, data, conventions) as ``<path>.json``."""
+    path = Path(path).with_suffix(".csv")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    frame.to_csv(path, index=False)
+    path.with_suffix(".json").write_text(json.dumps(_jsonable(frame.attrs), indent=1) + "\n")
+    return path
+
+
+def load_sweep(path: str | Path) -> pd.DataFrame:
+    """Read a sweep written by ``save_sweep``, with its column types and ``attrs``."""
+    path = Path(path).with_suffix(".csv")
+    frame = pd.read_csv(path)
+    frame["steps"] = frame["steps"].astype("Int64")
+    frame["adaptive"] = frame["adaptive"].astype(bool)
+    sidecar = path.with_suffix(".json")
+    if sidecar.exists():
+        frame.attrs.update(json.loads(sidecar.read_text()))
+    return frame
+
+
+def _jsonable(x: Any):
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (np.floating,)):
+        return float(x)
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return getattr(x, "value", str(x))  # enums (activation functions) and anything else: a string
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import version
+
+    return version(package)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Plots: cheap functions of the data above, each returning a matplotlib Figure (no pyplot state is touched).
+# ----------------------------------------------------------------------------------------------------------------------
+
+_STYLE = {
+    "euler": ("C0", "o"), "euler_left": ("C4", "v"), "heun": ("C1", "s"), "midpoint": ("C2", "^"),
+    "tsit5": ("C3", "D"), "dopri5": ("C5", "P"), "bosh3": ("C6", "X"),
+}
+_LABEL = {
+    "euler": "Euler, t_k=(k+1)/N (training grid)", "euler_left": "Euler, t_k=k/N", "heun": "Heun",
+    "midpoint": "midpoint", "tsit5": "Tsit5 (PID, tol. marked)", "dopri5": "Dopri5 (PID, tol. marked)",
+    "bosh3": "Bosh3 (PID, tol. marked)",
+}
+
+
+def _log_perplexity_axis(ax) -> None:
+    """Log-scaled perplexity with plain numbers as tick labels (not 6 x 10^2)."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_yscale("log")
+    ax.set_ylabel("validation perplexity")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+
+
+def _num_layers(frame: pd.DataFrame) -> int | None:
+    return (frame.attrs.get("model") or {}).get("num_layers")
+
+
+def plot_perplexity_vs_nfe(frame: pd.DataFrame, ax=None, *, title: str | None = None) -> "Figure":
+    """Validation perplexity against mean NFE per sequence (log x), one line and marker set per solver; adaptive
+    solvers' points carry their tolerance. A dotted line marks the training discretisation (L Euler steps, NFE = L)
+    and a star the model's own forward pass. Rows whose solves hit max_steps (no loss) are listed in the legend."""
+    from matplotlib.figure import Figure
+
+    fig = ax.figure if ax is not None else Figure(figsize=(7.0, 4.5), layout="constrained")
+    ax = ax if ax is not None else fig.subplots()
+    for solver, rows in frame.groupby("solver", sort=False):
+        color, marker = _STYLE.get(solver, ("k", "o"))
+        rows = rows.sort_values("nfe")
+        ok = rows["loss"].notna()
+        label = _LABEL.get(solver, solver)
+        if (~ok).any():
+            label += f" ({int((~ok).sum())} setting(s) hit max_steps)"
+        ax.plot(rows["nfe"][ok], rows["perplexity"][ok], marker=marker, color=color, label=label, lw=1.2, ms=5)
+        if rows["adaptive"].iloc[0]:
+            for _, r in rows[ok].iterrows():
+                ax.annotate(f"{r['tolerance']:.0e}", (r["nfe"], r["perplexity"]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=7, color=color)
+    L = _num_layers(frame)
+    if L:
+        ax.axvline(L, color="0.5", ls=":", lw=1, label=f"training: {L} Euler steps")
+        own = frame[(frame["solver"] == "euler") & (frame["steps"] == L)]
+        if len(own):
+            ax.plot(own["nfe"], own["perplexity"], marker="*", ms=14, color="gold", mec="k", ls="none",
+                    label="the model's own forward pass", zorder=5)
+    ax.set_xscale("log")
+    ax.set_xlabel("vector-field evaluations per sequence (NFE)")
+    _log_perplexity_axis(ax)
+    data = frame.attrs.get("data", {})
+    ax.set_title(title or f"perplexity vs NFE ({data.get('num_sequences', '?')} validation sequences)")
+    ax.legend(fontsize=7)
+    return fig
+
+
+def plot_perplexity_vs_steps(frames: Mapping[str, pd.DataFrame], ax=None, *, title: str | None = None) -> "Figure":
+    """Perplexity against the number of Euler steps N on the training grid, one line per model (e.g. fixed vs
+    random step placement in training), from ``perplexity_vs_euler_steps``; dotted lines mark each model's L."""
+    from matplotlib.figure import Figure
+
+    fig = ax.figure if ax is not None else Figure(figsize=(6.5, 4.0), layout="constrained")
+    ax = ax if ax is not None else fig.subplots()
+    for i, (name, frame) in enumerate(frames.items()):
+        rows = frame[frame["solver"] == "euler"].sort_values("steps")
+        ax.plot(rows["steps"].astype(float), rows["perplexity"], marker="o", color=f"C{i}", label=name, ms=4)
+        L = _num_layers(frame)
+        if L:
+            ax.axvline(L, color=f"C{i}", ls=":", lw=1)
+    ax.set_xlabel("Euler steps N at inference (weights at t_k = (k+1)/N)")
+    _log_perplexity_axis(ax)
+    ax.set_title(title or "perplexity vs Euler steps (dotted: training steps L)")
+    ax.legend(fontsize=8)
+    return fig
