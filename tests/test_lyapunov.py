@@ -8,13 +8,22 @@ import pytest
 from helpers import CAUSAL, VOCAB, random_ids, tiny
 
 from diffeqformer.lyapunov import (
+    METHOD_KEYS,
+    METHODS,
     attention_rollout,
+    attribution_scores,
+    corpus_example,
+    encode_text,
+    headline,
     gradient_x_input,
     kaplan_yorke_dimension,
     lyapunov_map,
     lyapunov_spectrum,
     plot_lyapunov_map,
+    plot_scores,
     raw_attention_scores,
+    scores_html,
+    timings,
     token_lyapunov,
     tokens_html,
     trajectory,
@@ -146,3 +155,87 @@ def test_rendering(model_and_ids):
     assert page.count("<span") == len(words) and "w3&lt;" in page
     fig = plot_lyapunov_map(lyapunov_map(model, ids, tokens=words))
     assert fig.axes
+
+
+def test_attribution_scores_equal_the_single_methods(model_and_ids):
+    model, ids = model_and_ids
+    out = 7
+    words = [f"w{i}" for i in range(model.config.seq_len)]
+    df = attribution_scores(model, ids, out, tokens=words)
+    assert list(df.columns) == ["text", *METHODS] and df.attrs["output_position"] == out
+    assert set(METHOD_KEYS) == set(METHODS)
+    lyap = token_lyapunov(model, ids, output_position=out)
+    want = {
+        "lyapunov (max exponent)": lyap.max_exponent.values,
+        "lyapunov (sum)": lyap.sum_exponents.values,
+        "raw attention": raw_attention_scores(model, ids, out),
+        "attention rollout": attention_rollout(model, ids, out),
+        "gradient x input": gradient_x_input(model, ids, out),
+    }
+    for name, values in want.items():
+        np.testing.assert_allclose(df[name].values[: out + 1], values[: out + 1], rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
+        assert np.isnan(df[name].values[out + 1:]).all()  # after the output: causally irrelevant
+
+
+def test_timings_compare_the_two_methods(model_and_ids):
+    model, ids = model_and_ids
+    table = timings(model, ids, repeats=1)
+    assert list(table.index) == ["fast (reverse-mode rows)", "direct (full Jacobian)"]
+    assert (table.median_s > 0).all() and (table.compile_s > 0).all()
+    assert table.attrs["max_abs_difference"] < 1e-4 and table.attrs["tokens"] == model.config.seq_len
+    assert table.attrs["speedup"] == pytest.approx(table.median_s.iloc[1] / table.median_s.iloc[0])
+    with pytest.raises(ValueError, match="repeats"):
+        timings(model, ids, repeats=0)
+
+
+def test_encode_text_and_score_rendering(model_and_ids, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from diffeqformer.synthetic import prepare
+    from levanter.compat.hf_checkpoints import load_tokenizer
+
+    tok = load_tokenizer(prepare(tmp_path, train_documents=2, validation_documents=1).tokenizer)
+    ids, labels = encode_text(tok, "alice takes the\nbook .", max_tokens=4)
+    assert ids.dtype == np.int32 and list(ids) == tok("alice takes the book")["input_ids"][-4:]
+    assert labels == ["alice", "takes", "the", "book"]
+
+    model, ids = model_and_ids
+    words = [f"w{i}<" for i in range(model.config.seq_len)]
+    df = attribution_scores(model, ids, 5, tokens=words)
+    page = scores_html(df)
+    assert page.count("<tr>") == len(METHODS) and page.count("<span") == len(METHODS) * len(words)
+    assert "w3&lt;" in page and "outline" in page
+    fig = plot_scores(df)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == list(METHODS)
+
+
+def test_corpus_example_and_headline(model_and_ids, tmp_path):
+    import json
+
+    from diffeqformer.data import CorpusLayout, train_tokenizer
+
+    layout = CorpusLayout(tmp_path)
+    texts = ["From fairest creatures we desire increase,\nThat thereby beauty's rose might never die",
+             "Shall I compare thee to a summer's day?"]
+    for split, text in zip(("train", "validation"), texts):
+        layout.jsonl("all", split).parent.mkdir(parents=True, exist_ok=True)
+        layout.jsonl("all", split).write_text(json.dumps({"text": text}) + "\n")
+    train_tokenizer(texts, layout.tokenizer(300), vocab_size=300)
+    example = corpus_example("compare thee to a", vocab_size=300, root=tmp_path, max_tokens=3)
+    assert len(example.ids) == len(example.tokens) == 3
+    assert "".join(example.tokens) == example.tokenizer.decode(list(example.ids))
+    assert "compare thee to a".startswith("".join(example.tokens))
+    with pytest.raises(ValueError, match="does not occur"):
+        corpus_example("From fairest", vocab_size=300, root=tmp_path)  # in the training split only
+
+    model, ids = model_and_ids
+    words = [f" w{i}" for i in range(model.config.seq_len)]
+    df = attribution_scores(model, ids, 6, tokens=words)
+    timing = timings(model, ids, repeats=1)
+    text = headline(df, timing, tokenizer=example.tokenizer)
+    assert text["tokens"] == str(model.config.seq_len) and text["output_token"] == "'w6'"
+    best = df["lyapunov (max exponent)"].iloc[:6].nlargest(3).index
+    assert text["top_lyapunov_max"] == ", ".join(f"'w{i}'" for i in best)
+    assert text["speedup"] == f"{timing.attrs['speedup']:.1f}" and "predicted" in text

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import matplotlib
 import numpy as np
 import pytest
+import xarray as xr
 from helpers import VOCAB, tiny
 from matplotlib.figure import Figure
 from scipy.optimize import linear_sum_assignment
@@ -306,3 +307,80 @@ def test_plots_return_figures(ds, tmp_path):
     assert "QK" in figs[0].axes[0].get_title()
     with pytest.raises(ValueError):
         S.plot_vs_depth(ds, "qk", "imag")
+
+
+def test_depth_trends_against_scipy(ds):
+    from scipy.stats import spearmanr
+
+    summary = S.summarize(ds)
+    trends = S.depth_trends(summary)
+    H = ds.sizes["head"]
+    assert len(trends) == (2 * H + 1) * 2 and set(trends.stat) == {"spectral_radius", "positivity"}
+    for matrix, head in (("qk", 0), ("ov", 1), ("ffn", None)):
+        same_head = summary["head"].isna() if head is None else summary["head"] == head
+        rows = summary[(summary.matrix == matrix) & same_head]
+        want = spearmanr(rows.time, rows.spectral_radius).statistic
+        got = trends[(trends.matrix == matrix) & (trends.stat == "spectral_radius")
+                     & (trends["head"].isna() if head is None else trends["head"] == head)].iloc[0]
+        assert got.spearman == pytest.approx(want, abs=1e-12)
+        assert got.first == pytest.approx(rows.spectral_radius.iloc[0])
+        assert got.last == pytest.approx(rows.spectral_radius.iloc[-1])
+        assert got.peak_time == rows.time.iloc[int(np.argmax(rows.spectral_radius.to_numpy()))]
+        assert got.points == len(TIMES)
+
+
+def test_trends_and_changes_of_a_weight_shared_model():
+    """Constant spectra: no trend (NaN correlation) and no change between depth points."""
+    shared = S.spectra(random_model(tiny(time_dependent=False), 3), TIMES)
+    trends = S.depth_trends(S.summarize(shared))
+    assert trends.spearman.isna().all()
+    assert (S.mean_change(shared) == 0).all()
+    table = S.model_table({"shared": shared, "ode": S.spectra(random_model(tiny()))})
+    assert list(table.columns[:2]) == ["model", "matrix"] and len(table) == 2 * len(S.MATRICES)
+    assert table[table.model == "shared"].radius_spearman.isna().all()
+    assert table.loc[table.model == "ode", "points"].eq(tiny().num_layers).all()
+    ode = table[table.model == "ode"].set_index("matrix")
+    change = S.spectral_change(S.spectra(random_model(tiny())))
+    assert ode.loc["qk", "mean_change"] == pytest.approx(change[change.matrix == "qk"].change.mean())
+
+
+def test_runs_spectra_reads_trained_runs(tmp_path):
+    """A continuous model at the given times, a GPT-2 per layer, both through the cache."""
+    import json
+
+    from diffeqformer.train import MODEL_FILE, TrainConfig, dump_config
+
+    runs = {}
+    for name, config, seed in (("ode", tiny(), 0), ("gpt", baseline_config(tiny(), "gpt2"), 1)):
+        run = tmp_path / name
+        run.mkdir()
+        (run / "config.yaml").write_text(dump_config(TrainConfig(name=name, model=config)))
+        (run / "complete.json").write_text(json.dumps({"vocab_size": VOCAB.size}))
+        eqx.tree_serialise_leaves(run / MODEL_FILE, random_model(config, seed))
+        runs[name] = run
+    got = S.runs_spectra(runs, TIMES, cache_dir=tmp_path / "cache")
+    assert list(got) == ["ode", "gpt"]
+    assert S.depth_dim(got["ode"]) == "time" and np.allclose(got["ode"].time, TIMES)
+    assert S.depth_dim(got["gpt"]) == "layer" and got["gpt"].sizes["layer"] == tiny().num_layers
+    xr.testing.assert_equal(got["ode"], S.spectra(random_model(tiny(), 0), TIMES))  # the saved weights were read
+    assert len(list((tmp_path / "cache").glob("spectra-*.nc"))) == 2
+
+
+def test_resolving_times_and_headline(ds, model):
+    zoom_t = S.resolving_times(ds, 5, center=0.5, per_period=4)
+    step = 2 * np.pi / model.config.sinusoidal_scale / 4
+    np.testing.assert_allclose(np.diff(zoom_t), step, rtol=1e-12)
+    assert zoom_t.mean() == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        S.resolving_times(model.config, 1)
+    zoom = S.spectra(model, zoom_t)
+    gpt = S.spectra(random_model(baseline_config(tiny(), "gpt2"), 5))
+    text = S.headline(ds, {"ours": S.spectra(model), "gpt": gpt}, zoom)
+    trends = S.depth_trends(S.summarize(ds))
+    qk = trends[(trends.matrix == "qk") & (trends.stat == "spectral_radius")]
+    assert text["spearman_qk"] == f"{qk.spearman.median():+.2f}"
+    assert text["num_times"] == str(len(TIMES))
+    assert text["change_layers_gpt_ov"] == f"{S.mean_change(gpt)['ov']:.2f}"
+    assert text["change_zoom_qk"] == f"{S.mean_change(zoom)['qk']:.3f}"
+    assert text["trend_qk"] in ("grows with depth", "shrinks with depth", "has no monotone trend", "is constant")
+    assert all(isinstance(v, str) for v in text.values())

@@ -5,9 +5,11 @@ import random
 import haliax as hax
 import jax
 import numpy as np
+import pandas as pd
 import pytest
 
 from diffeqformer import DiffEqFormerConfig
+from diffeqformer.lyapunov import METHODS, raw_attention_scores
 from diffeqformer.synthetic import (
     FEMALE,
     MALE,
@@ -15,6 +17,8 @@ from diffeqformer.synthetic import (
     attribution_benchmark,
     document,
     encode,
+    headline,
+    plot_summary,
     prepare,
     prompts,
     summarize,
@@ -55,15 +59,78 @@ def test_tokenizer_matches_encode(tmp_path):
     assert len(tok) == len(VOCABULARY)
 
 
-def test_benchmark_runs_on_a_random_model():
+def test_benchmark_runs_on_a_random_model(tmp_path):
     config = DiffEqFormerConfig(seq_len=64, hidden_dim=16, num_layers=2, num_heads=2, mlp_scale=2,
                                 time_embed_dim=4, sinusoidal_dim=4)
     model = config.build(hax.Axis("vocab", len(VOCABULARY)), key=jax.random.PRNGKey(0))
     items = prompts(4, seed=5, context_items=1)
-    results = attribution_benchmark(model, items)
+    results = attribution_benchmark(model, items, cache_dir=tmp_path)
+    assert list(results["method"].unique()) == list(METHODS)
+    cached = list(tmp_path.glob("attribution-*.csv"))
+    assert len(cached) == 1
+    pd.testing.assert_frame_equal(attribution_benchmark(model, items, cache_dir=tmp_path), results)
+    attribution_benchmark(model, items[:2], cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("attribution-*.csv"))) == 2  # other prompts, other file
+    with pytest.raises(ValueError, match="default methods"):
+        attribution_benchmark(model, items, cache_dir=tmp_path, methods={"raw attention": raw_attention_scores})
+    # the rank of one method by hand: the true token's place among BOS-less, output-less candidates
+    scores = raw_attention_scores(model, hax.named(jax.numpy.asarray(
+        np.concatenate([encode(items[0]), np.zeros(64 - len(encode(items[0])), np.int32)])), "position"),
+        len(encode(items[0])) - 1)[1: len(encode(items[0])) - 1]
+    truth = items[0].true_position
+    want = 1 + int(np.sum(scores > scores[truth]))
+    got = results[(results.prompt == 0) & (results.method == "raw attention")]["rank"].iloc[0]
+    assert got == want
     assert len(results) == 4 * 5
     lengths = results["length"].to_numpy()
     assert np.all(results["rank"] >= 1) and np.all(results["rank"] <= lengths - 2)
     table = summarize(results)
     assert set(table.columns) >= {"task", "method", "hit_at_1", "hit_at_3", "model_accuracy"}
     assert np.all((table.hit_at_1 <= table.hit_at_3) & (table.hit_at_3 <= 1))
+
+
+def test_summary_hit_rates_chance_and_accuracy():
+    rows = []
+    # agreement: 2 prompts of length 12 (10 candidates); induction: one of length 5 (3 candidates)
+    cases = ((0, "agreement", 12, True, (1, 4)), (1, "agreement", 12, False, (2, 1)), (2, "induction", 5, True, (3, 1)))
+    for prompt, task, length, correct, ranks in cases:
+        for method, rank in zip(("a", "b"), ranks):
+            rows.append({"prompt": prompt, "task": task, "method": method, "rank": rank,
+                         "correct_prediction": correct, "length": length})
+    table = summarize(pd.DataFrame(rows)).set_index(["task", "method"])
+    assert table.loc[("agreement", "a"), "hit_at_1"] == 0.5 and table.loc[("agreement", "a"), "hit_at_3"] == 1.0
+    assert table.loc[("agreement", "b"), "hit_at_3"] == 0.5
+    assert table.loc[("agreement", "a"), "chance_at_1"] == pytest.approx(0.1)
+    assert table.loc[("agreement", "a"), "chance_at_3"] == pytest.approx(0.3)
+    assert table.loc[("induction", "a"), "chance_at_3"] == pytest.approx(1.0)  # 3 candidates: top three is all
+    assert table.loc[("agreement", "a"), "model_accuracy"] == 0.5
+    assert table.loc[("agreement", "a"), "hit_at_1_correct"] == 1.0  # prompt 0 only
+    assert table.loc[("agreement", "b"), "hit_at_1_correct"] == 0.0
+    assert table.loc[("induction", "a"), "prompts"] == 1
+
+
+def test_plot_summary():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    rows = [{"prompt": p, "task": t, "method": m, "rank": 1 + p % 3, "correct_prediction": p % 2 == 0, "length": 20}
+            for p, t in enumerate(("agreement", "induction") * 3) for m in METHODS]
+    fig = plot_summary(summarize(pd.DataFrame(rows)))
+    assert len(fig.axes) == 2 and "accuracy" in fig.axes[0].get_title()
+
+
+def test_headline_quotes_the_summary():
+    rows = [{"prompt": p, "task": t, "method": m, "rank": 1 + (p + 2 * i) % 4, "correct_prediction": p < 2,
+             "length": 20} for p, t in enumerate(("agreement", "induction") * 3) for i, m in enumerate(METHODS)]
+    summary = summarize(pd.DataFrame(rows))
+    text = headline(summary)
+    assert text["best_agreement"] == "lyapunov (max exponent), raw attention and gradient x input"
+    row = summary[(summary.task == "induction") & (summary.method == "raw attention")].iloc[0]
+    assert text["hit1_induction_attention"] == f"{row.hit_at_1:.2f}"
+    assert text["hit3_agreement_lyapunov_max"] == f"{summary.hit_at_3.iloc[0]:.2f}"
+    assert text["accuracy_agreement"] == f"{row.model_accuracy:.2f}" and text["prompts_induction"] == "3"
+    agreement = summary[summary.task == "agreement"]
+    best = list(agreement[agreement.hit_at_1 == agreement.hit_at_1.max()].method)
+    assert text["best_agreement"] == (best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1])
+    tie = headline(summary.assign(hit_at_1=0.5))
+    assert tie["best_induction"] == "none: all methods tie at 0.50"

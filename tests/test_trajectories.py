@@ -22,6 +22,7 @@ from diffeqformer.trajectories import (
     clustering_metrics,
     config_from_attrs,
     final_metrics,
+    headline,
     initial_weights,
     model_attention_matrices,
     plot_metrics,
@@ -319,9 +320,11 @@ def test_model_matrices_at_many_times(tiny_model):
     np.testing.assert_allclose(np.asarray(a[2]), np.asarray(a2), atol=1e-6)
 
 
-def test_model_driven_simulation(tiny_model):
+def test_model_driven_simulation(tiny_model, tmp_path):
     cfg = ModelTrajectoryConfig(heads=(0, 1), num_tokens=10, num_saves=20)
-    ds = simulate_model(tiny_model, cfg)
+    ds = simulate_model(tiny_model, cfg, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("model-trajectories-*.nc"))) == 1
+    xr.testing.assert_identical(simulate_model(tiny_model, cfg, cache_dir=tmp_path), ds)
     D = TINY.hidden_dim
     assert ds["x"].dims == ("head", "time", "token", "dim")
     assert ds["x"].shape == (2, 21, 10, D)
@@ -374,3 +377,17 @@ def test_figures(identity_run, free_run, tiny_model):
     assert len(plot_trajectories(model_run).axes) == 2
     assert isinstance(plot_metrics(model_run), Figure)
     plt.close("all")
+
+
+def test_headline(identity_run, tiny_model):
+    driven = simulate_model(tiny_model, ModelTrajectoryConfig(heads=(0, 1), num_tokens=10, num_saves=20))
+    text = headline({"ode": identity_run}, {"ours": driven})
+    table = final_metrics(clustering_metrics(identity_run))
+    assert text["fraction_ode_p0"] == f"{table['fraction_mean'].iloc[0]:.2f}"
+    assert text["clusters_ode_p4"] == f"{table['clusters_mean'].iloc[-1]:.1f}"
+    assert text["seeds_ode"] == "2" and text["failed_ode"] == "0" and text["num_tokens"] == "40"
+    assert text["fraction_trend_ode"] in ("rises", "falls", "is not monotone", "is constant")
+    final = clustering_metrics(driven.isel(time=[-1])).isel(time=0)
+    assert text["model_fraction_ours"] == f"{float(final['fraction'].mean()):.2f}"
+    assert text["model_heads_ours"] == "2" and text["model_horizon"] == "1"
+    assert text["model_fraction_at1_ours"] == text["model_fraction_ours"]  # t1 = 1: the end is t = 1

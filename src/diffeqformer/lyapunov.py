@@ -18,8 +18,10 @@ for every input token at once; the direct method (the authors') builds the full 
 from __future__ import annotations
 
 import html
+import json
 import math
-from typing import Callable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, NamedTuple, Sequence
 
 import diffrax
 import equinox as eqx
@@ -33,6 +35,10 @@ from levanter.layers.attention import AttentionMask
 from levanter.utils.tree_utils import inference_mode
 
 from .model import DiffEqFormerLMHeadModel, time_grid
+from .spectra import _one_blas_thread
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 # ---------------------------------------------------------------------------------------------------------------------
 # General ODEs
@@ -103,7 +109,9 @@ def lyapunov_spectrum(
         (_, _, (logs, _)), _ = jax.lax.scan(step, (state0, solver_state, (zeros, zeros)), jnp.arange(steps))
         return logs / ((steps - skip) * dt)
 
-    return jnp.sort(run(y0))[::-1]
+    with _one_blas_thread():  # the per-step QR runs through LAPACK: see _exponents
+        exps = jax.block_until_ready(run(y0))
+    return jnp.sort(exps)[::-1]
 
 
 def kaplan_yorke_dimension(exponents) -> jnp.ndarray:
@@ -132,11 +140,18 @@ def _prepare(model: DiffEqFormerLMHeadModel, token_ids):
     ids = token_ids if isinstance(token_ids, NamedArray) else hax.named(jnp.asarray(token_ids, jnp.int32), "position")
     if ids.ndim != 1:
         raise ValueError(f"token_ids must be one sequence [position], got axes {ids.axes}")
+    x0, blocks, pos_ids = _embed_and_materialize(model, ids)
+    return model, ids, x0, blocks, pos_ids
+
+
+@eqx.filter_jit
+def _embed_and_materialize(model, ids):
+    # Compiled: run op by op, the hypernetworks of every weight cost seconds per call on a CPU.
     Pos = ids.resolve_axis("position")
     pos_ids = hax.arange(Pos, dtype=jnp.int32)
     x0 = model.embeddings.embed(ids, pos_ids).rearrange((Pos, model.Embed))
     blocks = model.weights_at(time_grid(model.config.Layers))  # every weight gets a leading "layers" axis
-    return model, ids, x0, blocks, pos_ids
+    return x0, blocks, pos_ids
 
 
 def _layer(blocks, k: int):
@@ -204,9 +219,9 @@ def _tangent_step(block, x, phis, outs, pos_ids, axes, h: float, rows_fn):
     return x + h * f(x), phis, logs
 
 
-def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn) -> tuple[np.ndarray, int]:
+def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn, prepared=None) -> tuple[np.ndarray, int]:
     """Exponents [len(outs), n_in, D] (sorted decreasing) for several output positions."""
-    model, ids, x0, blocks, pos_ids = _prepare(model, token_ids)
+    model, ids, x0, blocks, pos_ids = prepared if prepared is not None else _prepare(model, token_ids)
     n, D = x0.array.shape
     L = model.config.num_layers
     h = 1.0 / L
@@ -216,11 +231,15 @@ def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn) -> tu
     phis = jnp.broadcast_to(jnp.eye(D, dtype=x.dtype), (len(outs), n, D, D))
     total = jnp.zeros((len(outs), n, D), x.dtype)
     out_ids = jnp.asarray(outs, dtype=jnp.int32)
-    for k in range(L):
-        x, phis, logs = _tangent_step(_layer(blocks, k), x, phis, out_ids, pos_ids, x0.axes, h, rows_fn)
-        total = total + logs
-    exps = -jnp.sort(-total / (L * h), axis=-1)  # the horizon is t = 1
-    return np.asarray(exps), n
+    # XLA runs the batched QR on the CPU through LAPACK (OpenBLAS). With OpenBLAS's worker threads, 64 QRs of
+    # 128 x 128 took 8.5 s per step on a busy two-core machine, against 0.08 s with one thread: see
+    # spectra._one_blas_thread. The result is read (np.asarray) inside the block, so every step runs under it.
+    with _one_blas_thread():
+        for k in range(L):
+            x, phis, logs = _tangent_step(_layer(blocks, k), x, phis, out_ids, pos_ids, x0.axes, h, rows_fn)
+            total = total + logs
+        exps = np.asarray(-jnp.sort(-total / (L * h), axis=-1))  # the horizon is t = 1
+    return exps, n
 
 
 def _dataset(exps: np.ndarray, outs: Sequence[int], n: int, tokens: Sequence[str] | None, model) -> xr.Dataset:
@@ -275,9 +294,9 @@ def lyapunov_map(
 # Attribution methods to compare against
 
 
-def attention_weights(model: DiffEqFormerLMHeadModel, token_ids) -> np.ndarray:
+def attention_weights(model: DiffEqFormerLMHeadModel, token_ids, *, _prepared=None) -> np.ndarray:
     """Attention probabilities [L, heads, query, key] of each Euler step, along the forward trajectory."""
-    model, ids, x0, blocks, pos_ids = _prepare(model, token_ids)
+    model, ids, x0, blocks, pos_ids = _prepared if _prepared is not None else _prepare(model, token_ids)
     return np.asarray(_attention_probs(blocks, x0.array, pos_ids, x0.axes, model.config.num_layers))
 
 
@@ -300,14 +319,21 @@ def _attention_probs(blocks, x, pos_ids, axes, num_steps: int):
 
 def raw_attention_scores(model, token_ids, output_position: int = -1) -> np.ndarray:
     """Attention of ``output_position`` to each token, averaged over heads and steps: [n]."""
-    att = attention_weights(model, token_ids)
+    return _raw_attention(attention_weights(model, token_ids), output_position)
+
+
+def _raw_attention(att: np.ndarray, output_position: int) -> np.ndarray:
     return att.mean(axis=(0, 1))[output_position]
 
 
 def attention_rollout(model, token_ids, output_position: int = -1) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema 2020) with the ODE's residual: step k maps x -> x + h A_k x, so
     the token-mixing matrix of a step is (I + h mean_heads A_k) / (1 + h) (rows sum to one); its product over steps."""
-    att = attention_weights(model, token_ids).mean(axis=1)  # [L, n, n]
+    return _rollout(attention_weights(model, token_ids), output_position)
+
+
+def _rollout(att: np.ndarray, output_position: int) -> np.ndarray:
+    att = att.mean(axis=1)  # [L, n, n]
     L, n, _ = att.shape
     h = 1.0 / L
     roll = np.eye(n)
@@ -316,11 +342,12 @@ def attention_rollout(model, token_ids, output_position: int = -1) -> np.ndarray
     return roll[output_position]
 
 
-def gradient_x_input(model: DiffEqFormerLMHeadModel, token_ids, output_position: int = -1) -> np.ndarray:
+def gradient_x_input(model: DiffEqFormerLMHeadModel, token_ids, output_position: int = -1, *,
+                     _prepared=None) -> np.ndarray:
     """|sum_d (d logit_target / d e_in,d) * e_in,d| per token, target = the model's top next-token prediction."""
-    model, ids, x0, blocks, pos_ids = _prepare(model, token_ids)
+    model, ids, x0, blocks, pos_ids = _prepared if _prepared is not None else _prepare(model, token_ids)
     out = jnp.asarray(output_position % x0.array.shape[0], jnp.int32)
-    return np.asarray(_grad_x_input(model, blocks, x0.array, pos_ids, x0.axes, out))
+    return np.asarray(_grad_x_input(model, blocks, x0.array, pos_ids, x0.axes, out)[0])
 
 
 @eqx.filter_jit
@@ -331,7 +358,156 @@ def _grad_x_input(model, blocks, x0, pos_ids, axes, out):
 
     target = jnp.argmax(target_logits(x0))
     grad = jax.grad(lambda x: target_logits(x)[target])(x0)
-    return jnp.abs(jnp.sum(grad * x0, axis=-1))
+    return jnp.abs(jnp.sum(grad * x0, axis=-1)), target
+
+
+METHODS = ("lyapunov (max exponent)", "lyapunov (sum)", "raw attention", "attention rollout", "gradient x input")
+"""The attribution methods of ``attribution_scores`` (and of ``synthetic.attribution_benchmark``), in this order."""
+METHOD_KEYS = dict(zip(METHODS, ("lyapunov_max", "lyapunov_sum", "attention", "rollout", "grad_x_input")))
+"""A short identifier of each method (for file and glue names)."""
+
+
+def attribution_scores(model: DiffEqFormerLMHeadModel, token_ids, output_position: int = -1, *,
+                       tokens: Sequence[str] | None = None) -> "pd.DataFrame":
+    """Every attribution method's score of each input token for the prediction at ``output_position``.
+
+    One row per token (index ``token``), one column per name in ``METHODS``, plus ``text`` when ``tokens`` are
+    given: the Lyapunov scores of ``token_lyapunov`` (largest exponent and sum of all exponents of the token's tangent
+    dynamics), ``raw_attention_scores``, ``attention_rollout`` and ``gradient_x_input``. Tokens after the output
+    position get NaN (a causal model cannot use them). The weights, the trajectory and the attention maps are computed
+    once and shared by the methods. ``df.attrs``: ``output_position`` (non-negative) and ``predicted_token``, the
+    model's top next-token prediction there (the logit that gradient x input differentiates).
+    """
+    import pandas as pd
+
+    prepared = _prepare(model, token_ids)
+    n = prepared[2].array.shape[0]
+    out = output_position % n
+    exps, _ = _exponents(model, token_ids, [out], _rows_fast, prepared=prepared)
+    lyap = _dataset(exps, [out], n, tokens, prepared[0]).isel(output=0)
+    att = attention_weights(model, token_ids, _prepared=prepared)
+    after = np.arange(n) > out
+    columns = {
+        METHODS[0]: lyap.max_exponent.values,
+        METHODS[1]: lyap.sum_exponents.values,
+        METHODS[2]: _raw_attention(att, out),
+        METHODS[3]: _rollout(att, out),
+    }
+    model_, _, x0, blocks, pos_ids = prepared
+    gxi, predicted = _grad_x_input(model_, blocks, x0.array, pos_ids, x0.axes, jnp.asarray(out, jnp.int32))
+    columns[METHODS[4]] = np.asarray(gxi)
+    df = pd.DataFrame({k: np.where(after, np.nan, np.asarray(v, dtype=float)) for k, v in columns.items()},
+                      index=pd.RangeIndex(n, name="token"))
+    if tokens is not None:
+        df.insert(0, "text", list(tokens))
+    df.attrs["output_position"] = out
+    df.attrs["predicted_token"] = int(predicted)
+    return df
+
+
+def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> "pd.DataFrame":
+    """Wall-clock seconds of ``token_lyapunov`` for the last position by the fast method (D reverse-mode rows per
+    step) and the direct one (the full Jacobian per step, the authors' method): one row per method with the median
+    and minimum of ``repeats`` runs after a first, compiling, call (``compile_s``: that call's time). ``attrs``:
+    ``speedup`` (direct median / fast median), ``max_abs_difference`` of the two methods' exponents, ``tokens``."""
+    import time
+
+    import pandas as pd
+
+    if repeats < 1:
+        raise ValueError(f"repeats must be positive, got {repeats}")
+    rows, results = [], {}
+    for name, direct in (("fast (reverse-mode rows)", False), ("direct (full Jacobian)", True)):
+        start = time.perf_counter()
+        results[name] = token_lyapunov(model, token_ids, direct=direct).exponents.values
+        first = time.perf_counter() - start
+        runs = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            token_lyapunov(model, token_ids, direct=direct).exponents.values  # .values: wait for the result
+            runs.append(time.perf_counter() - start)
+        rows.append({"method": name, "median_s": float(np.median(runs)), "min_s": float(np.min(runs)),
+                     "compile_s": first, "repeats": repeats})
+    df = pd.DataFrame(rows).set_index("method")
+    fast, direct = results.values()
+    df.attrs.update(speedup=float(df["median_s"].iloc[1] / df["median_s"].iloc[0]),
+                    max_abs_difference=float(np.nanmax(np.abs(fast - direct))), tokens=int(fast.shape[0]))
+    return df
+
+
+class Example(NamedTuple):
+    """A text prepared for the token-level analyses: token ids, one display label per token, the tokenizer."""
+
+    ids: np.ndarray
+    tokens: list[str]
+    tokenizer: object
+
+
+def corpus_example(text: str, *, vocab_size: int = 4096, domain: str = "all", split: str = "validation",
+                   max_tokens: int | None = None, root=None) -> Example:
+    """``text``, checked to occur verbatim in the Shakespeare corpus (``split`` of ``domain``; the validation split
+    is held out from training), tokenised with the corpus's BPE of ``vocab_size`` tokens (``encode_text``).
+
+    Needs the prepared corpus (``python -m diffeqformer.data prepare``, or any training run on it) below ``root``
+    (default ``paths.DATA``)."""
+    from .data import CorpusLayout, load_tokenizer
+
+    layout = CorpusLayout() if root is None else CorpusLayout(Path(root))
+    path = layout.jsonl(domain, split)
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist: prepare the corpus (python -m diffeqformer.data prepare)")
+    if not any(text in json.loads(line)["text"] for line in path.read_text().splitlines() if line):
+        raise ValueError(f"the example does not occur in the {split} split of the {domain!r} corpus: {text[:60]!r}...")
+    tokenizer = load_tokenizer(layout.tokenizer(vocab_size))
+    ids, tokens = encode_text(tokenizer, text, max_tokens=max_tokens)
+    return Example(ids, tokens, tokenizer)
+
+
+def headline(scores: "pd.DataFrame", timing: "pd.DataFrame | None" = None, *, tokenizer=None,
+             top: int = 3) -> dict[str, str]:
+    """The numbers and tokens (as text) the book's prose quotes about one example, keyed for ``figures.glue``.
+
+    ``scores``: ``attribution_scores`` (with ``text``); ``timing``: ``timings``. Keys: ``tokens`` (their number),
+    ``output_token`` (the token at the output position), ``top_<key>`` for each method (``METHOD_KEYS``): its
+    ``top`` highest-scoring earlier tokens, quoted, best first (the output position itself is left out, as in the
+    attribution benchmark); with ``timing``: ``time_fast``, ``time_direct`` (median seconds), ``speedup``,
+    ``max_difference``; with ``tokenizer``: ``predicted``, the model's top next token at the output position.
+    """
+    out = scores.attrs["output_position"]
+    labels = list(scores["text"]) if "text" in scores else [str(i) for i in scores.index]
+
+    def quoted(i):
+        return repr(labels[i].strip() or labels[i])
+
+    result = {"tokens": f"{len(scores)}", "output_token": quoted(out)}
+    if tokenizer is not None:
+        word = _display(tokenizer.decode([scores.attrs["predicted_token"]]))
+        result["predicted"] = repr(word.strip() or word)
+    earlier = scores.iloc[:out]
+    for method, key in METHOD_KEYS.items():
+        best = earlier[method].astype(float).nlargest(top).index
+        result[f"top_{key}"] = ", ".join(quoted(i) for i in best)
+    if timing is not None:
+        result["time_fast"] = f"{timing['median_s'].iloc[0]:.2g}"
+        result["time_direct"] = f"{timing['median_s'].iloc[1]:.2g}"
+        result["speedup"] = f"{timing.attrs['speedup']:.1f}"
+        result["max_difference"] = f"{timing.attrs['max_abs_difference']:.1e}"
+    return result
+
+
+def encode_text(tokenizer, text: str, *, max_tokens: int | None = None) -> tuple[np.ndarray, list[str]]:
+    """Token ids of ``text`` (no special tokens added), at most ``max_tokens`` of them, and each token decoded on its
+    own for display (line breaks shown as a return sign, so that a label stays on one line)."""
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    labels = [_display(tokenizer.decode([i])) for i in ids]
+    return np.asarray(ids, dtype=np.int32), labels
+
+
+def _display(token: str) -> str:
+    """A decoded token on one line: line breaks shown as a return sign."""
+    return token.replace("\r", "").replace("\n", "\u21b5")
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -370,6 +546,56 @@ def plot_lyapunov_map(ds: xr.Dataset, score: str = "max_exponent", ax=None):
     ax.set_ylabel("output position")
     ax.set_title(f"Token-level Lyapunov map ({score.replace('_', ' ')})")
     if "text" in ds.coords and ds.sizes["token"] <= 40:
-        ax.set_xticks(range(ds.sizes["token"]), ds["text"].values, rotation=90, fontsize=7)
+        text = ds["text"].values
+        ax.set_xticks(range(ds.sizes["token"]), text, rotation=90, fontsize=7)
+        ax.set_yticks(range(ds.sizes["output"]), [text[int(o)] for o in ds["output"].values], fontsize=7)
     ax.figure.colorbar(im, ax=ax, shrink=0.8)
     return ax.figure
+
+
+def _earlier_only(scores: "pd.DataFrame") -> tuple[list[str], np.ndarray]:
+    """Methods and their scores [method, token] with the output position itself set to NaN: its own score (the
+    token's influence on itself) dwarfs every other, and the question is which earlier token matters."""
+    methods = [c for c in scores.columns if c != "text"]
+    values = scores[methods].to_numpy(dtype=float).T.copy()
+    out = scores.attrs.get("output_position")
+    if out is not None:
+        values[:, out] = np.nan
+    return methods, values
+
+
+def scores_html(scores: "pd.DataFrame", *, cmap: str = "Reds") -> str:
+    """An HTML table: one line of coloured tokens (``tokens_html``) per method of ``attribution_scores``, each line
+    coloured on its own scale over the earlier tokens; the output position is outlined and left uncoloured."""
+    tokens = scores["text"] if "text" in scores else [str(i) for i in scores.index]
+    out = scores.attrs.get("output_position")
+    rows = []
+    methods, values = _earlier_only(scores)
+    for method, row in zip(methods, values):
+        line = tokens_html(list(tokens), row, output_position=out, cmap=cmap)
+        rows.append(f'<tr><td style="padding-right:8px;white-space:nowrap;vertical-align:top">{html.escape(method)}'
+                    f"</td><td>{line}</td></tr>")
+    return "<table>" + "".join(rows) + "</table>"
+
+
+def plot_scores(scores: "pd.DataFrame", *, cmap: str = "Reds"):
+    """The same as a figure: rows are methods, columns input tokens, each row min-max scaled to [0, 1] over the
+    earlier tokens (NaN, later tokens and the outlined output position itself: white); token labels as x ticks."""
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
+
+    methods, values = _earlier_only(scores)  # [method, token]
+    lo, hi = np.nanmin(values, axis=1, keepdims=True), np.nanmax(values, axis=1, keepdims=True)
+    scaled = (values - lo) / np.where(hi > lo, hi - lo, 1.0)
+    n = values.shape[1]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.24 * n + 2.5), 0.45 * len(methods) + 1.6), layout="constrained")
+    im = ax.imshow(np.ma.masked_invalid(scaled), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
+    ax.set_yticks(range(len(methods)), methods, fontsize=8)
+    labels = scores["text"] if "text" in scores else [str(i) for i in scores.index]
+    ax.set_xticks(range(n), list(labels), rotation=90, fontsize=7)
+    out = scores.attrs.get("output_position")
+    if out is not None:
+        ax.add_patch(Rectangle((out - 0.5, -0.5), 1, len(methods), fill=False, edgecolor="#1f4e9c", lw=2))
+    fig.colorbar(im, ax=ax, label="score, min-max scaled per method", shrink=0.9)
+    ax.set_title("Which input tokens drive the prediction at the outlined position", fontsize=10)
+    return fig

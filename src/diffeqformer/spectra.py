@@ -390,6 +390,157 @@ def spectral_change(ds: xr.Dataset) -> pd.DataFrame:
     return df
 
 
+def mean_change(ds: xr.Dataset) -> pd.Series:
+    """Mean of ``spectral_change`` over steps and heads, per matrix (index ``qk``, ``ov``, ``ffn``).
+
+    The typical relative change of a spectrum from one depth point to the next. It depends on the grid: compare
+    models on the same kind of grid (an ODE at its Euler times t_k against a GPT's layers), or follow one ODE as its
+    grid of t is refined (it tends to 0 for weights continuous in t; a GPT has nothing between its layers).
+    """
+    change = spectral_change(ds)
+    return change.groupby("matrix", sort=False)["change"].mean().reindex(list(MATRICES))
+
+
+def depth_trends(summary: pd.DataFrame, stats: Sequence[str] = ("spectral_radius", "positivity")) -> pd.DataFrame:
+    r"""How each statistic of ``summarize`` moves with depth: one row per (matrix, head, stat).
+
+    Columns: ``spearman``, the Spearman rank correlation of the statistic with the depth fraction ``time`` (t, or
+    (k+1)/L for layer k): +1 when it grows monotonically with depth, -1 when it shrinks, NaN when it is constant (a
+    weight-shared model); ``first`` and ``last``, its value at the shallowest and deepest point; ``mean``;
+    ``peak_time``, the depth fraction of its maximum; ``points``, the number of depth points. Rows of ``ffn`` have
+    head <NA>.
+    """
+    missing = [s for s in stats if s not in summary.columns]
+    if missing:
+        raise ValueError(f"{missing} are not columns of the summary")
+    rows = []
+    for (matrix, head), g in summary.groupby(["matrix", "head"], sort=False, dropna=False):
+        g = g.sort_values("time")
+        t = g["time"].astype(float)
+        for stat in stats:
+            v = g[stat].astype(float)
+            constant = v.nunique(dropna=True) < 2 or t.nunique() < 2
+            # Spearman = Pearson correlation of the ranks (ties get their mean rank), as scipy.stats.spearmanr.
+            rho = np.nan if constant else float(np.corrcoef(t.rank().to_numpy(), v.rank().to_numpy())[0, 1])
+            rows.append({"matrix": matrix, "head": head, "stat": stat, "spearman": rho,
+                         "first": float(v.iloc[0]), "last": float(v.iloc[-1]), "mean": float(v.mean()),
+                         "peak_time": float(t.iloc[int(np.nanargmax(v.to_numpy()))]), "points": len(g)})
+    out = pd.DataFrame(rows)
+    out["head"] = out["head"].astype("Int64")
+    return out
+
+
+def model_table(datasets: Mapping[str, xr.Dataset]) -> pd.DataFrame:
+    """One row per (model, matrix): how its spectra move with depth, for models compared on their own depth grids.
+
+    Columns: ``radius_spearman`` and ``positivity_spearman`` (medians over heads of ``depth_trends``' Spearman
+    correlations with depth; NaN for a constant spectrum), ``radius_first`` and ``radius_last`` (spectral radius at
+    the shallowest and deepest point, mean over heads), ``peak_time`` (median over heads of the depth fraction of the
+    largest radius), ``mean_change`` (``mean_change``: relative change between consecutive depth points) and
+    ``points`` (number of depth points). Pass datasets on comparable grids (e.g. every model per layer).
+    """
+    rows = []
+    for name, ds in datasets.items():
+        trends = depth_trends(summarize(ds))
+        change = mean_change(ds)
+        for matrix in MATRICES:
+            radius = trends[(trends["matrix"] == matrix) & (trends["stat"] == "spectral_radius")]
+            positivity = trends[(trends["matrix"] == matrix) & (trends["stat"] == "positivity")]
+            rows.append({"model": name, "matrix": matrix,
+                         "radius_spearman": radius["spearman"].median(),  # NaN only when every head's is NaN
+                         "positivity_spearman": positivity["spearman"].median(),
+                         "radius_first": radius["first"].mean(), "radius_last": radius["last"].mean(),
+                         "peak_time": radius["peak_time"].median(), "mean_change": float(change[matrix]),
+                         "points": int(radius["points"].iloc[0])})
+    return pd.DataFrame(rows)
+
+
+def runs_spectra(runs: Mapping[str, str | Path], times=None, *, cache_dir: str | Path | None = None,
+                 **kwargs) -> dict[str, xr.Dataset]:
+    """Spectra of the trained model of each run (``{label: run_dir}``), keyed by label, in the mapping's order.
+    A relative run directory is relative to ``DIFFEQFORMER_HOME`` (``paths.HOME``).
+
+    Continuous DiffEqFormers (time-dependent or weight-shared) are evaluated at ``times`` (their Euler steps' times
+    when None); discretised models and the GPT-2 / Llama baselines per layer. With ``cache_dir`` every dataset goes
+    through ``cached_spectra``. Keyword arguments go to ``spectra``.
+    """
+    from . import paths
+    from .train import load_model
+
+    out = {}
+    for label, run in runs.items():
+        run = Path(run).expanduser()
+        model = load_model(run if run.is_absolute() else paths.HOME / run)
+        at = times if _model_kind(model) in ("diffeqformer", "diffeqformer-shared") else None
+        out[label] = (cached_spectra(model, cache_dir, at, **kwargs) if cache_dir is not None
+                      else spectra(model, at, **kwargs))
+    return out
+
+
+def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_period: int = 8) -> np.ndarray:
+    """``points`` times around ``center``, ``per_period`` of them per period 2 pi / s of the fastest sinusoid of the
+    time embedding e(t) (s = ``sinusoidal_scale`` of the model's config, or of a spectra dataset's): a grid fine
+    enough to follow W(t) between two of the model's Euler points."""
+    config = config_of(ds_or_config) if isinstance(ds_or_config, xr.Dataset) else ds_or_config
+    if points < 2 or per_period < 1:
+        raise ValueError(f"need points >= 2 and per_period >= 1, got {points}, {per_period}")
+    step = 2 * np.pi / config.sinusoidal_scale / per_period
+    return center + step * (np.arange(points) - (points - 1) / 2)
+
+
+def _trend_word(rho: float) -> str:
+    if not np.isfinite(rho):
+        return "is constant"
+    if rho >= 0.5:
+        return "grows with depth"
+    if rho <= -0.5:
+        return "shrinks with depth"
+    return "has no monotone trend"
+
+
+def headline(flow: xr.Dataset, layers: Mapping[str, xr.Dataset], zoom: xr.Dataset | None = None) -> dict[str, str]:
+    """The numbers (as text) that the book's prose quotes about spectra, keyed for ``figures.glue``.
+
+    ``flow``: the ODE model's spectra on a grid of t; ``layers``: every model's spectra per layer (``model_table``);
+    ``zoom``: the ODE's spectra on a grid that resolves e(t) (``resolving_times``). Keys, for m in qk, ov, ffn:
+    ``spearman_m`` and ``positivity_spearman_m`` (median over heads, on ``flow``), ``peak_m`` (median t of the
+    largest radius), ``radius_first_m`` / ``radius_last_m`` (mean over heads at the first and last t),
+    ``trend_m`` (a phrase: grows / shrinks / no monotone trend), ``change_grid_m`` (mean relative change between
+    neighbouring points of ``flow``), ``grid_spacing``, ``num_times``; per model key k of ``layers``:
+    ``change_layers_k_m`` and ``spearman_layers_k_m``; with ``zoom``: ``change_zoom_m``, ``zoom_spacing``,
+    ``period`` (2 pi / s).
+    """
+    out = {}
+    trends = depth_trends(summarize(flow))
+    change = mean_change(flow)
+    times = flow["time"].values
+    for m in MATRICES:
+        radius = trends[(trends["matrix"] == m) & (trends["stat"] == "spectral_radius")]
+        positivity = trends[(trends["matrix"] == m) & (trends["stat"] == "positivity")]
+        rho = float(radius["spearman"].median())
+        out[f"spearman_{m}"] = f"{rho:+.2f}"
+        out[f"positivity_spearman_{m}"] = f"{float(positivity['spearman'].median()):+.2f}"
+        out[f"peak_{m}"] = f"{float(radius['peak_time'].median()):.2f}"
+        out[f"radius_first_{m}"] = f"{float(radius['first'].mean()):.3g}"
+        out[f"radius_last_{m}"] = f"{float(radius['last'].mean()):.3g}"
+        out[f"trend_{m}"] = _trend_word(rho)
+        out[f"change_grid_{m}"] = f"{float(change[m]):.2f}"
+    out["num_times"] = f"{len(times)}"
+    out["grid_spacing"] = f"{float(np.diff(times).mean()):.3g}" if len(times) > 1 else "n/a"
+    table = model_table(layers)
+    for row in table.itertuples():
+        out[f"change_layers_{row.model}_{row.matrix}"] = f"{row.mean_change:.2f}"
+        out[f"spearman_layers_{row.model}_{row.matrix}"] = (f"{row.radius_spearman:+.2f}"
+                                                            if np.isfinite(row.radius_spearman) else "n/a (constant)")
+    if zoom is not None:
+        zoom_change = mean_change(zoom)
+        for m in MATRICES:
+            out[f"change_zoom_{m}"] = f"{float(zoom_change[m]):.3f}"
+        out["zoom_spacing"] = f"{float(np.diff(zoom['time'].values).mean()):.2g}"
+        out["period"] = f"{2 * np.pi / config_of(zoom).sinusoidal_scale:.2g}"
+    return out
+
+
 def save_spectra(ds: xr.Dataset, path: str | Path) -> Path:
     """Write a spectra dataset to netCDF (``.nc``); complex variables become ``<name>_real`` and ``<name>_imag``.
 

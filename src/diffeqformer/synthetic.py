@@ -15,11 +15,14 @@ top three (hit@3) over held-out prompts. This turns the paper's qualitative Fig.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
+import equinox as eqx
 import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
@@ -136,40 +139,43 @@ def encode(prompt: Prompt) -> np.ndarray:
     return np.asarray([0] + [index[w] for w in prompt.words], dtype=np.int32)
 
 
-def attribution_benchmark(model, items: list[Prompt], *, methods=None) -> pd.DataFrame:
+def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir: str | Path | None = None,
+                          progress: bool = True) -> pd.DataFrame:
     """Per prompt: the model's prediction, and for each attribution method the rank of the true token.
 
     Scores are computed for the last position (which predicts the answer); the output position itself and the BOS
     token are excluded from the ranking, since the question is which *earlier* token drives the prediction.
+    ``methods``: ``{name: fn(model, ids, out) -> scores [n]}``; by default every method of
+    ``lyapunov.attribution_scores`` (``lyapunov.METHODS``), computed together per prompt. With ``cache_dir`` (default
+    methods only) the table is read from / written to ``cache_dir/attribution-<hash>.csv``, the hash covering the
+    model's configuration and weights and the prompts. ``progress``: show a progress bar (a notebook executed by
+    Papermill would store every update of it).
     Returns a DataFrame with one row per (prompt, method); ``summarize`` turns it into hit rates.
     """
     import haliax as hax
     import jax.numpy as jnp
-    from levanter.layers.attention import AttentionMask
 
-    from .lyapunov import attention_rollout, gradient_x_input, raw_attention_scores, token_lyapunov
+    from .lyapunov import attribution_scores
+
+    path = None
+    if cache_dir is not None:
+        if methods is not None:
+            raise ValueError("cache_dir caches the default methods only")
+        path = Path(cache_dir) / f"attribution-{_benchmark_key(model, items)}.csv"
+        if path.exists():
+            return pd.read_csv(path)
 
     if methods is None:
-        lyap_cache: dict = {}
+        def score_all(m, ids, out):
+            return attribution_scores(m, ids, out)
+    else:
+        def score_all(m, ids, out):
+            return pd.DataFrame({name: np.asarray(fn(m, ids, out), dtype=float) for name, fn in methods.items()})
 
-        def lyap(m, ids, out):  # one solve serves both Lyapunov scores of a prompt
-            key = (id(ids), out)
-            if key not in lyap_cache:
-                lyap_cache.clear()
-                lyap_cache[key] = token_lyapunov(m, ids, output_position=out)
-            return lyap_cache[key]
-
-        methods = {
-            "lyapunov (max exponent)": lambda m, ids, out: lyap(m, ids, out).max_exponent.values,
-            "lyapunov (sum)": lambda m, ids, out: lyap(m, ids, out).sum_exponents.values,
-            "raw attention": raw_attention_scores,
-            "attention rollout": attention_rollout,
-            "gradient x input": gradient_x_input,
-        }
     index = {i: w for i, w in enumerate(VOCABULARY)}
     length = model.config.seq_len
     rows = []
-    for p_i, item in enumerate(tqdm(items, desc="attribution benchmark")):
+    for p_i, item in enumerate(tqdm(items, desc="attribution benchmark", disable=not progress)):
         ids = encode(item)
         if len(ids) > length:
             raise ValueError(f"prompt {p_i} has {len(ids)} tokens, more than model.seq_len = {length}")
@@ -178,23 +184,116 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None) -> pd.Dat
         # `out` do not see the padding, and one shape means one compilation for all prompts.
         padded = np.concatenate([ids, np.zeros(length - len(ids), np.int32)])
         named = hax.named(jnp.asarray(padded), "position")
-        logits = model(named, AttentionMask.causal()).rearrange(("position", "vocab")).array[out]
-        predicted = index.get(int(jnp.argmax(logits[: len(VOCABULARY)])), "?")
+        logits = np.asarray(_logits(model, named))[out]
+        predicted = index.get(int(np.argmax(logits[: len(VOCABULARY)])), "?")
         truth = item.true_position + 1  # + BOS
-        for name, fn in methods.items():
-            scores = np.array(fn(model, named, out), dtype=float)[: out + 1]
+        table = score_all(model, named, out)
+        for name in [c for c in table.columns if c != "text"]:
+            scores = table[name].to_numpy(dtype=float)[: out + 1]
             candidates = scores[1:-1]  # drop BOS and the output position
             order = np.argsort(-np.nan_to_num(candidates, nan=-np.inf), kind="stable")
             rank = int(np.where(order == truth - 1)[0][0]) + 1
             rows.append({"prompt": p_i, "task": item.task, "method": name, "rank": rank,
                          "correct_prediction": predicted == item.answer, "length": len(ids)})
-    return pd.DataFrame(rows)
+    results = pd.DataFrame(rows)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        results.to_csv(path, index=False)
+    return results
+
+
+def _logits(model, ids):
+    """The model's logits [position, vocab] for one sequence, in inference mode (compiled once per shape)."""
+    from levanter.utils.tree_utils import inference_mode
+
+    return _compiled_logits(inference_mode(model, True), ids)
+
+
+@eqx.filter_jit
+def _compiled_logits(model, ids):
+    from levanter.layers.attention import AttentionMask
+
+    return model(ids, AttentionMask.causal()).rearrange(("position", "vocab")).array
+
+
+def _benchmark_key(model, items: list[Prompt]) -> str:
+    """Hash of the model (configuration and weights) and of the prompts: the benchmark's cache key."""
+    from .spectra import fingerprint
+
+    text = json.dumps({"model": fingerprint(model), "prompts": [dataclasses.asdict(p) for p in items], "version": 1},
+                      sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """Hit rate @1 and @3 per task and method (and the model's accuracy on each task)."""
-    table = results.assign(hit1=results["rank"] <= 1, hit3=results["rank"] <= 3)
-    summary = table.groupby(["task", "method"]).agg(hit_at_1=("hit1", "mean"), hit_at_3=("hit3", "mean"),
-                                                    prompts=("prompt", "nunique"),
-                                                    model_accuracy=("correct_prediction", "mean"))
+    """Hit rates per task and method, with the model's accuracy on the task and what a random ranking would score.
+
+    Columns: ``hit_at_1``, ``hit_at_3`` (fraction of prompts whose true token the method ranks first / in its top
+    three), ``chance_at_1``, ``chance_at_3`` (the same for a uniformly random ranking of the c = length - 2 candidate
+    tokens: the mean of min(k, c) / c), ``model_accuracy`` (fraction of prompts whose answer is the model's top
+    prediction), ``hit_at_1_correct`` (hit@1 over the prompts the model gets right; NaN if none), ``prompts``.
+    """
+    candidates = (results["length"] - 2).clip(lower=1)
+    table = results.assign(hit1=results["rank"] <= 1, hit3=results["rank"] <= 3,
+                           chance1=1.0 / candidates, chance3=np.minimum(3, candidates) / candidates,
+                           hit1_correct=(results["rank"] <= 1).where(results["correct_prediction"].astype(bool)))
+    summary = table.groupby(["task", "method"], sort=False).agg(
+        hit_at_1=("hit1", "mean"), hit_at_3=("hit3", "mean"), chance_at_1=("chance1", "mean"),
+        chance_at_3=("chance3", "mean"), model_accuracy=("correct_prediction", "mean"),
+        hit_at_1_correct=("hit1_correct", "mean"), prompts=("prompt", "nunique"))
     return summary.reset_index()
+
+
+def plot_summary(summary: pd.DataFrame):
+    """Hit@1 (dark) and hit@3 (light) of every method, one panel per task, with a random ranking's hit@1 and hit@3
+    as dashed and dotted lines; the model's accuracy on the task is in the panel's title."""
+    import matplotlib.pyplot as plt
+
+    tasks = list(dict.fromkeys(summary["task"]))
+    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.8), sharey=True, squeeze=False,
+                             layout="constrained")
+    for ax, task in zip(axes[0], tasks):
+        sub = summary[summary["task"] == task]
+        x = np.arange(len(sub))
+        ax.bar(x - 0.2, sub["hit_at_1"], width=0.4, color="C0", label="hit@1")
+        ax.bar(x + 0.2, sub["hit_at_3"], width=0.4, color="C0", alpha=0.4, label="hit@3")
+        ax.axhline(sub["chance_at_1"].mean(), color="0.3", ls="--", lw=1, label="random ranking, hit@1")
+        ax.axhline(sub["chance_at_3"].mean(), color="0.3", ls=":", lw=1, label="random ranking, hit@3")
+        ax.set_xticks(x, sub["method"], rotation=30, ha="right", fontsize=8)
+        ax.set_ylim(0, 1)
+        ax.set_title(f"{task}: model accuracy {sub['model_accuracy'].iloc[0]:.2f}, "
+                     f"{int(sub['prompts'].iloc[0])} prompts", fontsize=9)
+    axes[0, 0].set_ylabel("fraction of prompts")
+    axes[0, 0].legend(fontsize=7, frameon=False)
+    fig.suptitle("Does the top-ranked input token match the ground truth?", fontsize=10)
+    return fig
+
+
+def headline(summary: pd.DataFrame) -> dict[str, str]:
+    """The numbers (as text) the book's prose quotes about the benchmark, keyed for ``figures.glue``.
+
+    For each task t and method (short key k of ``lyapunov.METHOD_KEYS``): ``hit1_t_k``, ``hit3_t_k``,
+    ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none); per task: ``accuracy_t``,
+    ``chance1_t``, ``chance3_t``, ``prompts_t`` and ``best_t`` (the method with the highest hit@1, ties listed; "none"
+    when every method ties).
+    """
+    from .lyapunov import METHOD_KEYS
+
+    out = {}
+    for task, sub in summary.groupby("task", sort=False):
+        for row in sub.itertuples():
+            key = METHOD_KEYS.get(row.method, row.method.replace(" ", "_"))
+            out[f"hit1_{task}_{key}"] = f"{row.hit_at_1:.2f}"
+            out[f"hit3_{task}_{key}"] = f"{row.hit_at_3:.2f}"
+            correct = row.hit_at_1_correct
+            out[f"hit1_correct_{task}_{key}"] = "n/a" if pd.isna(correct) else f"{correct:.2f}"
+        out[f"accuracy_{task}"] = f"{sub['model_accuracy'].iloc[0]:.2f}"
+        out[f"chance1_{task}"] = f"{sub['chance_at_1'].iloc[0]:.2f}"
+        out[f"chance3_{task}"] = f"{sub['chance_at_3'].iloc[0]:.2f}"
+        out[f"prompts_{task}"] = f"{int(sub['prompts'].iloc[0])}"
+        best = list(sub[sub["hit_at_1"] == sub["hit_at_1"].max()]["method"])
+        if len(best) == len(sub):
+            out[f"best_{task}"] = f"none: all methods tie at {sub['hit_at_1'].max():.2f}"
+        else:
+            out[f"best_{task}"] = best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1]
+    return out

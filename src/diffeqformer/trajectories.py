@@ -546,7 +546,10 @@ def model_attention_matrices(model: "DiffEqFormerLMHeadModel", t: hax.NamedArray
 
 
 def simulate_model(
-    model: "DiffEqFormerLMHeadModel", config: ModelTrajectoryConfig = ModelTrajectoryConfig()
+    model: "DiffEqFormerLMHeadModel",
+    config: ModelTrajectoryConfig = ModelTrajectoryConfig(),
+    *,
+    cache_dir: Path | str | None = None,
 ) -> xr.Dataset:
     """Tokens moved by one head of a DiffEqFormer: dx_i/dt = P_i sum_j softmax_j(beta x_i^T A(t) x_j) B(t) x_j.
 
@@ -563,8 +566,20 @@ def simulate_model(
     Returns a Dataset with ``x`` (head, time, token, dim), ``x_pca`` (head, time, token, pc: the positions projected on
     the top-3 principal components of all times and tokens of that head, centred, for 3-D pictures),
     ``pca_explained`` (head, pc: fraction of variance), ``qk_radius`` and ``ov_radius`` (head, time: spectral radii
-    max |eig| of A(t) and B(t)), ``success`` and ``num_steps`` (head); attrs as in ``simulate`` plus the model's size.
+    max |eig| of A(t) and B(t)), ``success`` and ``num_steps`` (head); attrs as in ``simulate`` plus the model's size
+    and ``model_fingerprint``. With ``cache_dir``, the Dataset is read from / written to
+    ``cache_dir/model-trajectories-<hash>.nc``, the hash covering the configuration and the model's weights.
     """
+    from .spectra import _one_blas_thread, fingerprint
+
+    path = None
+    model_key = fingerprint(model)
+    if cache_dir is not None:
+        digest = hashlib.sha256(f"{config_hash(config)}-{model_key}".encode()).hexdigest()[:16]
+        path = Path(cache_dir) / f"model-trajectories-{digest}.nc"
+        if path.exists():
+            with xr.open_dataset(path, engine="scipy") as cached:
+                return _restore_dtypes(cached.load())
     mc = model.config
     D = mc.hidden_dim
     for h in config.heads:
@@ -587,9 +602,11 @@ def simulate_model(
         steps.append(int(n_steps))
         oks.append(bool(ok))
         a, b = _matrices_at(model, ts, head)
-        # eigenvalues of non-symmetric matrices: numpy (jnp.linalg.eigvals is CPU-only)
-        qk_r.append(np.abs(np.linalg.eigvals(np.asarray(a, dtype=np.float64))).max(axis=-1))
-        ov_r.append(np.abs(np.linalg.eigvals(np.asarray(b, dtype=np.float64))).max(axis=-1))
+        # eigenvalues of non-symmetric matrices: numpy (jnp.linalg.eigvals is CPU-only), with one BLAS thread (many
+        # small matrices: see spectra._one_blas_thread)
+        with _one_blas_thread():
+            qk_r.append(np.abs(np.linalg.eigvals(np.asarray(a, dtype=np.float64))).max(axis=-1))
+            ov_r.append(np.abs(np.linalg.eigvals(np.asarray(b, dtype=np.float64))).max(axis=-1))
     x = np.stack(xs)
     x_pca, explained = _pca3(x)
 
@@ -622,8 +639,12 @@ def simulate_model(
             model_num_layers=mc.num_layers,
             model_time_dependent=mc.time_dependent,
             model_sinusoidal_scale=float(scale),
+            model_fingerprint=model_key,
         ),
     )
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _netcdf_safe(ds).to_netcdf(path, engine="scipy")
     return ds
 
 
@@ -739,6 +760,60 @@ def final_metrics(metrics: xr.Dataset, by: str | None = None) -> pd.DataFrame:
     table = pd.DataFrame(rows, index=pd.Index(index, name="g(t)" if by == "growth" else by))
     table["seeds"] = counts
     return table
+
+
+def _key(power: float) -> str:
+    return f"p{power:g}".replace(".", "_")
+
+
+def _monotone(values) -> str:
+    """'rises', 'falls' or 'is not monotone' for a sequence (ties allowed), 'is constant' when all are equal."""
+    v = np.asarray(values, dtype=float)
+    d = np.diff(v)
+    if np.all(np.abs(d) < 1e-12):
+        return "is constant"
+    if np.all(d >= -1e-12):
+        return "rises"
+    if np.all(d <= 1e-12):
+        return "falls"
+    return "is not monotone"
+
+
+def headline(
+    polynomial: "dict[str, xr.Dataset]", driven: "dict[str, xr.Dataset] | None" = None, threshold: float = 0.999
+) -> dict[str, str]:
+    """The numbers (as text) the book's prose quotes about the trajectories, keyed for ``figures.glue``.
+
+    ``polynomial``: ``{name: simulate(...)}`` (e.g. the accurate solve and the paper's Euler steps); ``driven``:
+    ``{name: simulate_model(...)}``. Final-time values of ``clustering_metrics``, means over seeds (or heads):
+    ``fraction_<name>_p<p>`` and ``clusters_<name>_p<p>`` per growth power p (``p2``, ``p0_5``),
+    ``fraction_trend_<name>`` (how the clustered fraction changes as p grows: rises / falls / is not monotone),
+    ``seeds_<name>``, ``failed_<name>`` (solves that did not finish); ``model_fraction_<name>``,
+    ``model_clusters_<name>``, ``model_distance_<name>`` (mean pairwise distance) at the end,
+    ``model_fraction_at1_<name>`` at the saved time nearest t = 1 (the end of the range the models were trained on),
+    ``model_heads_<name>``, ``model_horizon``; ``num_tokens``, ``horizon``.
+    """
+    out = {}
+    for name, ds in polynomial.items():
+        table = final_metrics(clustering_metrics(ds, threshold))
+        for p, (_, row) in zip(ds["growth"].values, table.iterrows()):
+            out[f"fraction_{name}_{_key(float(p))}"] = f"{row['fraction_mean']:.2f}"
+            out[f"clusters_{name}_{_key(float(p))}"] = f"{row['clusters_mean']:.1f}"
+        out[f"fraction_trend_{name}"] = _monotone(table["fraction_mean"].to_numpy())
+        out[f"seeds_{name}"] = f"{ds.sizes['seed']}"
+        out[f"failed_{name}"] = f"{int((~ds['success'].astype(bool)).sum())}"
+        out["num_tokens"] = f"{ds.sizes['token']}"
+        out["horizon"] = f"{float(ds['time'].values[-1]):g}"
+    for name, ds in (driven or {}).items():
+        final = clustering_metrics(ds.isel(time=[-1]), threshold).isel(time=0)
+        out[f"model_fraction_{name}"] = f"{float(final['fraction'].mean()):.2f}"
+        out[f"model_clusters_{name}"] = f"{float(final['clusters'].mean()):.1f}"
+        out[f"model_distance_{name}"] = f"{float(final['distance'].mean()):.2f}"
+        trained = clustering_metrics(ds.sel(time=[1.0], method="nearest"), threshold).isel(time=0)
+        out[f"model_fraction_at1_{name}"] = f"{float(trained['fraction'].mean()):.2f}"
+        out[f"model_heads_{name}"] = f"{ds.sizes['head']}"
+        out["model_horizon"] = f"{float(ds['time'].values[-1]):g}"
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -938,6 +1013,7 @@ __all__ = [
     "cosine_gram",
     "final_metrics",
     "growth_label",
+    "headline",
     "initial_weights",
     "model_attention_matrices",
     "plot_metrics",

