@@ -101,7 +101,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f2_spectra": dict(run=Run("gpu/diffeqformer"), num_times=101, baselines={"gpt": Run("gpu/gpt2")}),
         "f3_trajectories": dict(runs={"ours": Run("gpu/diffeqformer")}, num_seeds=3, num_tokens=40, horizon=10.0,
                                 num_saves=200, model_tokens=40, model_horizon=10.0, model_saves=200),
-        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_run=Run("cpu/synthetic_diffeqformer"),
+        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_run=Run("gpu/synthetic_diffeqformer"),
                             max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
         "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
         "f11_downstream": dict(run=Run("gpu/diffeqformer")),
@@ -115,7 +115,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                                 num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
                                 model_saves=200),
         "f5_lyapunov": dict(run=Run("paper/wikitext103_small_diffeqformer"),
-                            synthetic_run=Run("cpu/synthetic_diffeqformer"), max_tokens=128, map_tokens=48,
+                            synthetic_run=Run("paper/synthetic_diffeqformer"), max_tokens=128, map_tokens=48,
                             timing_repeats=3, num_prompts=1000),
         "f6_perplexity": dict(runs={
             "gpt": Run("paper/wikitext103_small_gpt2"), "shared": Run("paper/wikitext103_small_shared"),
