@@ -223,3 +223,31 @@ def test_levanter_builds_the_token_cache_offline(corpus, offline, local_ray, tmp
     assert ids[0] == ids[-1] == tokenizer.eos_token_id
     # Levanter wraps each document as BOS + " " + text + " " + EOS.
     assert tokenizer.decode(ids[1:-1]) == f" {document.text} "
+
+
+def test_training_sequences_are_shuffled(corpus, offline, local_ray, tmp_path, monkeypatch):
+    """``data.shuffle`` (default on) permutes the training sequences; off, they come in corpus order (Levanter's
+    own default): the first sequence is the start of the first document."""
+    import functools
+
+    import haliax as hax
+    import jax
+    import numpy as np
+    from levanter.schedule import BatchSchedule
+
+    from diffeqformer.train import DataConfig
+
+    monkeypatch.setattr(data, "lm_dataset_config", functools.partial(
+        data.lm_dataset_config, root=corpus.layout.root, cache_dir=tmp_path))
+    Pos = hax.Axis("position", 64)
+    first, length = {}, {}
+    for shuffle in (True, False):
+        config = DataConfig(domain="prose", shuffle=shuffle).levanter_config()
+        train = config.train_set(Pos, BatchSchedule(4), monitors=False, key=jax.random.PRNGKey(0)).as_sync_dataset()
+        with jax.numpy_dtype_promotion("standard"):  # Levanter's LmExample.causal multiplies a bool mask by floats
+            first[shuffle] = np.stack([np.asarray(train[i].tokens.array) for i in range(8)])
+        length[shuffle] = len(train)
+    assert DataConfig().shuffle and length[True] == length[False]
+    assert not np.array_equal(first[True], first[False])
+    document = corpus.select("prose", "train")[0]
+    assert config.the_tokenizer.decode(first[False][0][1:]).startswith(f" {document.text[:80]}")

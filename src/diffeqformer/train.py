@@ -57,11 +57,19 @@ class DataConfig:
     """Shakespeare corpus domain: 'all', 'plays' or 'prose'."""
     vocab_size: int = 4096
     """Size of the byte-level BPE trained on the offline corpus (online corpora use GPT-2's tokenizer)."""
+    shuffle: bool = True
+    """Shuffle the training sequences (one Feistel permutation, the same each epoch). Levanter's own default is not to
+    shuffle, which feeds the corpus document after document: with it, every model's validation loss jumped up and
+    down with the genre it was reading (128-d cpu runs: 6.55 at step 50, 7.31 at step 100, for GPT-2 and
+    DiffEqFormer alike)."""
 
     def levanter_config(self):
+        import dataclasses
+
         from .data import lm_dataset_config
 
-        return lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size)
+        config = lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size)
+        return dataclasses.replace(config, shuffle=self.shuffle, permutation_type="feistel")
 
 
 @dataclass
@@ -402,6 +410,18 @@ def _check_validation_length(eval_sets, Pos: Axis) -> None:
             )
 
 
+def median_throughput(metrics) -> Optional[float]:
+    """Training tokens/s of a run: the median of Levanter's per-step ``throughput/tokens_per_second`` over the steps
+    after the first tenth (which hold the compilation and warm-up), from ``read_metrics``. A single step's value (the
+    last one) varies by 20-30% on a shared CPU; the median over the run does not."""
+    column = "throughput/tokens_per_second"
+    if column not in metrics or metrics[column].dropna().empty:
+        return None
+    values = metrics[column].dropna()
+    values = values[values.index >= values.index.max() / 10]
+    return float(values.median())
+
+
 def _summary(config: TrainConfig, metrics, digest: str, wall_s: float) -> dict:
     def last(column):
         if column not in metrics or metrics[column].dropna().empty:
@@ -416,7 +436,7 @@ def _summary(config: TrainConfig, metrics, digest: str, wall_s: float) -> dict:
         "final_train_loss": last("train/loss"),
         "final_eval_loss": eval_loss,
         "final_eval_perplexity": math.exp(eval_loss) if eval_loss is not None else None,
-        "tokens_per_second": last("throughput/tokens_per_second"),
+        "tokens_per_second": median_throughput(metrics),
         "wall_time_s": wall_s,
         "jax_backend": jax.default_backend(),
     }
@@ -443,6 +463,20 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: ty
         raise
 
 
+def use_compilation_cache(directory: str | Path | None = None) -> Path:
+    """Keep XLA's compiled programs on disk (JAX's persistent compilation cache), below
+    ``DIFFEQFORMER_HOME/_build/jax-cache`` unless ``JAX_COMPILATION_CACHE_DIR`` names another place.
+
+    A run whose shapes another run already compiled (the same model fine-tuned in both directions, a rerun, the
+    pipeline's next run) loads its train and eval steps instead of compiling them: measured on the smoke run,
+    42 s -> 30 s per process. Programs that compile in under half a second are not stored."""
+    directory = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or directory or paths.HOME / "_build" / "jax-cache")
+    directory.mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", str(directory))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    return directory
+
+
 def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, module: str = "diffeqformer.train"):
     """``python -m <module> --config file.yaml [overrides]``: parse into ``cls`` and call ``run``; bad input exits with
     a one-line error."""
@@ -454,6 +488,7 @@ def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, mod
     path, overrides = argv[i + 1], argv[:i] + argv[i + 2 :]
     try:
         config = load_config(path, overrides, cls=cls)
+        use_compilation_cache()
         run(config)
     except (ValueError, FileNotFoundError) as err:
         raise SystemExit(f"error: {err}") from None
