@@ -249,25 +249,34 @@ def test_finetune_yaml_parses(path):
     assert (paths.REPO / config.pretrain.config).exists()
 
 
-def test_fig5_grid():
-    runs = finetune_grid("cpu")
+@pytest.mark.parametrize("preset, max_pretrain, max_finetune", [("cpu", 300, 150), ("gpu", None, None),
+                                                                  ("paper", None, None)])
+def test_fig5_grid(preset, max_pretrain, max_finetune):
+    runs = finetune_grid(preset)
     names = [r.name for r in runs]
     assert len(set(names)) == len(names) == 4 + 2 * 2 * (len(DISCRETISATIONS) + 1) + 2
-    pretrainings = {r.name: load_config(r.config) for r in runs if r.name.startswith("cpu-pretrain")}
-    assert len(pretrainings) == 4 and all(c.trainer.num_train_steps <= 300 for c in pretrainings.values())
+    pretrainings = {r.name: load_config(r.config) for r in runs if r.name.startswith(f"{preset}-pretrain")}
+    assert len(pretrainings) == 4
+    assert max_pretrain is None or all(c.trainer.num_train_steps <= max_pretrain for c in pretrainings.values())
+    corpus = lambda c: (c.data.dataset, c.data.domain)  # noqa: E731
+    assert len({corpus(c) for c in pretrainings.values()}) == 2
     steps = []
     for run in runs:
         if run.module != "diffeqformer.finetune":
             continue
-        # each starts from a pretraining listed before it, on the other domain; its overrides parse
+        # each starts from a pretraining listed before it, on the other corpus or domain; its overrides parse
         assert len(run.after) == 1 and names.index(run.after[0]) < names.index(run.name)
         config = load_config(run.config, list(run.overrides), cls=FinetuneConfig)
         pre = pretrainings[run.after[0]]
         assert config.name == run.name and load_config(paths.REPO / config.pretrain.config).name == pre.name
-        assert config.data.domain != pre.data.domain and config.trainer.num_train_steps <= 150
+        assert corpus(config) != corpus(pre) and corpus(config) in {corpus(c) for c in pretrainings.values()}
+        assert max_finetune is None or config.trainer.num_train_steps <= max_finetune
         assert (config.steps is None) == (pre.model.num_layers == 24)
         steps.append(config.steps or 0)
     assert sorted(steps) == sorted([0] * 4 + [n for n in DISCRETISATIONS for _ in range(4)])
-    assert sum(r.name.startswith("cpu-scratch") for r in runs) == 2
+    assert sum(r.name.startswith(f"{preset}-scratch") for r in runs) == 2
+
+
+def test_fig5_grid_needs_its_configs():
     with pytest.raises(FileNotFoundError, match="pretrain_diffeqformer18"):
         finetune_grid("smoke")

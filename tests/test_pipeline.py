@@ -188,6 +188,40 @@ def test_run_marker_resolves_to_the_run_directory(tmp_path):
         {"a": str(tmp_path / "r"), "b": [str(tmp_path / "r"), 2]}
 
 
+def test_a_variant_is_the_config_with_its_overrides_under_its_own_name(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RUNS", tmp_path)
+    base = Run("smoke/diffeqformer")
+    v = pipeline.variant("smoke/diffeqformer", "smoke-x", {"model.time_embed_dim": 2, "model.hypernet": "shared_mlp",
+                                                           "model.random_step_offset": True,
+                                                           "optimizer.beta2": 0.95})
+    cfg, digest, run_dir = v.identity()
+    assert cfg.name == "smoke-x" and run_dir == tmp_path / "smoke-x"
+    assert (cfg.model.time_embed_dim, cfg.model.hypernet, cfg.model.random_step_offset) == (2, "shared_mlp", True)
+    assert cfg.optimizer.beta2 == 0.95 and digest != base.identity()[1]
+    assert v.key.startswith("smoke/diffeqformer --name smoke-x ") and base.key == "smoke/diffeqformer"
+
+
+def test_a_finetuning_run_is_hashed_with_its_pretraining_before_that_has_run(tmp_path, monkeypatch):
+    from diffeqformer import finetune, train
+
+    monkeypatch.setattr(paths, "RUNS", tmp_path)
+    run = Run("smoke/finetune_diffeqformer_lora", module="finetune")
+    cfg, digest, run_dir = run.identity()
+    assert isinstance(cfg, finetune.FinetuneConfig) and run_dir == tmp_path / cfg.name
+    pre = train.load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
+    assert digest == finetune.config_hash(cfg, train.config_hash(pre))
+
+
+def test_finetune_runs_lists_the_grid_with_pretrainings_first():
+    runs = pipeline.finetune_runs("cpu")
+    names = list(runs)
+    assert len(names) == 26 and names[:4] == [n for n in names if "-pretrain-" in n]
+    assert all(runs[n].module == "finetune" for n in names if "-finetune-" in n)
+    assert all(runs[n].module == "train" for n in names if "-finetune-" not in n)
+    # the registry's f7 entry trains exactly these
+    assert pipeline.PRESETS["cpu"]["f7_finetuning"]["runs"] == runs
+
+
 # --------------------------------------------------------------------------------------------- end to end
 
 

@@ -316,6 +316,9 @@ def _repository_path(path: str) -> Path:
 DISCRETISATIONS = (9, 12, 18, 24)
 """Euler steps N of the fine-tuned DiffEqFormers (it is pretrained with 18)."""
 DIRECTIONS = (("plays", "prose"), ("prose", "plays"))
+ONLINE_DIRECTIONS = (("wikitext103", "openwebtext"), ("openwebtext", "wikitext103"))
+"""The paper's directions, for presets whose fine-tuning templates train on an online corpus (``data.dataset`` is
+then the domain)."""
 """(pretraining domain, fine-tuning domain) of the offline corpus: the paper's WikiText-103 <-> OpenWebText."""
 PRETRAINED = {"diffeqformer18": "pretrain_diffeqformer18_{domain}.yaml", "gpt2_24": "pretrain_gpt2_24_{domain}.yaml"}
 """The pretrained models of a preset: an 18-step DiffEqFormer and the 24-layer GPT-2 baseline, one per domain."""
@@ -344,26 +347,40 @@ class GridRun:
         return ["-m", self.module, "--config", str(self.config), *self.overrides]
 
 
+def _yaml_field(path: Path, *keys: str):
+    import yaml
+
+    node = yaml.safe_load(path.read_text())
+    for key in keys:
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
 def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     """Every run of the Fig. 5 experiment at a preset, in an order that runs each pretraining before its fine-tunings:
 
     * the pretrainings: an 18-step DiffEqFormer and a 24-layer GPT-2 on each domain (``PRETRAINED``);
-    * for each direction (``DIRECTIONS``) and method (``METHODS``): the DiffEqFormer discretised to each N of
+    * for each direction (``DIRECTIONS``; ``ONLINE_DIRECTIONS`` where the templates train on an online corpus) and
+      method (``METHODS``): the DiffEqFormer discretised to each N of
       ``DISCRETISATIONS``, and the 24-layer GPT-2, fine-tuned on the other domain (``TEMPLATES``);
     * a 24-layer GPT-2 trained from scratch on each target domain for as many steps as a fine-tuning.
 
-    Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (the cpu preset does)."""
+    Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (cpu, gpu and paper do)."""
     folder = paths.CONFIG / preset
-    domains = sorted({d for direction in DIRECTIONS for d in direction})
-    pretrained = {(m, d): folder / f.format(domain=d) for m, f in PRETRAINED.items() for d in domains}
     templates = {method: folder / f for method, f in TEMPLATES.items()}
+    offline = all(not p.exists() or _yaml_field(p, "data", "dataset") in ("shakespeare", None)
+                  for p in templates.values())
+    directions = DIRECTIONS if offline else ONLINE_DIRECTIONS
+    domain_field = "--data.domain" if offline else "--data.dataset"
+    domains = sorted({d for direction in directions for d in direction})
+    pretrained = {(m, d): folder / f.format(domain=d) for m, f in PRETRAINED.items() for d in domains}
     missing = [str(p) for p in [*pretrained.values(), *templates.values()] if not p.exists()]
     if missing:
         raise FileNotFoundError(f"finetune_grid({preset!r}) needs {', '.join(missing)}")
 
     pre_names = {key: load_config(path).name for key, path in pretrained.items()}
     runs = [GridRun(pre_names[key], "diffeqformer.train", path) for key, path in pretrained.items()]
-    for source, target in DIRECTIONS:
+    for source, target in directions:
         for method in METHODS:
             for model, steps in [*(("diffeqformer18", n) for n in DISCRETISATIONS), ("gpt2_24", None)]:
                 label = f"{model}-{source}-to-{target}" + (f"-n{steps}" if steps else "") + f"-{method}"
@@ -372,7 +389,7 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
                     "--name", name,
                     "--pretrain.config", str(pretrained[model, source].relative_to(paths.REPO)),
                     "--steps", "null" if steps is None else str(steps),
-                    "--data.domain", target,
+                    domain_field, target,
                 )
                 after = (pre_names[model, source],)
                 runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides, after))

@@ -56,14 +56,93 @@ from . import paths
 @dataclass(frozen=True)
 class Run:
     """The training run of ``config/<config>.yaml`` as a notebook parameter: the pipeline trains it (if needed) and
-    passes the notebook its run directory."""
+    passes the notebook its run directory.
+
+    ``overrides`` are command-line overrides of the file (a variant of it: ``variant`` builds one, with its own run
+    name); ``module`` is ``"train"`` or ``"finetune"`` (``diffeqformer.finetune``; the pipeline trains a fine-tuning's
+    pretraining first when the registry lists it before the fine-tuning, as ``finetune_runs`` does)."""
 
     config: str
     """Path below ``config/`` without ``.yaml``, e.g. ``"cpu/gpt2"``."""
+    overrides: tuple[str, ...] = ()
+    """draccus-style overrides, e.g. ``("--name", "cpu-x-dt4", "--model.time_embed_dim", "4")``."""
+    module: str = "train"
 
     @property
     def path(self) -> Path:
         return paths.CONFIG / f"{self.config}.yaml"
+
+    @property
+    def key(self) -> str:
+        """How the pipeline's records and messages name the run: the config, then its overrides."""
+        return " ".join((self.config, *self.overrides))
+
+    def load(self):
+        """The resolved configuration (``TrainConfig``, or ``FinetuneConfig`` for a fine-tuning)."""
+        from .train import load_config
+
+        if self.module == "finetune":
+            from .finetune import FinetuneConfig
+
+            return load_config(self.path, list(self.overrides), cls=FinetuneConfig)
+        return load_config(self.path, list(self.overrides))
+
+    def identity(self) -> tuple[Any, str, Path]:
+        """(configuration, config hash, run directory); a fine-tuning's hash covers its pretraining's config hash,
+        computed from the pretraining's config file, so it is known before the pretraining has run."""
+        from . import train
+
+        cfg = self.load()
+        if self.module == "finetune":
+            from .finetune import _repository_path, config_hash
+
+            pretraining = train.load_config(_repository_path(cfg.pretrain.config))
+            return cfg, config_hash(cfg, train.config_hash(pretraining)), train.run_dir_of(cfg)
+        return cfg, train.config_hash(cfg), train.run_dir_of(cfg)
+
+
+def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
+    """The run of ``config/<config>.yaml`` with some fields changed (``{"model.time_embed_dim": 4}``), named
+    ``name`` (its run directory is ``runs/<name>``)."""
+    overrides = ["--name", name]
+    for field_name, value in values.items():
+        overrides += [f"--{field_name}", json.dumps(value) if not isinstance(value, str) else value]
+    return Run(config, tuple(overrides))
+
+
+def finetune_runs(preset: str) -> dict[str, Run]:
+    """Every run of the Fig. 5 experiment (``finetune.finetune_grid``) as ``Run`` values, pretrainings first,
+    keyed by run name."""
+    from .finetune import finetune_grid
+
+    out = {}
+    for g in finetune_grid(preset):
+        config = str(g.config.relative_to(paths.CONFIG).with_suffix(""))
+        module = "finetune" if g.module.endswith("finetune") else "train"
+        out[g.name] = Run(config, tuple(g.overrides), module) if g.overrides else Run(config, module=module)
+    return out
+
+
+def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], **sweep) -> dict[str, dict[str, Any]]:
+    """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset with
+    ``config/<preset>/ablation_{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``)."""
+    ours, gpt = f"{preset}/ablation_diffeqformer", f"{preset}/ablation_gpt2"
+
+    def dt(d: int) -> Run:
+        return Run(ours) if d == base_dt else variant(ours, f"{preset}-ablation-diffeqformer-dt{d}",
+                                                       {"model.time_embed_dim": d})
+
+    return {
+        "f8_beta2": dict(runs={
+            "ours": [Run(ours), variant(ours, f"{preset}-ablation-diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95})],
+            "gpt": [Run(gpt), variant(gpt, f"{preset}-ablation-gpt2-beta2-0.95", {"optimizer.beta2": 0.95})]}),
+        "f9_time_embedding": dict(runs=[dt(d) for d in dts], measure_batch=sweep.pop("measure_batch"),
+                                  measure_steps=10),
+        "f10_hypernetwork": dict(runs=[Run(ours), variant(ours, f"{preset}-ablation-diffeqformer-shared-mlp",
+                                                          {"model.hypernet": "shared_mlp"})]),
+        "x1_adaptive_steps": dict(run=Run(ours), random_run=variant(
+            ours, f"{preset}-ablation-diffeqformer-random-steps", {"model.random_step_offset": True}), **sweep),
+    }
 
 
 # ------------------------------------------------------------------------------------------------------ registry
@@ -77,6 +156,26 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_run=Run("smoke/synthetic_diffeqformer")),
         "f6_perplexity": dict(runs={"gpt": Run("smoke/gpt2"), "shared": Run("smoke/shared"),
                                     "ours": Run("smoke/diffeqformer")}),
+        "f7_finetuning": dict(runs={
+            "smoke-diffeqformer": Run("smoke/diffeqformer"), "smoke-gpt2": Run("smoke/gpt2"),
+            "smoke-finetune-diffeqformer-lora": Run("smoke/finetune_diffeqformer_lora", module="finetune"),
+            "smoke-finetune-diffeqformer-full": Run("smoke/finetune_diffeqformer_full", module="finetune"),
+            "smoke-finetune-gpt2-lora": Run("smoke/finetune_gpt2_lora", module="finetune")}),
+        "f8_beta2": dict(runs={
+            "ours": [Run("smoke/diffeqformer"),
+                     variant("smoke/diffeqformer", "smoke-diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95})],
+            "gpt": [Run("smoke/gpt2"), variant("smoke/gpt2", "smoke-gpt2-beta2-0.95", {"optimizer.beta2": 0.95})]}),
+        "f9_time_embedding": dict(runs=[
+            variant("smoke/diffeqformer", "smoke-diffeqformer-dt2", {"model.time_embed_dim": 2}),
+            Run("smoke/diffeqformer")], measure_batch=4, measure_steps=3),
+        "f10_hypernetwork": dict(runs=[
+            Run("smoke/diffeqformer"),
+            variant("smoke/diffeqformer", "smoke-diffeqformer-shared-mlp", {"model.hypernet": "shared_mlp"})]),
+        "x1_adaptive_steps": dict(
+            run=Run("smoke/diffeqformer"),
+            random_run=variant("smoke/diffeqformer", "smoke-diffeqformer-random-steps",
+                               {"model.random_step_offset": True}),
+            num_sequences=4, euler_steps=[1, 3, 6], fixed_steps=[2, 4], tolerances=[1e-2]),
         "f11_downstream": dict(run=Run("smoke/diffeqformer")),
     },
     # `make book`: 128-d models on the offline Shakespeare corpus, minutes per run on two CPU cores.
@@ -93,6 +192,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f6_perplexity": dict(runs={"gpt": Run("cpu/gpt2"), "shared": Run("cpu/shared"),
                                     "ours": Run("cpu/diffeqformer"), "llama": Run("cpu/llama"),
                                     "ours_llama": Run("cpu/diffeqformer_llama")}),
+        "f7_finetuning": dict(runs=finetune_runs("cpu")),
+        **ablation_entries("cpu", 8, (2, 4, 8, 16, 32), measure_batch=16, num_sequences=64,
+                           euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
+                           tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3]),
         "f11_downstream": dict(run=Run("cpu/diffeqformer")),
     },
     # One Colab-class GPU, WikiText-103 (needs the internet).
@@ -104,6 +207,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_run=Run("gpu/synthetic_diffeqformer"),
                             max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
         "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
+        "f7_finetuning": dict(runs=finetune_runs("gpu")),
+        **ablation_entries("gpu", 20, (4, 8, 20, 48, 96), measure_batch=32, num_sequences=64,
+                           euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
+                           tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3]),
         "f11_downstream": dict(run=Run("gpu/diffeqformer")),
     },
     # The paper's configurations (Tables 1-2): multi-GPU/TPU.
@@ -125,6 +232,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "owt_gpt_large": Run("paper/owt_large_gpt2"), "owt_ours_large": Run("paper/owt_large_diffeqformer"),
             "llama": Run("paper/owt_llama_1b_llama"), "ours_llama": Run("paper/owt_llama_1b_diffeqformer"),
         }),
+        "f7_finetuning": dict(runs=finetune_runs("paper")),
+        **ablation_entries("paper", 20, (20, 48, 72, 96, 120, 144), measure_batch=8, num_sequences=256,
+                           euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
+                           tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3]),
         "f11_downstream": dict(run=Run("paper/owt_small_diffeqformer")),
     },
 }
@@ -294,6 +405,7 @@ class Training:
     """A run the preset needs."""
 
     config: str
+    """``Run.key``: the config below ``config/`` and its overrides."""
     path: Path
     name: str
     run_dir: Path
@@ -301,6 +413,8 @@ class Training:
     done: bool
     stale: str | None = None
     """The config hash of another configuration's run found in ``run_dir`` (moved aside by ``retrain_stale``)."""
+    run: Run | None = None
+    """The registry's value it came from (config file, overrides, module)."""
 
 
 @dataclass
@@ -344,7 +458,7 @@ def _collect_runs(value, found: list[Run]):
 
 def _resolve(value, run_dirs: Mapping[str, Path]):
     if isinstance(value, Run):
-        run_dir = Path(run_dirs[value.config]).resolve()
+        run_dir = Path(run_dirs[value.key]).resolve()
         # Relative to DIFFEQFORMER_HOME (the notebooks' working directory) where possible: the book then shows
         # 'runs/cpu-gpt2', and the cache keys do not depend on where the home is.
         return str(run_dir.relative_to(paths.HOME)) if run_dir.is_relative_to(paths.HOME) else str(run_dir)
@@ -395,35 +509,29 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
         runs: list[Run] = []
         _collect_runs(values, runs)
         needed += runs
-        result.notebooks.append(NotebookJob(nb, path, values, [r.config for r in runs]))
+        result.notebooks.append(NotebookJob(nb, path, values, [r.key for r in runs]))
 
-    unique = list(dict.fromkeys(r.config for r in needed))
-    if unique:
-        from .train import config_hash, load_config, run_dir_of
-
-        for config in unique:
-            path = Run(config).path
-            try:
-                cfg = load_config(path)
-            except (ValueError, FileNotFoundError) as err:
-                raise PipelineError(f"training config {config!r}: {err}") from None
-            digest = config_hash(cfg)
-            run_dir = run_dir_of(cfg)
-            complete = run_dir / "complete.json"
-            done = complete.exists() and json.loads(complete.read_text()).get("config_hash") == digest
-            saved = run_dir / "config.yaml"
-            if not done and saved.exists() and (run_dir / "checkpoints").exists():
-                first = saved.read_text().split("\n", 1)[0].removeprefix("# config_hash: ")
-                if first != digest and not retrain_stale:
-                    raise PipelineError(
-                        f"{run_dir} holds a run of another configuration of {config} (hash {first}; the config "
-                        f"now resolves to {digest}: the file, or the code that fills in its defaults, changed). "
-                        f"Move that directory away (or pass --retrain-stale, which moves it to runs/.stale/) to "
-                        f"train it again, or point the notebook at it with --set.")
-                stale = first if first != digest else None
-            else:
-                stale = None
-            result.trainings.append(Training(config, path, cfg.name, run_dir, digest, done, stale))
+    unique = list({r.key: r for r in needed}.values())
+    for r in unique:
+        try:
+            cfg, digest, run_dir = r.identity()
+        except (ValueError, FileNotFoundError) as err:
+            raise PipelineError(f"training config {r.key!r}: {err}") from None
+        complete = run_dir / "complete.json"
+        done = complete.exists() and json.loads(complete.read_text()).get("config_hash") == digest
+        saved = run_dir / "config.yaml"
+        if not done and saved.exists() and (run_dir / "checkpoints").exists():
+            first = saved.read_text().split("\n", 1)[0].removeprefix("# config_hash: ")
+            if first != digest and not retrain_stale:
+                raise PipelineError(
+                    f"{run_dir} holds a run of another configuration of {r.key} (hash {first}; the config "
+                    f"now resolves to {digest}: the file, or the code that fills in its defaults, changed). "
+                    f"Move that directory away (or pass --retrain-stale, which moves it to runs/.stale/) to "
+                    f"train it again, or point the notebook at it with --set.")
+            stale = first if first != digest else None
+        else:
+            stale = None
+        result.trainings.append(Training(r.key, r.path, cfg.name, run_dir, digest, done, stale, run=r))
     run_dirs = {t.config: t.run_dir for t in result.trainings}
     hashes = {t.config: t.config_hash for t in result.trainings}
     package = package_hash()
@@ -533,22 +641,22 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     if not todo:
         return {}
     log.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "diffeqformer.pipeline", "--train-worker", *[str(t.path) for t in todo]]
+    specs = [json.dumps({"config": str(t.path), "overrides": list(t.run.overrides) if t.run else [],
+                         "module": t.run.module if t.run else "train"}) for t in todo]
+    cmd = [sys.executable, "-m", "diffeqformer.pipeline", "--train-worker", *specs]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     seconds: dict[str, float] = {}
-    index = {str(t.path): first_step + i for i, t in enumerate(trainings)}
-    by_path = {str(t.path): t for t in todo}
+    index = {id(t): first_step + i for i, t in enumerate(trainings)}
     started = None
     with log.open("a") as out:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, env=env, cwd=paths.REPO)
         for line in proc.stdout:
             if line.startswith("@pipeline start "):
-                path = line.split(" ", 2)[2].strip()
-                t = by_path[path]
-                started = progress.begin(index[path], f"train {t.config} -> {t.run_dir}")
+                t = todo[int(line.split()[2])]
+                started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
             elif line.startswith("@pipeline done "):
-                path = line.split(" ", 2)[2].strip()
-                seconds[by_path[path].config] = progress.end(index[path], started)
+                t = todo[int(line.split()[2])]
+                seconds[t.config] = progress.end(index[id(t)], started)
             else:
                 out.write(line)
                 out.flush()
@@ -559,14 +667,22 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     return seconds
 
 
-def _train_worker(config_paths: list[str]) -> None:
-    """Child process of ``train_runs``: ``train.main`` for each config in turn, with markers on stdout."""
-    from .train import load_config, main
+def _train_worker(specs: list[str]) -> None:
+    """Child process of ``train_runs``: ``train.main`` (or ``finetune.main``) for each run in turn, with markers
+    on stdout. Each spec is JSON: ``{"config": path, "overrides": [...], "module": "train" | "finetune"}``."""
+    from . import train
 
-    for path in config_paths:
-        print(f"@pipeline start {path}", flush=True)
-        main(load_config(path))
-        print(f"@pipeline done {path}", flush=True)
+    train.use_compilation_cache()
+    for i, text in enumerate(specs):
+        spec = json.loads(text)
+        print(f"@pipeline start {i}", flush=True)
+        if spec["module"] == "finetune":
+            from . import finetune
+
+            finetune.main(train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig))
+        else:
+            train.main(train.load_config(spec["config"], spec["overrides"]))
+        print(f"@pipeline done {i}", flush=True)
 
 
 def _strip_ansi(text: str) -> str:
@@ -719,10 +835,15 @@ def presets_markdown() -> str:
         for config in configs:
             c = yaml.safe_load(Run(config).path.read_text())
             m, d, t = c.get("model", {}), c.get("data", {}), c.get("trainer", {})
+            if not m:  # a fine-tuning template: its scale is its pretraining's
+                scales.append(f"fine-tuning for {t.get('num_train_steps')} steps of {t.get('train_batch_size')}")
+                continue
             scales.append(f"{m.get('hidden_dim')}-d, {m.get('num_layers')} layers or steps, seq {m.get('seq_len')}, "
                           f"{t.get('num_train_steps')} steps of {t.get('train_batch_size')} on {d.get('dataset')}")
         scale = "; ".join(dict.fromkeys(scales))
-        lines.append(f"| `{preset}` | {', '.join(f'`{c}`' for c in configs)} | {scale} | {', '.join(entries)} |")
+        count = len({r.key for r in runs})
+        lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} | "
+                     f"{', '.join(entries)} |")
     return "\n".join(lines) + "\n"
 
 
