@@ -15,13 +15,11 @@ import dataclasses
 import statistics
 import time
 
-import equinox as eqx
 import haliax as hax
 import jax
-import optax
-from levanter.models.lm_model import LmExample, compute_next_token_loss
 
 from diffeqformer import DiffEqFormerConfig, count_params
+from diffeqformer.ablations import compiled_train_step
 from diffeqformer.baselines import baseline_config
 
 PRESETS = {
@@ -32,30 +30,6 @@ PRESETS = {
     "small": (dict(seq_len=1024, hidden_dim=768, num_layers=12, num_heads=12), 8),
 }
 VOCAB = hax.Axis("vocab", 4096)
-
-
-def make_step(model, tokens):
-    """A jitted AdamW train step over the model's float arrays; returns (step, params, opt_state, peak bytes)."""
-    params, static = eqx.partition(model, eqx.is_inexact_array)
-    optimizer = optax.adamw(1e-4)
-    opt_state = optimizer.init(params)
-
-    def step(params, opt_state, tokens):
-        batch = hax.vmap(LmExample.causal, tokens.axes[0])(tokens)
-
-        def loss_fn(p):
-            return compute_next_token_loss(eqx.combine(p, static), batch, key=None).scalar()
-
-        loss, grads = jax.value_and_grad(loss_fn)(params)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    compiled = jax.jit(step).lower(params, opt_state, tokens).compile()
-    mem = compiled.memory_analysis()
-    peak = None
-    if mem is not None:
-        peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-    return compiled, params, opt_state, peak
 
 
 def main():
@@ -79,7 +53,7 @@ def main():
     for name, config in configs.items():
         model = config.build(VOCAB, key=jax.random.PRNGKey(1))
         t0 = time.perf_counter()
-        step, params, opt_state, peak = make_step(model, tokens)
+        step, params, opt_state, peak = compiled_train_step(model, tokens)
         params, opt_state, loss = step(params, opt_state, tokens)
         jax.block_until_ready(loss)
         runs[name] = dict(step=step, params=params, opt=opt_state, peak=peak, count=count_params(model),

@@ -206,3 +206,22 @@ def test_validation_data_follows_the_run_config(tmp_path):
     np.testing.assert_array_equal(data.loss_mask[:, :-1], 1.0)
     np.testing.assert_array_equal(data.loss_mask[:, -1], 0.0)
     assert data.source == str(tmp_path)
+
+
+def test_headline_sentences():
+    from diffeqformer.inference import headline
+
+    rows = [("euler", False, 6, float("nan"), 6.0, 100.0), ("euler", False, 12, float("nan"), 12.0, 90.0),
+            ("heun", False, 6, float("nan"), 12.0, 95.0), ("tsit5", True, pd.NA, 1e-1, 30.0, 120.0),
+            ("tsit5", True, pd.NA, 1e-3, 300.0, 99.0)]
+    frame = pd.DataFrame(rows, columns=["solver", "adaptive", "steps", "tolerance", "nfe", "perplexity"])
+    frame["loss"] = np.log(frame["perplexity"])
+    frame["steps"] = frame["steps"].astype("Int64")
+    frame.attrs["model"] = {"num_layers": 6}
+    by_steps = {"fixed": frame[frame.solver == "euler"], "random": frame[frame.solver == "euler"].assign(
+        perplexity=[100.0, 100.0])}
+    text = headline(frame, by_steps)
+    assert text["own"] == "100.0 with its own 6 Euler steps (NFE 6)"
+    assert text["best_fixed"] == "90.0 with Euler at 12 steps (NFE 12)"
+    assert text["adaptive"] == "Tsit5: 120.0 at tolerance 0.1 (NFE 30), 99.0 at tolerance 0.001 (NFE 300)"
+    assert text["spread"] == "fixed: 90.0 to 100.0 (x1.11); random: 100.0 to 100.0 (x1.00)"

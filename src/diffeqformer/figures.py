@@ -198,6 +198,17 @@ def save_table(frame, name: str, *, caption: str, paper: str | None = None, show
     return record
 
 
+def log_perplexity_axis(ax, label: str = "validation perplexity") -> None:
+    """A logarithmic perplexity axis with plain numbers as tick labels (400, not 4 x 10^2)."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.set_yscale("log")
+    ax.set_ylabel(label)
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(plain)
+
+
 def _glue_object(name: str, value) -> None:
     try:
         from myst_nb import glue as nb_glue

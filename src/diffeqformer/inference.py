@@ -63,6 +63,7 @@ from haliax import Axis
 from levanter.layers.attention import AttentionMask
 from levanter.utils.tree_utils import inference_mode
 
+from .figures import log_perplexity_axis
 from .model import DiffEqFormerLMHeadModel
 
 if TYPE_CHECKING:
@@ -538,16 +539,8 @@ _LABEL = {
     "bosh3": "Bosh3 (PID, tol. marked)",
 }
 
-
-def _log_perplexity_axis(ax) -> None:
-    """Log-scaled perplexity with plain numbers as tick labels (not 6 x 10^2)."""
-    from matplotlib.ticker import FuncFormatter
-
-    ax.set_yscale("log")
-    ax.set_ylabel("validation perplexity")
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    ax.yaxis.set_major_formatter(plain)
-    ax.yaxis.set_minor_formatter(plain)
+_SHORT = {"euler": "Euler", "euler_left": "left-point Euler", "heun": "Heun", "midpoint": "midpoint",
+          "tsit5": "Tsit5", "dopri5": "Dopri5", "bosh3": "Bosh3"}
 
 
 def _num_layers(frame: pd.DataFrame) -> int | None:
@@ -583,7 +576,7 @@ def plot_perplexity_vs_nfe(frame: pd.DataFrame, ax=None, *, title: str | None = 
                     label="the model's own forward pass", zorder=5)
     ax.set_xscale("log")
     ax.set_xlabel("vector-field evaluations per sequence (NFE)")
-    _log_perplexity_axis(ax)
+    log_perplexity_axis(ax)
     data = frame.attrs.get("data", {})
     ax.set_title(title or f"perplexity vs NFE ({data.get('num_sequences', '?')} validation sequences)")
     ax.legend(fontsize=7)
@@ -604,7 +597,40 @@ def plot_perplexity_vs_steps(frames: Mapping[str, pd.DataFrame], ax=None, *, tit
         if L:
             ax.axvline(L, color=f"C{i}", ls=":", lw=1)
     ax.set_xlabel("Euler steps N at inference (weights at t_k = (k+1)/N)")
-    _log_perplexity_axis(ax)
+    log_perplexity_axis(ax)
     ax.set_title(title or "perplexity vs Euler steps (dotted: training steps L)")
     ax.legend(fontsize=8)
     return fig
+
+
+def headline(sweep: pd.DataFrame, by_steps: Mapping[str, pd.DataFrame] | None = None) -> dict[str, str]:
+    """Sentences for the book from a ``solver_sweep`` (and, optionally, ``perplexity_vs_euler_steps`` frames per
+    model name): ``own`` (the model's own L Euler steps), ``best_fixed`` (the fixed-step setting with the lowest
+    perplexity), ``adaptive`` (each adaptive solver at its loosest and tightest tolerance) and ``spread`` (per
+    model, the range of perplexity over the step counts and the ratio of its largest to smallest value)."""
+    out = {}
+    L = _num_layers(sweep)
+    own = sweep[(sweep["solver"] == "euler") & (sweep["steps"] == L)]
+    out["own"] = (f"{own['perplexity'].iloc[0]:.1f} with its own {L} Euler steps (NFE {L})" if len(own)
+                  else "its own discretisation was not evaluated")
+    fixed = sweep[~sweep["adaptive"] & sweep["loss"].notna()]
+    if len(fixed):
+        b = fixed.loc[fixed["perplexity"].idxmin()]
+        out["best_fixed"] = (f"{b['perplexity']:.1f} with {_SHORT.get(b['solver'], b['solver'])} at {b['steps']} "
+                             f"steps (NFE {b['nfe']:.0f})")
+    texts = []
+    for solver, rows in sweep[sweep["adaptive"]].groupby("solver", sort=False):
+        rows = rows.sort_values("tolerance")
+        parts = []
+        for _, r in (rows.iloc[[-1, 0]] if len(rows) > 1 else rows).iterrows():
+            value = f"{r['perplexity']:.1f}" if pd.notna(r["loss"]) else "no result (max_steps)"
+            parts.append(f"{value} at tolerance {r['tolerance']:g} (NFE {r['nfe']:.0f})")
+        texts.append(f"{_SHORT.get(solver, solver)}: " + ", ".join(parts))
+    out["adaptive"] = "; ".join(texts) if texts else "no adaptive solver was evaluated"
+    spreads = []
+    for name, frame in (by_steps or {}).items():
+        p = frame[frame["solver"] == "euler"]["perplexity"]
+        spreads.append(f"{name}: {p.min():.1f} to {p.max():.1f} (x{p.max() / p.min():.2f})")
+    if spreads:
+        out["spread"] = "; ".join(spreads)
+    return out

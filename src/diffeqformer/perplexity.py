@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
-from .figures import run_path
+from .figures import log_perplexity_axis, run_path
 
 
 @dataclass(frozen=True)
@@ -166,10 +166,10 @@ def plot_curves(frame, ax=None, *, log: bool = True):
         c = frame[frame.row == key]
         (line,) = ax.plot(c.step, c.perplexity, marker="o", ms=3, lw=1.4, label=ROWS[key].label)
         ax.plot(c.step, c.train_perplexity, ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
-    if log:
-        ax.set_yscale("log")
-    ax.set_xlabel("training step")
     ax.set_ylabel("perplexity (solid: validation, dashed: training)")
+    if log:
+        log_perplexity_axis(ax, "perplexity (solid: validation, dashed: training)")
+    ax.set_xlabel("training step")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     return ax

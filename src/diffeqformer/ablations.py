@@ -1,0 +1,533 @@
+"""F7-F10: adaptive fine-tuning (Fig. 5) and the ablations (beta2, Fig. 7; d_t, Figs. 14-16 and Table 6;
+hypernetwork design, Fig. 18), read from finished runs.
+
+Every function takes run directories (absolute, or relative to ``DIFFEQFORMER_HOME``) and reads what the runs wrote:
+``config.yaml``, ``metrics.jsonl``, ``complete.json`` and, for a fine-tuning, ``pretrain_config.yaml``. The only
+measurement made here is the time and peak memory of a training step (``measure_training_step``), in a fresh
+process per run,
+because a process's high-water mark cannot be reset.
+
+    python -m diffeqformer.ablations --measure runs/cpu-ablation-diffeqformer --batch 16 --steps 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from .figures import log_perplexity_axis, run_path
+from .train import median_throughput, read_metrics
+
+# --------------------------------------------------------------------------------------------------- one run
+
+
+def _yaml(path: Path) -> dict:
+    import yaml
+
+    return yaml.safe_load(path.read_text())
+
+
+def field_of(config: Mapping, dotted: str, default: Any = None) -> Any:
+    """``config["model"]["time_embed_dim"]`` for ``"model.time_embed_dim"`` (``default`` where absent)."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def describe(run) -> dict:
+    """What the tables and captions need of one finished run: name, kind (``pretraining`` / ``fine-tuning``),
+    model type and depth, data domain, method, Euler steps N of a fine-tuned DiffEqFormer, the pretraining's domain,
+    final/best/initial validation perplexity, parameter counts, throughput and wall time."""
+    path = run_path(run)
+    complete = path / "complete.json"
+    if not complete.exists():
+        raise FileNotFoundError(f"run {run}: no finished run there (no complete.json)")
+    done = json.loads(complete.read_text())
+    config = _yaml(path / "config.yaml")
+    finetune = (path / "pretrain_config.yaml").exists()
+    model_config = _yaml(path / "pretrain_config.yaml")["model"] if finetune else config["model"]
+    curve = eval_curve(path)
+    out = {
+        "run": str(run), "name": done.get("name", path.name), "kind": "fine-tuning" if finetune else "pretraining",
+        "model": model_config.get("type"), "layers": model_config.get("num_layers"),
+        "hidden_dim": model_config.get("hidden_dim"), "domain": field_of(config, "data.domain"),
+        "method": config.get("method") if finetune else "from scratch",
+        "steps": done.get("euler_steps") if finetune else None,
+        "source": _yaml(path / "pretrain_config.yaml")["data"].get("domain") if finetune else None,
+        "final_ppl": done.get("final_eval_perplexity"), "best_ppl": float(curve.perplexity.min()),
+        "initial_ppl": float(curve.perplexity.iloc[0]) if finetune else None,
+        "trainable_params": done.get("trainable_params"), "total_params": done.get("total_params"),
+        "tokens_per_second": median_throughput(read_metrics(path)), "wall_time_s": done.get("wall_time_s"),
+        "train_steps": done.get("steps"), "config": config, "config_hash": done.get("config_hash"),
+        "pretrain_config_hash": done.get("pretrain_config_hash"),
+    }
+    if out["trainable_params"] is None:
+        out["trainable_params"] = out["total_params"] = parameter_count(path)
+    return out
+
+
+def eval_curve(run):
+    """Validation loss and perplexity against the training step (a fine-tuning's step -1, the model before it was
+    fine-tuned, is shown as step 0)."""
+    import pandas as pd
+
+    from .train import read_metrics
+
+    metrics = read_metrics(run_path(run))
+    if "eval/loss" not in metrics:
+        raise ValueError(f"{run}: the metrics hold no validation loss (eval/loss)")
+    loss = metrics["eval/loss"].dropna()
+    steps = [max(int(s), 0) for s in loss.index]
+    frame = pd.DataFrame({"step": steps, "eval_loss": loss.values, "perplexity": [math.exp(v) for v in loss]})
+    return frame.drop_duplicates("step", keep="last").reset_index(drop=True)
+
+
+def parameter_count(run) -> int:
+    """Parameters of a pretraining run's model, counted on a shape-only build of its config (nothing computed)."""
+    import equinox as eqx
+    import jax
+    from haliax import Axis
+
+    from .model import count_params
+    from .train import load_config
+
+    path = run_path(run)
+    config = load_config(path / "config.yaml")
+    vocab = json.loads((path / "complete.json").read_text())["vocab_size"]
+    shape = eqx.filter_eval_shape(lambda: config.model.build(Axis("vocab", vocab), key=jax.random.PRNGKey(0)))
+    return count_params(shape)
+
+
+# ---------------------------------------------------------------------------------------------- F7: Fig. 5
+
+
+def _label(d: dict) -> str:
+    if d["kind"] == "pretraining":
+        return f"{_model_name(d)} from scratch"
+    return f"DiffEqFormer N={d['steps']}" if d["steps"] else _model_name(d)
+
+
+def _model_name(d: dict) -> str:
+    kind = {"diffeqformer": "DiffEqFormer", "gpt2": "GPT-2", "llama": "Llama"}.get(d["model"], d["model"])
+    unit = "steps" if d["model"] == "diffeqformer" else "layers"
+    return f"{kind} ({d['layers']} {unit})"
+
+
+def finetune_table(runs: Mapping[str, str] | Sequence[str]):
+    """One row per fine-tuning, and per model trained from scratch on a fine-tuning's target domain, of the Fig. 5
+    experiment: direction, method, model, trainable parameters, validation perplexity before fine-tuning, final
+    and best. The pretrainings the fine-tunings start from are left out (their own curves are F6's business)."""
+    import pandas as pd
+
+    described = [describe(r) for r in (runs.values() if isinstance(runs, Mapping) else runs)]
+    tunes = [d for d in described if d["kind"] == "fine-tuning"]
+    if not tunes:
+        raise ValueError("runs holds no fine-tuning run (a run directory with pretrain_config.yaml)")
+    pretrained = {d["pretrain_config_hash"] for d in tunes}
+    targets = {d["domain"] for d in tunes}
+    records = []
+    for d in described:
+        if d["kind"] == "pretraining":
+            if d["config_hash"] in pretrained or d["domain"] not in targets:
+                continue  # a pretraining a fine-tuning starts from, or unrelated: not a from-scratch baseline
+            for method in sorted({t["method"] for t in tunes if t["domain"] == d["domain"]}):
+                source = next(t["source"] for t in tunes if t["domain"] == d["domain"])
+                records.append(_finetune_record(d, method, source))
+        else:
+            records.append(_finetune_record(d, d["method"], d["source"]))
+    table = pd.DataFrame.from_records(records)
+    order = {"lora": 0, "full": 1}
+    table["_m"] = table.method.map(order)
+    table["_k"] = table.model_order
+    return (table.sort_values(["direction", "_m", "_k"]).drop(columns=["_m", "_k", "model_order"])
+            .reset_index(drop=True))
+
+
+def _finetune_record(d: dict, method: str, source: str) -> dict:
+    scratch = d["kind"] == "pretraining"
+    return {
+        "direction": f"{source} -> {d['domain']}", "method": method, "model": _label(d),
+        "model_order": (2, 0) if scratch else ((0, d["steps"]) if d["steps"] else (1, 0)),
+        "trainable params": d["trainable_params"], "ppl before": None if scratch else d["initial_ppl"],
+        "final ppl": d["final_ppl"], "best ppl": d["best_ppl"], "run": d["run"],
+    }
+
+
+def plot_finetune(table, *, log: bool = True):
+    """Fig. 5: validation perplexity during fine-tuning, one panel per direction (rows) and method (columns), one
+    line per model; the model trained from scratch on the target domain is dashed grey."""
+    import matplotlib.pyplot as plt
+
+    directions = list(dict.fromkeys(table.direction))
+    methods = list(dict.fromkeys(table.method))
+    fig, axes = plt.subplots(len(directions), len(methods), figsize=(5.2 * len(methods), 3.6 * len(directions)),
+                             squeeze=False, sharey=True)
+    cmap = plt.get_cmap("viridis")
+    for i, direction in enumerate(directions):
+        for j, method in enumerate(methods):
+            ax = axes[i][j]
+            rows = table[(table.direction == direction) & (table.method == method)]
+            odes = [r for r in rows.itertuples() if r.model.startswith("DiffEqFormer N=")]
+            for k, row in enumerate(rows.itertuples()):
+                curve = eval_curve(row.run)
+                if "from scratch" in row.model:
+                    style = dict(color="0.5", ls="--")
+                elif row.model.startswith("DiffEqFormer N="):
+                    style = dict(color=cmap(0.15 + 0.7 * odes.index(row) / max(len(odes) - 1, 1)))
+                else:
+                    style = dict(color="tab:red")
+                ax.plot(curve.step, curve.perplexity, marker="o", ms=2.5, lw=1.3, label=row.model, **style)
+            if log:
+                log_perplexity_axis(ax, "validation perplexity" if j == 0 else "")
+            ax.set_title(f"{direction}, {'LoRA' if method == 'lora' else method + ' fine-tuning'}", fontsize=10)
+            ax.grid(alpha=0.3, which="both")
+            if i == len(directions) - 1:
+                ax.set_xlabel("fine-tuning step")
+            if j == 0 and not log:
+                ax.set_ylabel("validation perplexity")
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def finetune_headline(table) -> dict[str, str]:
+    """Sentences for F7, under fixed keys (``lora``, ``full``: per direction, the best DiffEqFormer discretisation
+    against the GPT-2 baseline; ``lora_wins``, ``full_wins``: in how many directions it is better; ``verdict``: the
+    paper's claim that DiffEqFormer is better under LoRA and comparable under full fine-tuning)."""
+    out, wins = {}, {}
+    for method in ("lora", "full"):
+        texts, won, compared = [], 0, 0
+        for direction, rows in table[table.method == method].groupby("direction", sort=False):
+            odes = rows[rows.model.str.startswith("DiffEqFormer N=")]
+            gpt = rows[~rows.model.str.startswith("DiffEqFormer") & ~rows.model.str.contains("from scratch")]
+            if odes.empty:
+                continue
+            best = odes.loc[odes["final ppl"].idxmin()]
+            text = f"{direction}: DiffEqFormer {best.model.split()[-1]} {best['final ppl']:.1f}"
+            if not gpt.empty:
+                g = gpt.iloc[0]
+                compared += 1
+                won += bool(best["final ppl"] < g["final ppl"])
+                change = 100 * (best["final ppl"] / g["final ppl"] - 1)
+                text += f" against {g.model} {g['final ppl']:.1f} ({change:+.1f}%)"
+            texts.append(text)
+        out[method] = "; ".join(texts) if texts else "not trained by this preset"
+        out[f"{method}_wins"] = f"{won} of {compared}"
+        wins[method] = (won, compared)
+    won, compared = wins["lora"]
+    if compared == 0:
+        out["verdict"] = "The preset trained no LoRA comparison with GPT-2."
+    elif won == compared:
+        out["verdict"] = "Reproduced at this scale for LoRA: the best discretisation beats GPT-2 in every direction."
+    else:
+        out["verdict"] = (f"Not reproduced at this scale for LoRA: the best discretisation beats GPT-2 in {won} of "
+                          f"{compared} directions.")
+    return out
+
+
+def finetune_scale(table) -> str:
+    """One line for captions: the pretrainings' and fine-tunings' scale, read from the runs."""
+    d = describe(table[~table.model.str.contains("from scratch")].run.iloc[0])
+    pre = d["config"]["pretrain"]["config"]
+    trainer = d["config"]["trainer"]
+    return (f"pretrained as in {pre} ({d['hidden_dim']}-d), fine-tuned {trainer['num_train_steps']} steps of "
+            f"{trainer['train_batch_size']} sequences")
+
+
+# ------------------------------------------------------------------------------------------ F8-F10: ablations
+
+
+def ablation_table(runs: Sequence[str], fields: Mapping[str, str]):
+    """One row per run: the configuration values named by ``fields`` (column -> dotted config field, e.g.
+    ``{"d_t": "model.time_embed_dim"}``), model, final and best validation perplexity, parameters, training
+    tokens/s, wall time."""
+    import pandas as pd
+
+    records = []
+    for run in runs:
+        d = describe(run)
+        record = {column: field_of(d["config"], dotted) for column, dotted in fields.items()}
+        record.update({"model": _model_name(d), "final ppl": d["final_ppl"], "best ppl": d["best_ppl"],
+                       "params": d["total_params"], "tokens/s": d["tokens_per_second"], "run": str(run)})
+        records.append(record)
+    return pd.DataFrame.from_records(records)
+
+
+def plot_ablation_curves(table, label, *, log: bool = True, ax=None, styles: Mapping | None = None):
+    """Validation perplexity during training, one line per row of an ``ablation_table``, labelled by
+    ``label(row)``."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    for row in table.itertuples():
+        curve = eval_curve(row.run)
+        ax.plot(curve.step, curve.perplexity, marker="o", ms=3, lw=1.3, label=label(row),
+                **(styles or {}).get(label(row), {}))
+    ax.set_ylabel("validation perplexity")
+    if log:
+        log_perplexity_axis(ax)
+    ax.set_xlabel("training step")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=8)
+    return ax
+
+
+def beta2_table(runs: Mapping[str, Sequence[str]]):
+    """F8 (Fig. 7): one row per run of ``runs`` (model key, e.g. ``ours`` / ``gpt`` -> its runs, differing in Adam's
+    beta2): final and best validation perplexity, and the change of the final one against the same model at
+    beta2 = 0.999 in percent (negative: better)."""
+    import pandas as pd
+
+    parts = []
+    for key, group in runs.items():
+        t = ablation_table(group, {"beta2": "optimizer.beta2"})
+        t.insert(0, "key", key)
+        base = t[t.beta2 == 0.999]
+        ref = float(base["final ppl"].iloc[0]) if len(base) else float("nan")
+        t["vs 0.999 %"] = 100 * (t["final ppl"] / ref - 1)
+        parts.append(t.sort_values("beta2"))
+    return pd.concat(parts, ignore_index=True)
+
+
+def beta2_headline(table) -> dict[str, str]:
+    """Sentences for F8: per model key the perplexity at each beta2, and a verdict on the paper's claim (0.95 helps
+    DiffEqFormer and hurts GPT)."""
+    out, sign = {}, {}
+    for key, rows in table.groupby("key", sort=False):
+        values = ", ".join(f"{r['final ppl']:.1f} at beta2 = {r.beta2:g}" for _, r in rows.iterrows())
+        low = rows[rows.beta2 < 0.999]
+        change = float(low["vs 0.999 %"].iloc[0]) if len(low) else float("nan")
+        sign[key] = change
+        out[key] = f"{rows.model.iloc[0]}: {values} ({change:+.1f}% for the lower beta2)"
+    ours, gpt = sign.get("ours", float("nan")), sign.get("gpt", float("nan"))
+    if math.isnan(ours) or math.isnan(gpt):
+        out["verdict"] = "The preset did not train both models at both values of beta2."
+    elif ours < 0 < gpt:
+        out["verdict"] = "Reproduced at this scale: the lower beta2 helps DiffEqFormer and hurts GPT-2."
+    else:
+        helps = lambda c: "helps" if c < 0 else "hurts"  # noqa: E731
+        out["verdict"] = (f"Not reproduced at this scale: the lower beta2 {helps(ours)} DiffEqFormer "
+                          f"({ours:+.1f}%) and {helps(gpt)} GPT-2 ({gpt:+.1f}%); the paper has it helping "
+                          f"DiffEqFormer and hurting GPT.")
+    return out
+
+
+def time_embedding_headline(table) -> dict[str, str]:
+    """Sentences for F9: how perplexity, parameters, throughput and measured memory change from the smallest to
+    the largest d_t, and a verdict on the paper's claims (perplexity improves with d_t; parameters grow; throughput
+    drops only slightly; memory grows far less than the parameter count)."""
+    lo, hi = table.iloc[0], table.iloc[-1]
+    memory = next((c for c in ("device peak MiB", "training MiB") if c in table), None)
+    speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
+    ratio = lambda c: hi[c] / lo[c]  # noqa: E731
+    out = {
+        "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
+        "ppl": f"{lo['final ppl']:.1f} to {hi['final ppl']:.1f}",
+        "best_dt": f"{int(table.loc[table['final ppl'].idxmin(), 'd_t'])}",
+        "params": f"{lo.params / 1e6:.2f}M to {hi.params / 1e6:.2f}M (x{ratio('params'):.2f})",
+        "throughput": f"x{ratio(speed):.2f}",
+        "memory": f"x{ratio(memory):.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB)" if memory else "not measured",
+    }
+    improves = hi["final ppl"] < lo["final ppl"]
+    mem_less = memory is not None and ratio(memory) < ratio("params")
+    out["verdict"] = (
+        f"Perplexity {'improves' if improves else 'does not improve'} with d_t at this scale "
+        f"({'as' if improves else 'against'} the paper's Fig. 14); measured memory grows "
+        f"{'less' if mem_less else 'more'} than the parameter count ({'as' if mem_less else 'against'} Fig. 16)."
+    )
+    return out
+
+
+def hypernetwork_headline(table) -> dict[str, str]:
+    """Sentences for F10: per-weight MLPs against one shared MLP (final validation perplexity, parameters) and a
+    verdict on the paper's claim that the per-weight design is better."""
+    rows = table.set_index("hypernet")
+    if not {"per_weight", "shared_mlp"} <= set(rows.index):
+        return {"comparison": "The preset did not train both hypernetwork designs.", "verdict": ""}
+    a, b = rows.loc["per_weight"], rows.loc["shared_mlp"]
+    change = 100 * (a["final ppl"] / b["final ppl"] - 1)
+    return {
+        "comparison": (f"per-weight MLPs {a['final ppl']:.1f} ({a.params / 1e6:.2f}M parameters) against one "
+                       f"shared MLP {b['final ppl']:.1f} ({b.params / 1e6:.2f}M): {change:+.1f}%"),
+        "verdict": ("Reproduced at this scale: the per-weight design is better." if change < 0 else
+                    "Not reproduced at this scale: the shared MLP is as good or better."),
+    }
+
+
+# --------------------------------------------------------------------------------------------- peak memory
+
+
+def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4):
+    """A jitted AdamW train step (forward, backward, update; Levanter's next-token loss) over the model's float
+    arrays, compiled for ``tokens`` (batch x position). Returns (step, params, opt_state, XLA's planned peak bytes:
+    arguments + outputs + temporaries, or None)."""
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    import optax
+    from levanter.models.lm_model import LmExample, compute_next_token_loss
+
+    params, static = eqx.partition(model, eqx.is_inexact_array)
+    optimizer = optax.adamw(learning_rate)
+    opt_state = optimizer.init(params)
+
+    def step(params, opt_state, tokens):
+        batch = hax.vmap(LmExample.causal, tokens.axes[0])(tokens)
+
+        def loss_fn(p):
+            # a fixed dropout key: a model with dropout pays for its masks as in training (the same mask each step)
+            return compute_next_token_loss(eqx.combine(p, static), batch, key=jax.random.PRNGKey(0)).scalar()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    compiled = jax.jit(step).lower(params, opt_state, tokens).compile()
+    mem = compiled.memory_analysis()
+    peak = None
+    if mem is not None:
+        peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
+    return compiled, params, opt_state, peak
+
+
+def _max_rss_mib() -> float:
+    scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+
+
+def _measure(run, batch: int, steps: int) -> dict:
+    """In this process (which must be fresh): the run's model built from its config, ``steps`` AdamW steps on random
+    tokens, the memory that took and the time per step."""
+    import statistics
+    import time
+
+    import haliax as hax
+    import jax
+
+    from .train import load_config
+
+    jax.numpy.zeros(1).block_until_ready()  # the runtime itself, before anything of the model
+    baseline = _max_rss_mib()
+    path = run_path(run)
+    config = load_config(path / "config.yaml")
+    vocab = hax.Axis("vocab", json.loads((path / "complete.json").read_text())["vocab_size"])
+    model = config.model.build(vocab, key=jax.random.PRNGKey(0))
+    tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", batch), config.model.Pos), 0, vocab.size)
+    start = time.perf_counter()
+    step, params, opt_state, planned = compiled_train_step(model, tokens)
+    compile_s = time.perf_counter() - start
+    del model
+    seconds = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        params, opt_state, loss = step(params, opt_state, tokens)
+        jax.block_until_ready(loss)
+        seconds.append(time.perf_counter() - start)
+    stats = jax.devices()[0].memory_stats() or {}
+    step_s = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
+    return {"run": str(run), "batch": batch, "steps": steps, "backend": jax.default_backend(),
+            "step_s": step_s, "tokens_per_second": batch * config.model.Pos.size / step_s, "compile_s": compile_s,
+            "rss_baseline_mib": baseline, "rss_peak_mib": _max_rss_mib(), "training_mib": _max_rss_mib() - baseline,
+            "xla_planned_mib": planned / 2**20 if planned is not None else None,
+            "device_peak_mib": stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None}
+
+
+def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
+    """Measured cost of a training step of the run's model (built fresh from its config, random tokens, AdamW, its
+    dropout): ``step_s`` (median seconds per step, after the first) and ``tokens_per_second``, measured back to back
+    for the runs of a sweep rather than taken from trainings that ran at different times, and its memory:
+
+    * ``training_mib``: the process's peak resident memory minus its resident memory once JAX's runtime was up (on
+      the CPU backend the arrays live in host memory): the model's parameters, AdamW state, the compiled step and
+      its activations for ``batch`` sequences. XLA's compiler needs several times that while it compiles, and a
+      process's high-water mark cannot be reset, so the step is compiled in a first fresh process (``compile_mib``:
+      that process's peak) into a private persistent compilation cache, and measured in a second one that loads it;
+    * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
+    * ``xla_planned_mib``: what XLA planned for the compiled step (arguments + outputs + temporaries), for
+      comparison: planned, not measured."""
+    import os
+    import tempfile
+
+    if batch < 1 or steps < 1:
+        raise ValueError(f"batch and steps must be positive, got batch={batch!r}, steps={steps!r}")
+    if not (run_path(run) / "complete.json").exists():
+        raise FileNotFoundError(f"run {run}: no finished run there (no complete.json)")
+
+    def measure(n: int, cache: str) -> dict:
+        cmd = [sys.executable, "-m", "diffeqformer.ablations", "--measure", str(run_path(run)),
+               "--batch", str(batch), "--steps", str(n)]
+        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if proc.returncode != 0:
+            raise RuntimeError(f"measuring a training step of {run} failed:\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+    with tempfile.TemporaryDirectory(prefix="diffeqformer-measure-") as cache:
+        compiling = measure(1, cache)
+        result = measure(steps, cache)
+    result.update(run=str(run), compile_mib=compiling["training_mib"], first_compile_s=compiling["compile_s"])
+    return result
+
+
+def time_embedding_table(runs: Sequence[str], measured: Sequence[Mapping] | None = None):
+    """F9 (Table 6, Figs. 14-16): one row per d_t, sorted: final and best validation perplexity, parameters,
+    training tokens/s (the trainer's median) and, given ``measure_training_step`` results for the same runs, the
+    tokens/s and memory measured back to back."""
+    table = ablation_table(runs, {"d_t": "model.time_embed_dim"}).sort_values("d_t").reset_index(drop=True)
+    if measured is not None:
+        by_run = {str(run_path(m["run"])): m for m in measured}
+        for column, key in [("step tokens/s", "tokens_per_second"), ("training MiB", "training_mib"),
+                            ("device peak MiB", "device_peak_mib"), ("XLA planned MiB", "xla_planned_mib")]:
+            table[column] = [by_run[str(run_path(r))].get(key) for r in table.run]
+        if table["device peak MiB"].isna().all():
+            table = table.drop(columns="device peak MiB")
+    return table
+
+
+def plot_time_embedding(table):
+    """Figs. 14-16 in one figure: perplexity, parameter count, training throughput and measured memory against d_t,
+    each relative quantity also as a ratio to the smallest d_t."""
+    import matplotlib.pyplot as plt
+
+    speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
+    panels = [("final ppl", "final validation perplexity"), ("params", "parameters"), (speed, "training tokens/s")]
+    memory = "device peak MiB" if "device peak MiB" in table else "training MiB"
+    if memory in table:
+        panels.append((memory, "measured peak memory (MiB)"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2))
+    for ax, (column, title) in zip(axes, panels):
+        ax.plot(table.d_t, table[column], marker="o")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(list(table.d_t), [str(v) for v in table.d_t])
+        ax.set_xlabel("time-embedding size $d_t$")
+        ax.set_title(title, fontsize=10)
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def _main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m diffeqformer.ablations")
+    parser.add_argument("--measure", metavar="RUN_DIR", required=True,
+                        help="measure time and peak memory of training steps of this run's model (one JSON line)")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=10)
+    args = parser.parse_args(argv)
+    if args.batch < 1 or args.steps < 1:
+        raise SystemExit(f"error: --batch and --steps must be positive, got {args.batch} and {args.steps}")
+    print(json.dumps(_measure(args.measure, args.batch, args.steps)))
+
+
+if __name__ == "__main__":
+    _main()

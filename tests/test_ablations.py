@@ -1,0 +1,164 @@
+"""F7-F10 tables and sentences (diffeqformer.ablations) on hand-written run directories, and the measurement
+of a training step's time and memory on a smoke-size model."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import yaml
+
+from diffeqformer import ablations, paths
+
+
+def fake_run(root, name, *, model=None, data=None, optimizer=None, losses, complete=None, pretrain=None,
+             finetune=None):
+    """A finished run directory as diffeqformer.train / diffeqformer.finetune write it: config.yaml,
+    metrics.jsonl (eval/loss per step), complete.json; a fine-tuning also gets pretrain_config.yaml."""
+    run = root / name
+    run.mkdir(parents=True)
+    data = {"dataset": "shakespeare", "domain": "all", "vocab_size": 4096, **(data or {})}
+    trainer = {"num_train_steps": max(losses), "train_batch_size": 4}
+    if finetune is None:
+        config = {"name": name, "data": data, "model": model, "trainer": trainer,
+                  "optimizer": {"beta2": 0.999, **(optimizer or {})}}
+    else:
+        config = {"name": name, "pretrain": {"config": pretrain["file"]}, "data": data, "trainer": trainer,
+                  **finetune}
+        (run / "pretrain_config.yaml").write_text(yaml.safe_dump(pretrain["config"]))
+    (run / "config.yaml").write_text("# config_hash: x\n" + yaml.safe_dump(config))
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"step": step, "time": 0.0, "eval/loss": loss}) + "\n" for step, loss in losses.items()))
+    last = losses[max(losses)]
+    record = {"name": name, "config_hash": f"hash-{name}", "steps": max(losses), "final_eval_loss": last,
+              "final_eval_perplexity": math.exp(last), "tokens_per_second": 1000.0, "wall_time_s": 10.0,
+              "vocab_size": 4096, **(complete or {})}
+    (run / "complete.json").write_text(json.dumps(record))
+    return str(run)
+
+
+ODE = {"type": "diffeqformer", "num_layers": 18, "hidden_dim": 32, "num_heads": 2, "seq_len": 64, "time_embed_dim": 4}
+GPT = {"type": "gpt2", "num_layers": 24, "hidden_dim": 32, "num_heads": 2, "seq_len": 64}
+
+
+@pytest.fixture
+def grid(tmp_path):
+    """One direction (plays -> prose) of a Fig. 5 grid: two pretrainings, LoRA fine-tunings of the ODE at N = 9
+    and 18 and of the GPT-2, and the GPT-2 from scratch on prose."""
+    ode_pre = {"name": "pre-ode", "data": {"domain": "plays"}, "model": ODE}
+    gpt_pre = {"name": "pre-gpt", "data": {"domain": "plays"}, "model": GPT}
+    runs = {
+        "pre-ode": fake_run(tmp_path, "pre-ode", model=ODE, data={"domain": "plays"}, losses={0: 8.0, 10: 6.0}),
+        "pre-gpt": fake_run(tmp_path, "pre-gpt", model=GPT, data={"domain": "plays"}, losses={0: 8.0, 10: 6.1}),
+    }
+    for n, final in [(9, 5.0), (18, 5.2)]:
+        runs[f"ode-{n}"] = fake_run(
+            tmp_path, f"ode-{n}", data={"domain": "prose"}, losses={-1: 6.5, 0: 6.5, 5: 5.6, 10: final},
+            pretrain={"file": "config/x/pre_ode.yaml", "config": ode_pre},
+            finetune={"steps": n, "method": "lora"},
+            complete={"euler_steps": n, "method": "lora", "trainable_params": 100 * n, "total_params": 10_000,
+                      "pretrain_config_hash": "hash-pre-ode"})
+    runs["gpt-ft"] = fake_run(
+        tmp_path, "gpt-ft", data={"domain": "prose"}, losses={-1: 6.6, 0: 6.6, 10: 5.5},
+        pretrain={"file": "config/x/pre_gpt.yaml", "config": gpt_pre}, finetune={"steps": None, "method": "lora"},
+        complete={"euler_steps": None, "method": "lora", "trainable_params": 2400, "total_params": 9_000,
+                  "pretrain_config_hash": "hash-pre-gpt"})
+    runs["scratch"] = fake_run(tmp_path, "scratch", model=GPT, data={"domain": "prose"}, losses={0: 8.0, 10: 7.0},
+                               complete={"trainable_params": 9_000, "total_params": 9_000})
+    return runs
+
+
+def test_finetune_table_rows_and_values(grid):
+    table = ablations.finetune_table(grid)
+    # the pretrainings are left out; the from-scratch GPT-2 is the last row of its direction and method
+    assert list(table.model) == ["DiffEqFormer N=9", "DiffEqFormer N=18", "GPT-2 (24 layers)",
+                                 "GPT-2 (24 layers) from scratch"]
+    assert set(table.direction) == {"plays -> prose"} and set(table.method) == {"lora"}
+    row = table.set_index("model").loc["DiffEqFormer N=9"]
+    assert row["final ppl"] == pytest.approx(math.exp(5.0)) and row["ppl before"] == pytest.approx(math.exp(6.5))
+    assert row["best ppl"] == pytest.approx(math.exp(5.0)) and row["trainable params"] == 900
+    assert math.isnan(table.set_index("model").loc["GPT-2 (24 layers) from scratch", "ppl before"])
+
+
+def test_finetune_headline_compares_the_best_discretisation_with_gpt(grid):
+    table = ablations.finetune_table(grid)
+    text = ablations.finetune_headline(table)
+    assert text["lora"].startswith("plays -> prose: DiffEqFormer N=9 148.4 against GPT-2 (24 layers) 244.7")
+    assert text["lora_wins"] == "1 of 1" and text["verdict"].startswith("Reproduced")
+    assert text["full"] == "not trained by this preset" and text["full_wins"] == "0 of 0"
+
+
+def test_finetune_table_needs_a_finetuning(grid):
+    with pytest.raises(ValueError, match="no fine-tuning run"):
+        ablations.finetune_table([grid["pre-ode"], grid["scratch"]])
+    with pytest.raises(FileNotFoundError, match="no finished run"):
+        ablations.describe(grid["pre-ode"] + "-missing")
+
+
+def test_eval_curve_shows_the_model_before_finetuning_at_step_0(grid):
+    curve = ablations.eval_curve(grid["ode-9"])
+    assert list(curve.step) == [0, 5, 10] and curve.perplexity.iloc[0] == pytest.approx(math.exp(6.5))
+
+
+def test_beta2_table_and_verdict(tmp_path):
+    runs = {
+        "ours": [fake_run(tmp_path, "o1", model=ODE, losses={0: 8.0, 10: 6.0}),
+                 fake_run(tmp_path, "o2", model=ODE, optimizer={"beta2": 0.95}, losses={0: 8.0, 10: 5.9})],
+        "gpt": [fake_run(tmp_path, "g1", model=GPT, losses={0: 8.0, 10: 6.0}),
+                fake_run(tmp_path, "g2", model=GPT, optimizer={"beta2": 0.95}, losses={0: 8.0, 10: 6.2})],
+    }
+    table = ablations.beta2_table(runs)
+    assert list(table.beta2) == [0.95, 0.999, 0.95, 0.999]
+    change = 100 * (math.exp(5.9) / math.exp(6.0) - 1)
+    assert table.loc[0, "vs 0.999 %"] == pytest.approx(change) and table.loc[1, "vs 0.999 %"] == 0
+    assert ablations.beta2_headline(table)["verdict"].startswith("Reproduced")
+    runs["gpt"][1] = fake_run(tmp_path, "g3", model=GPT, optimizer={"beta2": 0.95}, losses={0: 8.0, 10: 5.8})
+    verdict = ablations.beta2_headline(ablations.beta2_table(runs))["verdict"]
+    assert verdict.startswith("Not reproduced") and "helps GPT-2" in verdict
+
+
+def test_time_embedding_table_and_headline(tmp_path):
+    runs = [fake_run(tmp_path, f"dt{d}", model={**ODE, "time_embed_dim": d}, losses={0: 8.0, 10: loss},
+                     complete={"tokens_per_second": tps}) for d, loss, tps in [(8, 5.8, 900.0), (2, 6.0, 1000.0)]]
+    measured = [{"run": runs[0], "tokens_per_second": 1800.0, "training_mib": 150.0, "device_peak_mib": None,
+                 "xla_planned_mib": 90.0},
+                {"run": runs[1], "tokens_per_second": 2000.0, "training_mib": 100.0, "device_peak_mib": None,
+                 "xla_planned_mib": 60.0}]
+    table = ablations.time_embedding_table(runs, measured)
+    assert list(table.d_t) == [2, 8] and list(table["training MiB"]) == [100.0, 150.0]
+    assert "device peak MiB" not in table  # no accelerator: the column says nothing
+    assert table.params.iloc[1] > table.params.iloc[0]  # counted on the model built from each config
+    text = ablations.time_embedding_headline(table)
+    assert text["range"] == "d_t = 2 to 8" and text["throughput"] == "x0.90" and text["best_dt"] == "8"
+    ratio = table.params.iloc[1] / table.params.iloc[0]
+    assert text["params"].endswith(f"(x{ratio:.2f})") and text["memory"].startswith("x1.50")
+    assert text["verdict"].startswith("Perplexity improves") and ("grows less" in text["verdict"]) == (1.5 < ratio)
+
+
+def test_hypernetwork_headline(tmp_path):
+    runs = [fake_run(tmp_path, "pw", model={**ODE, "hypernet": "per_weight"}, losses={0: 8.0, 10: 6.0}),
+            fake_run(tmp_path, "sh", model={**ODE, "hypernet": "shared_mlp"}, losses={0: 8.0, 10: 5.9})]
+    table = ablations.ablation_table(runs, {"hypernet": "model.hypernet"})
+    text = ablations.hypernetwork_headline(table)
+    assert text["verdict"].startswith("Not reproduced") and "+10.5%" in text["comparison"]
+    assert ablations.hypernetwork_headline(table.iloc[:1])["verdict"] == ""
+
+
+def test_a_training_step_is_measured_in_a_fresh_process(tmp_path):
+    smoke = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
+    run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
+    result = ablations.measure_training_step(run, batch=4, steps=3)
+    assert result["backend"] == "cpu" and result["batch"] == 4 and result["steps"] == 3
+    assert result["tokens_per_second"] == pytest.approx(4 * 64 / result["step_s"]) and result["step_s"] > 0
+    assert result["rss_peak_mib"] >= result["rss_baseline_mib"] > 0
+    assert result["training_mib"] == pytest.approx(result["rss_peak_mib"] - result["rss_baseline_mib"])
+    assert result["training_mib"] > 0 and result["xla_planned_mib"] > 0 and result["device_peak_mib"] is None
+    assert result["compile_mib"] > 0 and result["compile_s"] < result["first_compile_s"]  # loaded, not compiled
+
+
+def test_measure_training_step_rejects_bad_input(tmp_path):
+    with pytest.raises(ValueError, match="batch and steps must be positive"):
+        ablations.measure_training_step(tmp_path, batch=0)
+    with pytest.raises(FileNotFoundError, match="no finished run"):
+        ablations.measure_training_step(tmp_path / "nothing")
