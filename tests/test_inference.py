@@ -225,3 +225,15 @@ def test_headline_sentences():
     assert text["best_fixed"] == "90.0 with Euler at 12 steps (NFE 12)"
     assert text["adaptive"] == "Tsit5: 120.0 at tolerance 0.1 (NFE 30), 99.0 at tolerance 0.001 (NFE 300)"
     assert text["spread"] == "fixed: 90.0 to 100.0 (x1.11); random: 100.0 to 100.0 (x1.00)"
+
+
+def test_headline_finds_the_models_own_steps_in_the_step_frames():
+    from diffeqformer.inference import headline
+
+    sweep = pd.DataFrame({"solver": ["euler"], "adaptive": [False], "steps": pd.array([2], dtype="Int64"),
+                          "tolerance": [float("nan")], "nfe": [2.0], "perplexity": [50.0], "loss": [np.log(50.0)]})
+    sweep.attrs["model"] = {"num_layers": 3}
+    steps = pd.DataFrame({"solver": ["euler", "euler"], "steps": pd.array([1, 3], dtype="Int64"),
+                          "perplexity": [70.0, 40.0]})
+    assert headline(sweep, {"fixed": steps})["own"] == "40.0 with its own 3 Euler steps (NFE 3)"
+    assert headline(sweep)["own"] == "not evaluated with its own 3 Euler steps (L is not among the step counts)"

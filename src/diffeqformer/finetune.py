@@ -378,7 +378,8 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     if missing:
         raise FileNotFoundError(f"finetune_grid({preset!r}) needs {', '.join(missing)}")
 
-    pre_names = {key: load_config(path).name for key, path in pretrained.items()}
+    # names read from the YAML alone: the pipeline's registry calls this when it is imported (also by Sphinx)
+    pre_names = {key: _yaml_field(path, "name") for key, path in pretrained.items()}
     runs = [GridRun(pre_names[key], "diffeqformer.train", path) for key, path in pretrained.items()]
     for source, target in directions:
         for method in METHODS:
@@ -393,13 +394,12 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
                 )
                 after = (pre_names[model, source],)
                 runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides, after))
-    budget = load_config(templates["full"], cls=FinetuneConfig).trainer
     for target in domains:
         name = f"{preset}-scratch-gpt2_24-{target}"
         overrides = (
             "--name", name,
-            "--trainer.num_train_steps", str(budget.num_train_steps),
-            "--trainer.steps_per_eval", str(budget.steps_per_eval),
+            "--trainer.num_train_steps", str(_yaml_field(templates["full"], "trainer", "num_train_steps")),
+            "--trainer.steps_per_eval", str(_yaml_field(templates["full"], "trainer", "steps_per_eval")),
         )
         runs.append(GridRun(name, "diffeqformer.train", pretrained["gpt2_24", target], overrides))
     return runs

@@ -611,8 +611,11 @@ def headline(sweep: pd.DataFrame, by_steps: Mapping[str, pd.DataFrame] | None = 
     out = {}
     L = _num_layers(sweep)
     own = sweep[(sweep["solver"] == "euler") & (sweep["steps"] == L)]
+    if not len(own) and by_steps:  # the step counts of the sweep left out L: the first model's Euler frame has it
+        first = next(iter(by_steps.values()))
+        own = first[(first["solver"] == "euler") & (first["steps"] == L)]
     out["own"] = (f"{own['perplexity'].iloc[0]:.1f} with its own {L} Euler steps (NFE {L})" if len(own)
-                  else "its own discretisation was not evaluated")
+                  else f"not evaluated with its own {L} Euler steps (L is not among the step counts)")
     fixed = sweep[~sweep["adaptive"] & sweep["loss"].notna()]
     if len(fixed):
         b = fixed.loc[fixed["perplexity"].idxmin()]

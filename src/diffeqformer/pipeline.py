@@ -873,8 +873,13 @@ def build_book(src: Path, out: Path) -> None:
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src)
     if proc.returncode != 0:
         text = (proc.stdout + proc.stderr).strip().splitlines()
-        warnings = [line for line in text if "WARNING" in line or "ERROR" in line]
-        raise PipelineError("the book build failed:\n" + "\n".join((warnings or text)[-40:]))
+        # each warning with the lines that explain it (an autodoc import error's exception and traceback follow it)
+        starts = [i for i, line in enumerate(text) if "WARNING" in line or "ERROR" in line]
+        shown = []
+        for i in starts:
+            end = next((j for j in starts if j > i), len(text))
+            shown += text[i:min(end, i + 25)]
+        raise PipelineError("the book build failed:\n" + "\n".join((shown or text)[-80:]))
 
 
 def _swap_in(new: Path, dest: Path) -> None:
