@@ -629,47 +629,57 @@ def _save_state(state: dict) -> None:
     tmp.replace(path)
 
 
+RUNS_PER_WORKER = 8
+"""Runs one training process trains before the next takes over. One process for everything crashed on the cpu
+preset after 32 runs (LLVM: "Cannot allocate memory" while compiling, then a segmentation fault): compiled
+programs pile up in a long-lived JAX process. Starting one costs about 10 s (JAX, Levanter, Ray)."""
+
+
 def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path) -> dict[str, float]:
-    """Train the runs that are not complete, all in one child process (``train.main`` called in turn: one
-    JAX/Levanter/Ray start-up instead of one per run, and the pipeline's own process never starts JAX); its output
-    goes to ``log``. Returns the measured seconds per config.
+    """Train the runs that are not complete in child processes, ``RUNS_PER_WORKER`` runs each (``train.main`` or
+    ``finetune.main`` called in turn: one JAX/Levanter/Ray start-up per process instead of one per run, and the
+    pipeline's own process never starts JAX); their output goes to ``log``. Returns the measured seconds per
+    config.
 
     Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time than one process per run
     (110 s against 126 s); the wall-clock difference was lost in the machine's load. The saved parameters
     (``model.eqx``) were bit-identical either way."""
     todo = [t for t in trainings if not t.done]
-    if not todo:
-        return {}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    specs = [json.dumps({"config": str(t.path), "overrides": list(t.run.overrides) if t.run else [],
-                         "module": t.run.module if t.run else "train"}) for t in todo]
-    cmd = [sys.executable, "-m", "diffeqformer.pipeline", "--train-worker", *specs]
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     seconds: dict[str, float] = {}
     index = {id(t): first_step + i for i, t in enumerate(trainings)}
-    started = None
-    with log.open("a") as out:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, env=env, cwd=paths.REPO)
-        for line in proc.stdout:
-            if line.startswith("@pipeline start "):
-                t = todo[int(line.split()[2])]
-                started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
-            elif line.startswith("@pipeline done "):
-                t = todo[int(line.split()[2])]
-                seconds[t.config] = progress.end(index[id(t)], started)
-            else:
-                out.write(line)
-                out.flush()
-        rc = proc.wait()
-    if rc != 0:
-        tail = "\n".join(log.read_text().splitlines()[-25:])
-        raise PipelineError(f"training failed (exit code {rc}); the end of its log {log}:\n{tail}")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    for chunk in [todo[i:i + RUNS_PER_WORKER] for i in range(0, len(todo), RUNS_PER_WORKER)]:
+        specs = [json.dumps({"config": str(t.path), "overrides": list(t.run.overrides) if t.run else [],
+                             "module": t.run.module if t.run else "train"}) for t in chunk]
+        cmd = [sys.executable, "-m", "diffeqformer.pipeline", "--train-worker", *specs]
+        started = None
+        with log.open("a") as out:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, env=env, cwd=paths.REPO)
+            for line in proc.stdout:
+                if line.startswith("@pipeline start "):
+                    t = chunk[int(line.split()[2])]
+                    started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
+                elif line.startswith("@pipeline done "):
+                    t = chunk[int(line.split()[2])]
+                    seconds[t.config] = progress.end(index[id(t)], started)
+                else:
+                    out.write(line)
+                    out.flush()
+            rc = proc.wait()
+        if rc != 0:
+            tail = "\n".join(log.read_text().splitlines()[-25:])
+            raise PipelineError(f"training failed (exit code {rc}); the end of its log {log}:\n{tail}")
     return seconds
 
 
 def _train_worker(specs: list[str]) -> None:
     """Child process of ``train_runs``: ``train.main`` (or ``finetune.main``) for each run in turn, with markers
     on stdout. Each spec is JSON: ``{"config": path, "overrides": [...], "module": "train" | "finetune"}``."""
+    import gc
+
+    import jax
+
     from . import train
 
     train.use_compilation_cache()
@@ -682,6 +692,8 @@ def _train_worker(specs: list[str]) -> None:
             finetune.main(train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig))
         else:
             train.main(train.load_config(spec["config"], spec["overrides"]))
+        jax.clear_caches()  # this run's compiled programs: the next run compiles its own
+        gc.collect()
         print(f"@pipeline done {i}", flush=True)
 
 
