@@ -400,7 +400,33 @@ def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4):
     return compiled, params, opt_state, peak
 
 
-def _max_rss_mib() -> float:
+def _status_mib(field: str) -> float | None:
+    """A memory figure of this process from Linux's /proc/self/status (``VmRSS``, ``VmHWM``) in MiB; None elsewhere."""
+    try:
+        text = Path("/proc/self/status").read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024  # kB
+    return None
+
+
+def _reset_peak_rss() -> bool:
+    """Reset this process's resident-memory high-water mark to its current value (Linux: ``clear_refs`` 5), so that
+    a transient peak of the imports does not hide what comes after. False where that is not possible."""
+    try:
+        Path("/proc/self/clear_refs").write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+def _peak_rss_mib() -> float:
+    """The high-water mark of resident memory: ``VmHWM`` (resettable), else ``ru_maxrss`` (since the start)."""
+    hwm = _status_mib("VmHWM")
+    if hwm is not None:
+        return hwm
     scale = 1 if sys.platform == "darwin" else 1024  # ru_maxrss: bytes on macOS, KiB on Linux
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
@@ -417,7 +443,8 @@ def _measure(run, batch: int, steps: int) -> dict:
     from .train import load_config
 
     jax.numpy.zeros(1).block_until_ready()  # the runtime itself, before anything of the model
-    baseline = _max_rss_mib()
+    reset = _reset_peak_rss()
+    baseline = _status_mib("VmRSS") if reset else _peak_rss_mib()
     path = run_path(run)
     config = load_config(path / "config.yaml")
     vocab = hax.Axis("vocab", json.loads((path / "complete.json").read_text())["vocab_size"])
@@ -437,7 +464,8 @@ def _measure(run, batch: int, steps: int) -> dict:
     step_s = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
     return {"run": str(run), "batch": batch, "steps": steps, "backend": jax.default_backend(),
             "step_s": step_s, "tokens_per_second": batch * config.model.Pos.size / step_s, "compile_s": compile_s,
-            "rss_baseline_mib": baseline, "rss_peak_mib": _max_rss_mib(), "training_mib": _max_rss_mib() - baseline,
+            "rss_baseline_mib": baseline, "rss_peak_mib": _peak_rss_mib(), "training_mib": _peak_rss_mib() - baseline,
+            "peak_since": "runtime start" if reset else "process start",
             "xla_planned_mib": planned / 2**20 if planned is not None else None,
             "device_peak_mib": stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None}
 
@@ -448,7 +476,8 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
     for the runs of a sweep rather than taken from trainings that ran at different times, and its memory:
 
     * ``training_mib``: the process's peak resident memory minus its resident memory once JAX's runtime was up (on
-      the CPU backend the arrays live in host memory): the model's parameters, AdamW state, the compiled step and
+      the CPU backend the arrays live in host memory; on Linux the high-water mark is reset at that point, so that
+      the imports' own transient peak does not hide a small model): the model's parameters, AdamW state, the compiled step and
       its activations for ``batch`` sequences. XLA's compiler needs several times that while it compiles, and a
       process's high-water mark cannot be reset, so the step is compiled in a first fresh process (``compile_mib``:
       that process's peak) into a private persistent compilation cache, and measured in a second one that loads it;

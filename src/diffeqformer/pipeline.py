@@ -11,6 +11,12 @@ entry per preset plus its line in ``_toc.yml``::
 
     "f4_polynomial": dict(seed=0, num_tokens=40),
     "f5_lyapunov": dict(run=Run("cpu/synthetic_diffeqformer"), ref_run=Run("cpu/diffeqformer")),
+    "f10_hypernetwork": dict(runs=[Run("cpu/ablation_diffeqformer"), variant(
+        "cpu/ablation_diffeqformer", "cpu-ablation-diffeqformer-shared-mlp", {"model.hypernet": "shared_mlp"})]),
+    "f7_finetuning": dict(runs=finetune_runs("cpu")),  # fine-tunings: Run(..., module="finetune")
+
+Runs are trained in the order the registry first names them (a fine-tuning after its pretraining), at most
+``RUNS_PER_WORKER`` per child process.
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
 or is not in ``_toc.yml`` (or the reverse), a parameter the notebook does not declare (Papermill's
