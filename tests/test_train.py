@@ -22,9 +22,15 @@ def _train_cmd(run_dir):
     return [sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir", str(run_dir)]
 
 
+def _env(run_dir):
+    # Each run its own (empty) persistent compilation cache, beside it: a run that loaded the programs another run
+    # compiled would finish its last 10 steps before the resume test can kill it.
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(run_dir.parent / "jax-cache")}
+
+
 def _run(run_dir):
     # A subprocess, as a user runs it: Levanter's trainer sets global JAX and logging state.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    env = _env(run_dir)
     out = subprocess.run(_train_cmd(run_dir), env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -63,18 +69,27 @@ def test_complete_run_is_not_retrained(full_run):
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
+def _committed(metadata) -> bool:
+    try:
+        json.loads(metadata.read_text())
+        return True
+    except (FileNotFoundError, ValueError):
+        return False
+
+
 def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     full_dir, _ = full_run
     run_dir = tmp_path / "run"
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    proc = subprocess.Popen(_train_cmd(run_dir), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_train_cmd(run_dir), env=_env(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
     deadline = time.time() + 300
     checkpoint = run_dir / "checkpoints" / "step-10" / "metadata.json"
-    while not checkpoint.exists():
+    # Kill as soon as the checkpoint is committed (Levanter writes metadata.json last): the 10 steps left take
+    # well under a second, so a fixed wait can let the run finish.
+    while not _committed(checkpoint):
         assert proc.poll() is None, proc.stderr.read()[-3000:]
         assert time.time() < deadline, "no checkpoint at step 10 within 300 s"
-        time.sleep(0.2)
-    time.sleep(0.5)
+        time.sleep(0.005)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (run_dir / "complete.json").exists()
