@@ -55,7 +55,8 @@ def describe(run) -> dict:
     config = _yaml(path / "config.yaml")
     finetune = (path / "pretrain_config.yaml").exists()
     model_config = _yaml(path / "pretrain_config.yaml")["model"] if finetune else config["model"]
-    curve = eval_curve(path)
+    metrics = read_metrics(path)
+    curve = _eval_curve(metrics, run)
     out = {
         "run": str(run), "name": done.get("name", path.name), "kind": "fine-tuning" if finetune else "pretraining",
         "model": model_config.get("type"), "layers": model_config.get("num_layers"),
@@ -66,7 +67,7 @@ def describe(run) -> dict:
         "final_ppl": done.get("final_eval_perplexity"), "best_ppl": float(curve.perplexity.min()),
         "initial_ppl": float(curve.perplexity.iloc[0]) if finetune else None,
         "trainable_params": done.get("trainable_params"), "total_params": done.get("total_params"),
-        "tokens_per_second": median_throughput(read_metrics(path)), "wall_time_s": done.get("wall_time_s"),
+        "tokens_per_second": median_throughput(metrics), "wall_time_s": done.get("wall_time_s"),
         "train_steps": done.get("steps"), "config": config, "config_hash": done.get("config_hash"),
         "pretrain_config_hash": done.get("pretrain_config_hash"),
     }
@@ -78,11 +79,12 @@ def describe(run) -> dict:
 def eval_curve(run):
     """Validation loss and perplexity against the training step (a fine-tuning's step -1, the model before it was
     fine-tuned, is shown as step 0)."""
+    return _eval_curve(read_metrics(run_path(run)), run)
+
+
+def _eval_curve(metrics, run):
     import pandas as pd
 
-    from .train import read_metrics
-
-    metrics = read_metrics(run_path(run))
     if "eval/loss" not in metrics:
         raise ValueError(f"{run}: the metrics hold no validation loss (eval/loss)")
     loss = metrics["eval/loss"].dropna()
@@ -460,11 +462,12 @@ def _measure(run, batch: int, steps: int) -> dict:
         params, opt_state, loss = step(params, opt_state, tokens)
         jax.block_until_ready(loss)
         seconds.append(time.perf_counter() - start)
+    peak = _peak_rss_mib()
     stats = jax.devices()[0].memory_stats() or {}
     step_s = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
     return {"run": str(run), "batch": batch, "steps": steps, "backend": jax.default_backend(),
             "step_s": step_s, "tokens_per_second": batch * config.model.Pos.size / step_s, "compile_s": compile_s,
-            "rss_baseline_mib": baseline, "rss_peak_mib": _peak_rss_mib(), "training_mib": _peak_rss_mib() - baseline,
+            "rss_baseline_mib": baseline, "rss_peak_mib": peak, "training_mib": peak - baseline,
             "peak_since": "runtime start" if reset else "process start",
             "xla_planned_mib": planned / 2**20 if planned is not None else None,
             "device_peak_mib": stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None}

@@ -129,9 +129,16 @@ def finetune_runs(preset: str) -> dict[str, Run]:
     return out
 
 
-def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], **sweep) -> dict[str, dict[str, Any]]:
+INFERENCE_SWEEP = dict(euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
+                       tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3])
+"""Step counts and tolerances of the adaptive-inference notebook, the same in the cpu, gpu and paper presets."""
+
+
+def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure_batch: int,
+                     num_sequences: int) -> dict[str, dict[str, Any]]:
     """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset with
-    ``config/<preset>/ablation_{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``)."""
+    ``config/<preset>/ablation_{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``;
+    ``measure_batch`` sequences per measured training step; ``num_sequences`` evaluated at inference)."""
     ours, gpt = f"{preset}/ablation_diffeqformer", f"{preset}/ablation_gpt2"
 
     def dt(d: int) -> Run:
@@ -142,12 +149,12 @@ def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], **sweep) -
         "f8_beta2": dict(runs={
             "ours": [Run(ours), variant(ours, f"{preset}-ablation-diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95})],
             "gpt": [Run(gpt), variant(gpt, f"{preset}-ablation-gpt2-beta2-0.95", {"optimizer.beta2": 0.95})]}),
-        "f9_time_embedding": dict(runs=[dt(d) for d in dts], measure_batch=sweep.pop("measure_batch"),
-                                  measure_steps=10),
+        "f9_time_embedding": dict(runs=[dt(d) for d in dts], measure_batch=measure_batch, measure_steps=10),
         "f10_hypernetwork": dict(runs=[Run(ours), variant(ours, f"{preset}-ablation-diffeqformer-shared-mlp",
                                                           {"model.hypernet": "shared_mlp"})]),
         "x1_adaptive_steps": dict(run=Run(ours), random_run=variant(
-            ours, f"{preset}-ablation-diffeqformer-random-steps", {"model.random_step_offset": True}), **sweep),
+            ours, f"{preset}-ablation-diffeqformer-random-steps", {"model.random_step_offset": True}),
+            num_sequences=num_sequences, **INFERENCE_SWEEP),
     }
 
 
@@ -200,9 +207,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                                     "ours": Run("cpu/diffeqformer"), "llama": Run("cpu/llama"),
                                     "ours_llama": Run("cpu/diffeqformer_llama")}),
         "f7_finetuning": dict(runs=finetune_runs("cpu")),
-        **ablation_entries("cpu", 8, (2, 4, 8, 16, 32), measure_batch=16, num_sequences=64,
-                           euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
-                           tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3]),
+        **ablation_entries("cpu", 8, (2, 4, 8, 16, 32), measure_batch=16, num_sequences=64),
         "f11_downstream": dict(run=Run("cpu/diffeqformer")),
     },
     # One Colab-class GPU, WikiText-103 (needs the internet).
@@ -215,9 +220,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                             max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
         "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
         "f7_finetuning": dict(runs=finetune_runs("gpu")),
-        **ablation_entries("gpu", 20, (4, 8, 20, 48, 96), measure_batch=32, num_sequences=64,
-                           euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
-                           tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3]),
+        **ablation_entries("gpu", 20, (4, 8, 20, 48, 96), measure_batch=32, num_sequences=64),
         "f11_downstream": dict(run=Run("gpu/diffeqformer")),
     },
     # The paper's configurations (Tables 1-2): multi-GPU/TPU.
@@ -240,9 +243,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "llama": Run("paper/owt_llama_1b_llama"), "ours_llama": Run("paper/owt_llama_1b_diffeqformer"),
         }),
         "f7_finetuning": dict(runs=finetune_runs("paper")),
-        **ablation_entries("paper", 20, (20, 48, 72, 96, 120, 144), measure_batch=8, num_sequences=256,
-                           euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
-                           tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3]),
+        **ablation_entries("paper", 20, (20, 48, 72, 96, 120, 144), measure_batch=8, num_sequences=256),
         "f11_downstream": dict(run=Run("paper/owt_small_diffeqformer")),
     },
 }
