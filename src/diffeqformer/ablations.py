@@ -7,7 +7,7 @@ measurement made here is the time and peak memory of a training step (``measure_
 process per run,
 because a process's high-water mark cannot be reset.
 
-    python -m diffeqformer.ablations --measure runs/cpu-ablation-diffeqformer --batch 16 --steps 10
+    python -m diffeqformer.ablations --measure runs/cpu-diffeqformer --batch 16 --steps 10
 """
 
 from __future__ import annotations

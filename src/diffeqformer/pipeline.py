@@ -11,12 +11,12 @@ entry per preset plus its line in ``_toc.yml``::
 
     "f4_polynomial": dict(seed=0, num_tokens=40),
     "f5_lyapunov": dict(run=Run("cpu/synthetic_diffeqformer"), ref_run=Run("cpu/diffeqformer")),
-    "f10_hypernetwork": dict(runs=[Run("cpu/ablation_diffeqformer"), variant(
-        "cpu/ablation_diffeqformer", "cpu-ablation-diffeqformer-shared-mlp", {"model.hypernet": "shared_mlp"})]),
+    "f10_hypernetwork": dict(runs=[Run("cpu/diffeqformer"), variant(
+        "cpu/diffeqformer", "cpu-diffeqformer-shared-mlp", {"model.hypernet": "shared_mlp"})]),
     "f7_finetuning": dict(runs=finetune_runs("cpu")),  # fine-tunings: Run(..., module="finetune")
 
-Runs are trained in the order the registry first names them (a fine-tuning after its pretraining), at most
-``RUNS_PER_WORKER`` per child process.
+Runs are trained in the order the registry first names them, ``TRAIN_LANES`` (2) at a time in child processes of
+at most ``RUNS_PER_WORKER`` runs each; a fine-tuning waits for its pretraining.
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
 or is not in ``_toc.yml`` (or the reverse), a parameter the notebook does not declare (Papermill's
@@ -135,25 +135,27 @@ INFERENCE_SWEEP = dict(euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 
 
 
 def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure_batch: int,
-                     num_sequences: int) -> dict[str, dict[str, Any]]:
-    """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset with
-    ``config/<preset>/ablation_{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``;
-    ``measure_batch`` sequences per measured training step; ``num_sequences`` evaluated at inference)."""
-    ours, gpt = f"{preset}/ablation_diffeqformer", f"{preset}/ablation_gpt2"
+                     num_sequences: int, prefix: str = "ablation_") -> dict[str, dict[str, Any]]:
+    """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset whose base models are
+    ``config/<preset>/<prefix>{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``;
+    ``measure_batch`` sequences per measured training step; ``num_sequences`` evaluated at inference). The variants
+    are named after the base: ``gpu-ablation-diffeqformer-dt4`` (prefix ``ablation_``), ``cpu-diffeqformer-dt2``
+    (prefix ``""``: the ablations vary the F1-F6 models themselves)."""
+    ours, gpt = f"{preset}/{prefix}diffeqformer", f"{preset}/{prefix}gpt2"
+    stem = f"{preset}-{prefix.replace('_', '-')}"
 
     def dt(d: int) -> Run:
-        return Run(ours) if d == base_dt else variant(ours, f"{preset}-ablation-diffeqformer-dt{d}",
-                                                       {"model.time_embed_dim": d})
+        return Run(ours) if d == base_dt else variant(ours, f"{stem}diffeqformer-dt{d}", {"model.time_embed_dim": d})
 
     return {
         "f8_beta2": dict(runs={
-            "ours": [Run(ours), variant(ours, f"{preset}-ablation-diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95})],
-            "gpt": [Run(gpt), variant(gpt, f"{preset}-ablation-gpt2-beta2-0.95", {"optimizer.beta2": 0.95})]}),
+            "ours": [Run(ours), variant(ours, f"{stem}diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95})],
+            "gpt": [Run(gpt), variant(gpt, f"{stem}gpt2-beta2-0.95", {"optimizer.beta2": 0.95})]}),
         "f9_time_embedding": dict(runs=[dt(d) for d in dts], measure_batch=measure_batch, measure_steps=10),
-        "f10_hypernetwork": dict(runs=[Run(ours), variant(ours, f"{preset}-ablation-diffeqformer-shared-mlp",
+        "f10_hypernetwork": dict(runs=[Run(ours), variant(ours, f"{stem}diffeqformer-shared-mlp",
                                                           {"model.hypernet": "shared_mlp"})]),
         "x1_adaptive_steps": dict(run=Run(ours), random_run=variant(
-            ours, f"{preset}-ablation-diffeqformer-random-steps", {"model.random_step_offset": True}),
+            ours, f"{stem}diffeqformer-random-steps", {"model.random_step_offset": True}),
             num_sequences=num_sequences, **INFERENCE_SWEEP),
     }
 
@@ -192,7 +194,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                                   euler_steps=[1, 3, 6], fixed_steps=[2, 4], tolerances=[1e-2]),
         "f11_downstream": dict(run=Run("smoke/diffeqformer")),
     },
-    # `make book`: 128-d models on the offline Shakespeare corpus, minutes per run on two CPU cores.
+    # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The
+    # ablations vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five, to keep the
+    # whole build within 40 minutes.
     "cpu": {
         "f1_model": dict(run=Run("cpu/diffeqformer")),
         "f2_spectra": dict(run=Run("cpu/diffeqformer"), num_times=101, baselines={
@@ -207,7 +211,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                                     "ours": Run("cpu/diffeqformer"), "llama": Run("cpu/llama"),
                                     "ours_llama": Run("cpu/diffeqformer_llama")}),
         "f7_finetuning": dict(runs=finetune_runs("cpu")),
-        **ablation_entries("cpu", 8, (2, 4, 8, 16, 32), measure_batch=16, num_sequences=64),
+        **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix=""),
         "f11_downstream": dict(run=Run("cpu/diffeqformer")),
     },
     # One Colab-class GPU, WikiText-103 (needs the internet).
@@ -423,6 +427,10 @@ class Training:
     """The config hash of another configuration's run found in ``run_dir`` (moved aside by ``retrain_stale``)."""
     run: Run | None = None
     """The registry's value it came from (config file, overrides, module)."""
+    after: tuple[str, ...] = ()
+    """Keys (``config``) of the trainings that must finish first: a fine-tuning's pretraining."""
+    data: str = ""
+    """The resolved data config (repr): runs with equal ones share a token cache, prepared once before training."""
 
 
 @dataclass
@@ -520,6 +528,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
         result.notebooks.append(NotebookJob(nb, path, values, [r.key for r in runs]))
 
     unique = list({r.key: r for r in needed}.values())
+    pretrainings: dict[str, Path] = {}
     for r in unique:
         try:
             cfg, digest, run_dir = r.identity()
@@ -539,7 +548,21 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             stale = first if first != digest else None
         else:
             stale = None
-        result.trainings.append(Training(r.key, r.path, cfg.name, run_dir, digest, done, stale, run=r))
+        result.trainings.append(Training(r.key, r.path, cfg.name, run_dir, digest, done, stale, run=r,
+                                         data=repr(cfg.data)))
+        if r.module == "finetune":
+            pretrainings[r.key] = _pretraining_dir(cfg)
+    by_dir = {t.run_dir.resolve(): t for t in result.trainings}
+    for t in result.trainings:
+        if t.config not in pretrainings:
+            continue
+        first = by_dir.get(pretrainings[t.config].resolve())
+        if first is not None:
+            t.after = (first.config,)
+        elif not (pretrainings[t.config] / "complete.json").exists():
+            raise PipelineError(f"fine-tuning {t.config!r} needs the pretrained run {pretrainings[t.config]}, which "
+                                f"is not finished and which preset {preset!r} does not train: add its config to "
+                                f"the registry")
     run_dirs = {t.config: t.run_dir for t in result.trainings}
     hashes = {t.config: t.config_hash for t in result.trainings}
     package = package_hash()
@@ -547,6 +570,14 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
         job.parameters = _resolve(job.parameters, run_dirs)
         job.key = notebook_key(job.path, job.parameters, {c: hashes[c] for c in job.runs}, package)
     return result
+
+
+def _pretraining_dir(cfg) -> Path:
+    """The run directory of a fine-tuning config's pretraining."""
+    from . import train
+    from .finetune import _repository_path
+
+    return train.run_dir_of(train.load_config(_repository_path(cfg.pretrain.config)))
 
 
 # ------------------------------------------------------------------------------------------------------ hashing
@@ -597,9 +628,9 @@ class Progress:
     DIFFEQFORMER_HOME, else from guesses per preset)."""
 
     def __init__(self, steps: list[tuple[str, float]], stream=None):
-        self.steps = steps  # (label, estimated seconds)
+        self.steps = steps  # (label, estimated seconds; a step done side by side with others: its share)
         self.start = time.time()
-        self.done = 0
+        self.finished: set[int] = set()
         self.stream = stream or sys.stdout
 
     @staticmethod
@@ -609,13 +640,14 @@ class Progress:
             f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
     def begin(self, index: int, what: str) -> float:
-        left = sum(est for _, est in self.steps[index:])
+        left = sum(est for i, (_, est) in enumerate(self.steps) if i not in self.finished)
         print(f"[{index + 1}/{len(self.steps)}] {what}   ({self.fmt(time.time() - self.start)} elapsed, "
               f"about {self.fmt(left)} left)", file=self.stream, flush=True)
         return time.time()
 
     def end(self, index: int, started: float, note: str = "") -> float:
         took = time.time() - started
+        self.finished.add(index)
         print(f"[{index + 1}/{len(self.steps)}] done in {self.fmt(took)}{' ' + note if note else ''}",
               file=self.stream, flush=True)
         return took
@@ -640,50 +672,150 @@ def _save_state(state: dict) -> None:
 RUNS_PER_WORKER = 8
 """Runs one training process trains before the next takes over. One process for everything crashed on the cpu
 preset after 32 runs (LLVM: "Cannot allocate memory" while compiling, then a segmentation fault): compiled
-programs pile up in a long-lived JAX process. Starting one costs about 10 s (JAX, Levanter, Ray)."""
+programs pile up in a long-lived JAX process. Starting one costs about 10 s (JAX, Levanter)."""
+TRAIN_LANES = int(os.environ.get("DIFFEQFORMER_TRAIN_LANES", "2"))
+"""Training processes that run side by side (``DIFFEQFORMER_TRAIN_LANES``; 1 trains one run at a time). On the
+two-core machine two 64-d runs of 150 steps took 82 s side by side against 140 s one after the other: a small
+model's XLA program keeps about 1.3 cores busy, and start-up, compilation and evaluation mostly one."""
 
 
-def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path) -> dict[str, float]:
-    """Train the runs that are not complete in child processes, ``RUNS_PER_WORKER`` runs each (``train.main`` or
-    ``finetune.main`` called in turn: one JAX/Levanter/Ray start-up per process instead of one per run, and the
-    pipeline's own process never starts JAX); their output goes to ``log``. Returns the measured seconds per
-    config.
+class _Worker:
+    """A ``--train-worker`` child process: it reads one run spec (JSON) per line on its standard input, trains it
+    and answers ``@pipeline done`` on its standard output; everything else it prints goes to ``log``."""
 
-    Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time than one process per run
-    (110 s against 126 s); the wall-clock difference was lost in the machine's load. The saved parameters
-    (``model.eqx``) were bit-identical either way."""
+    def __init__(self, log: Path, env: Mapping[str, str]):
+        self.log = log
+        self.out = log.open("a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--train-worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.out, text=True,
+                                     env=dict(env), cwd=paths.REPO)
+        self.runs = 0
+
+    def do(self, spec: Mapping[str, Any]) -> None:
+        """Send one spec and wait for it to finish; ``PipelineError`` with the end of the log if the process dies."""
+        self.proc.stdin.write(json.dumps(spec) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("@pipeline done"):
+                self.runs += 1
+                return
+            self.out.write(line)
+            self.out.flush()
+        rc = self.proc.wait()
+        self.out.flush()
+        tail = "\n".join(self.log.read_text().splitlines()[-25:])
+        raise PipelineError(f"training failed (exit code {rc}); the end of its log {self.log}:\n{tail}")
+
+    def close(self, kill: bool = False) -> None:
+        if kill and self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.wait()
+        self.out.close()
+
+
+def _spec(t: Training, prepare: bool = False) -> dict[str, Any]:
+    return {"config": str(t.path), "overrides": list(t.run.overrides) if t.run else [],
+            "module": t.run.module if t.run else "train", "prepare": prepare}
+
+
+def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path,
+               lanes: int | None = None) -> dict[str, float]:
+    """Train the runs that are not complete in ``lanes`` (default ``TRAIN_LANES``) child processes side by side,
+    each taking the next run whose pretraining (``Training.after``) has finished, ``RUNS_PER_WORKER`` runs per
+    process (``train.main`` or ``finetune.main`` called in turn: one JAX/Levanter start-up per process instead of one
+    per run; the pipeline's own process never starts JAX). First one process builds the token caches of every
+    dataset the runs read, so that no two processes build one at once. Output goes to ``log`` (lane k > 0:
+    ``<log>-k``). A failed run stops the others (they resume from their checkpoints next time). Returns the measured
+    seconds per config.
+
+    Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time with one process for
+    several runs than with one process per run (110 s against 126 s). The saved parameters (``model.eqx``) were
+    bit-identical either way."""
+    import threading
+
     todo = [t for t in trainings if not t.done]
+    if not todo:
+        return {}
+    lanes = max(1, min(TRAIN_LANES if lanes is None else lanes, len(todo)))
     seconds: dict[str, float] = {}
     index = {id(t): first_step + i for i, t in enumerate(trainings)}
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    for chunk in [todo[i:i + RUNS_PER_WORKER] for i in range(0, len(todo), RUNS_PER_WORKER)]:
-        specs = [json.dumps({"config": str(t.path), "overrides": list(t.run.overrides) if t.run else [],
-                             "module": t.run.module if t.run else "train"}) for t in chunk]
-        cmd = [sys.executable, "-m", "diffeqformer.pipeline", "--train-worker", *specs]
-        started = None
-        with log.open("a") as out:
-            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=out, text=True, env=env, cwd=paths.REPO)
-            for line in proc.stdout:
-                if line.startswith("@pipeline start "):
-                    t = chunk[int(line.split()[2])]
-                    started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
-                elif line.startswith("@pipeline done "):
-                    t = chunk[int(line.split()[2])]
-                    seconds[t.config] = progress.end(index[id(t)], started)
-                else:
-                    out.write(line)
-                    out.flush()
-            rc = proc.wait()
-        if rc != 0:
-            tail = "\n".join(log.read_text().splitlines()[-25:])
-            raise PipelineError(f"training failed (exit code {rc}); the end of its log {log}:\n{tail}")
+    logs = [log] + [log.with_name(f"{log.stem}-{k}{log.suffix}") for k in range(1, lanes)]
+
+    workers: list[_Worker | None] = [_Worker(logs[0], env)] + [None] * (lanes - 1)
+    try:
+        for t in {t.data: t for t in todo}.values():  # one run per distinct dataset
+            workers[0].do(_spec(t, prepare=True))
+    except PipelineError:
+        workers[0].close(kill=True)
+        raise
+
+    pending = list(todo)
+    finished = {t.config for t in trainings if t.done}
+    errors: list[PipelineError] = []
+    cond = threading.Condition()
+
+    def take() -> Training | None:
+        with cond:
+            while not errors and pending:
+                ready = next((t for t in pending if all(a in finished for a in t.after)), None)
+                if ready is not None:
+                    pending.remove(ready)
+                    return ready
+                cond.wait()
+            return None
+
+    def lane(k: int) -> None:
+        try:
+            while (t := take()) is not None:
+                if workers[k] is not None and workers[k].runs >= RUNS_PER_WORKER:
+                    workers[k].close()
+                    workers[k] = None
+                if workers[k] is None:
+                    workers[k] = _Worker(logs[k], env)
+                started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
+                workers[k].do(_spec(t))
+                seconds[t.config] = progress.end(index[id(t)], started)
+                with cond:
+                    finished.add(t.config)
+                    cond.notify_all()
+        except PipelineError as err:
+            with cond:
+                errors.append(err)
+                cond.notify_all()
+            for w in workers:  # stop the other lanes' runs too
+                if w is not None and w.proc.poll() is None:
+                    w.proc.terminate()
+        finally:
+            if workers[k] is not None:
+                workers[k].close()
+
+    threads = [threading.Thread(target=lane, args=(k,), daemon=True) for k in range(lanes)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
     return seconds
 
 
-def _train_worker(specs: list[str]) -> None:
-    """Child process of ``train_runs``: ``train.main`` (or ``finetune.main``) for each run in turn, with markers
-    on stdout. Each spec is JSON: ``{"config": path, "overrides": [...], "module": "train" | "finetune"}``."""
+def _prepare_data(config) -> None:
+    """Build (or load) the token caches of a run's training and validation data."""
+    levanter_data = config.data.levanter_config()
+    for split in ("train", "validation"):
+        levanter_data.build_or_load_cache(split)
+
+
+def _train_worker() -> None:
+    """Child process of ``train_runs``: for each spec (JSON, one per line on standard input) ``train.main``,
+    ``finetune.main`` (or, with ``"prepare": true``, ``_prepare_data``), then ``@pipeline done`` on standard output. A
+    spec is ``{"config": path, "overrides": [...], "module": "train" | "finetune", "prepare": bool}``."""
     import gc
 
     import jax
@@ -691,18 +823,20 @@ def _train_worker(specs: list[str]) -> None:
     from . import train
 
     train.use_compilation_cache()
-    for i, text in enumerate(specs):
-        spec = json.loads(text)
-        print(f"@pipeline start {i}", flush=True)
+    for line in sys.stdin:
+        spec = json.loads(line)
         if spec["module"] == "finetune":
             from . import finetune
 
-            finetune.main(train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig))
+            config = train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig)
+            main = finetune.main
         else:
-            train.main(train.load_config(spec["config"], spec["overrides"]))
+            config = train.load_config(spec["config"], spec["overrides"])
+            main = train.main
+        (_prepare_data if spec.get("prepare") else main)(config)
         jax.clear_caches()  # this run's compiled programs: the next run compiles its own
         gc.collect()
-        print(f"@pipeline done {i}", flush=True)
+        print("@pipeline done", flush=True)
 
 
 def _strip_ansi(text: str) -> str:
@@ -946,8 +1080,10 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     measured = state.setdefault("seconds", {})  # step -> seconds, last measured here (estimates, timings page)
     guess = DEFAULT_SECONDS.get(preset, DEFAULT_SECONDS["cpu"])
     steps: list[tuple[str, float]] = []
-    for t in result.trainings:
-        steps.append((f"train {t.config}", 0.0 if t.done else measured.get(f"train:{t.config}", guess["train"])))
+    lanes = max(1, min(TRAIN_LANES, sum(not t.done for t in result.trainings)))
+    for t in result.trainings:  # runs trained side by side: each counts for its share of the wall-clock time
+        steps.append((f"train {t.config}",
+                       0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
     for job in result.notebooks:
         cached = job.cached and not force
         steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
@@ -1049,7 +1185,7 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--train-worker"]:
-        _train_worker(argv[1:])
+        _train_worker()
         return
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
