@@ -222,6 +222,90 @@ def test_finetune_runs_lists_the_grid_with_pretrainings_first():
     assert pipeline.PRESETS["cpu"]["f7_finetuning"]["runs"] == runs
 
 
+def test_a_finetuning_waits_for_its_pretraining_in_the_plan(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "RUNS", tmp_path)
+    trainings = {t.config: t for t in pipeline.plan("smoke").trainings}
+    lora = next(t for t in trainings.values() if t.config.startswith("smoke/finetune_gpt2_lora"))
+    assert lora.after == ("smoke/gpt2",) and trainings["smoke/gpt2"].after == ()
+    cpu = pipeline.plan("cpu").trainings
+    grid = [t for t in cpu if t.run.module == "finetune"]
+    assert len(grid) == 20 and all(len(t.after) == 1 and t.after[0].startswith("cpu/pretrain_") for t in grid)
+    assert len({t.data for t in cpu}) == 4  # all, plays, prose, synthetic: four token caches to prepare
+
+
+class _FakeWorker:
+    """Stands in for a training process: records what it was sent, sleeps, fails on request."""
+
+    log: list = []
+    fail: str | None = None
+    started = 0
+
+    def __init__(self, log, env):
+        type(self).started += 1
+        self.runs = 0
+        self.proc = self
+
+    def poll(self):
+        return None
+
+    def terminate(self):
+        pass
+
+    def do(self, spec):
+        import time as _time
+
+        name = spec["overrides"][1] if spec["overrides"] else spec["config"]
+        type(self).log.append(("start", name, spec["prepare"]))
+        _time.sleep(0.05)
+        if name == type(self).fail and not spec["prepare"]:
+            raise PipelineError(f"training failed: {name}")
+        self.runs += 1
+        type(self).log.append(("done", name, spec["prepare"]))
+
+    def close(self, kill=False):
+        pass
+
+
+def _fake_trainings(tmp_path, names_after):
+    out = []
+    for name, after, data in names_after:
+        t = pipeline.Training(name, tmp_path / f"{name}.yaml", name, tmp_path / name, "h", False,
+                              run=Run("x", ("--name", name)), after=after, data=data)
+        t.config = name
+        out.append(t)
+    return out
+
+
+@pytest.mark.parametrize("lanes", [1, 2, 3])
+def test_training_lanes_respect_dependencies_and_prepare_each_dataset_once(tmp_path, monkeypatch, lanes):
+    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline, "RUNS_PER_WORKER", 2)
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started = [], None, 0
+    trainings = _fake_trainings(tmp_path, [("pre", (), "a"), ("other", (), "b"), ("ft1", ("pre",), "c"),
+                                           ("ft2", ("pre",), "c"), ("last", (), "a")])
+    out = io.StringIO()
+    progress = pipeline.Progress([(f"train {t.config}", 1.0) for t in trainings], out)
+    seconds = pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=lanes)
+    assert set(seconds) == {"pre", "other", "ft1", "ft2", "last"}
+    prepared = [name for what, name, prep in _FakeWorker.log if prep and what == "done"]
+    assert prepared == ["pre", "other", "ft1"]  # one run per distinct dataset, before any training
+    events = [(what, name) for what, name, prep in _FakeWorker.log if not prep]
+    assert events.index(("done", "pre")) < events.index(("start", "ft1"))
+    assert events.index(("done", "pre")) < events.index(("start", "ft2"))
+    assert _FakeWorker.started >= -(-5 // 2)  # a fresh process after every RUNS_PER_WORKER runs
+    assert out.getvalue().count("done in") == 5
+
+
+def test_a_failed_run_stops_the_other_lanes_with_its_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started = [], "pre", 0
+    trainings = _fake_trainings(tmp_path, [("pre", (), "a"), ("ft", ("pre",), "a"), ("x", (), "a")])
+    progress = pipeline.Progress([(t.config, 1.0) for t in trainings], io.StringIO())
+    with pytest.raises(PipelineError, match="training failed: pre"):
+        pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2)
+    assert ("start", "ft", False) not in _FakeWorker.log  # its pretraining failed: never started
+
+
 # --------------------------------------------------------------------------------------------- end to end
 
 

@@ -748,8 +748,11 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     logs = [log] + [log.with_name(f"{log.stem}-{k}{log.suffix}") for k in range(1, lanes)]
 
     workers: list[_Worker | None] = [_Worker(logs[0], env)] + [None] * (lanes - 1)
+    first_of: dict[str, Training] = {}  # the first run of each distinct dataset
+    for t in todo:
+        first_of.setdefault(t.data, t)
     try:
-        for t in {t.data: t for t in todo}.values():  # one run per distinct dataset
+        for t in first_of.values():
             workers[0].do(_spec(t, prepare=True))
     except PipelineError:
         workers[0].close(kill=True)
