@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import typing
 
 import nbformat
@@ -304,6 +305,29 @@ def test_a_failed_run_stops_the_other_lanes_with_its_error(tmp_path, monkeypatch
     with pytest.raises(PipelineError, match="training failed: pre"):
         pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2)
     assert ("start", "ft", False) not in _FakeWorker.log  # its pretraining failed: never started
+
+
+def test_the_prepare_step_leaves_finished_token_caches(tmp_path):
+    """The training lanes start only after one process has built every token cache; Levanter builds a cache in a
+    background actor, which dies with its process: the prepare step must wait for it (a fresh clone failed so)."""
+    import shutil
+    import subprocess
+    import sys
+
+    from diffeqformer import data
+
+    raw = tmp_path / "data" / "raw"
+    raw.mkdir(parents=True)
+    shutil.copy(data.fetch_archive(), raw)
+    spec = json.dumps({"config": str(paths.CONFIG / "smoke" / "gpt2.yaml"), "overrides": [], "module": "train",
+                       "prepare": True})
+    out = subprocess.run([sys.executable, "-m", "diffeqformer.pipeline", "--train-worker"], input=spec + "\n",
+                         capture_output=True, text=True, timeout=600, cwd=paths.REPO,
+                         env={**os.environ, "DIFFEQFORMER_HOME": str(tmp_path)})
+    assert out.returncode == 0 and out.stdout.strip() == "@pipeline done", out.stderr[-3000:]
+    ledgers = sorted(tmp_path.glob("data/cache/shakespeare/levanter/*/*/*/shard_ledger.json"))
+    assert [p.parent.name for p in ledgers] == ["train", "validation"]
+    assert all(json.loads(p.read_text())["is_finished"] for p in ledgers)
 
 
 # --------------------------------------------------------------------------------------------- end to end

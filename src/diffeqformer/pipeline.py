@@ -254,7 +254,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 """preset -> notebook (file stem in ``notebooks/``, in execution order) -> parameter values."""
 
 DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
-                   "cpu": {"train": 400, "notebook": 60, "book": 90},
+                   "cpu": {"train": 90, "notebook": 60, "book": 90},
                    "gpu": {"train": 3600, "notebook": 120, "book": 90},
                    "paper": {"train": 86400, "notebook": 600, "book": 90}}
 """Guesses for the time left, used until a step has been measured in this DIFFEQFORMER_HOME."""
@@ -812,7 +812,9 @@ def _prepare_data(config) -> None:
     """Build (or load) the token caches of a run's training and validation data."""
     levanter_data = config.data.levanter_config()
     for split in ("train", "validation"):
-        levanter_data.build_or_load_cache(split)
+        cache = levanter_data.build_or_load_cache(split, monitors=False)
+        if cache is not None:  # Levanter builds in the background (a Ray actor): wait for it to finish
+            cache.await_finished()
 
 
 def _train_worker() -> None:
