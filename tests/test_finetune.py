@@ -20,7 +20,7 @@ from levanter.lora import LoraConfig, LowRankLinear, lora_trainable_params_filte
 
 from diffeqformer import paths
 from diffeqformer.finetune import (
-    DISCRETISATIONS,
+    discretisations,
     METHODS,
     FinetuneConfig,
     adapt,
@@ -254,7 +254,7 @@ def test_finetune_yaml_parses(path):
 def test_fig5_grid(preset, max_pretrain, max_finetune):
     runs = finetune_grid(preset)
     names = [r.name for r in runs]
-    assert len(set(names)) == len(names) == 4 + 2 * 2 * (len(DISCRETISATIONS) + 1) + 2
+    assert len(set(names)) == len(names) == 4 + 2 * 2 * (len(discretisations(preset)) + 1) + 2
     pretrainings = {r.name: load_config(r.config) for r in runs if r.name.startswith(f"{preset}-pretrain")}
     assert len(pretrainings) == 4
     assert max_pretrain is None or all(c.trainer.num_train_steps <= max_pretrain for c in pretrainings.values())
@@ -273,7 +273,7 @@ def test_fig5_grid(preset, max_pretrain, max_finetune):
         assert max_finetune is None or config.trainer.num_train_steps <= max_finetune
         assert (config.steps is None) == (pre.model.num_layers == 24)
         steps.append(config.steps or 0)
-    assert sorted(steps) == sorted([0] * 4 + [n for n in DISCRETISATIONS for _ in range(4)])
+    assert sorted(steps) == sorted([0] * 4 + [n for n in discretisations(preset) for _ in range(4)])
     assert sum(r.name.startswith(f"{preset}-scratch") for r in runs) == 2
 
 

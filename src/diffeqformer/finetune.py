@@ -314,12 +314,15 @@ def _repository_path(path: str) -> Path:
 # --------------------------------------------------------------------------------------------- the Fig. 5 grid
 
 DISCRETISATIONS = (9, 12, 18, 24)
-"""Euler steps N of the fine-tuned DiffEqFormers (it is pretrained with 18)."""
+"""Euler steps N of the fine-tuned DiffEqFormers (it is pretrained with 18): the paper's."""
+PRESET_DISCRETISATIONS = {"cpu": (9, 18, 24)}
+"""Presets that fine-tune fewer N: the cpu preset leaves out 12 (fewer steps, the same, more) to build the book
+within 40 minutes on two cores (a fine-tuning there costs about a minute)."""
 DIRECTIONS = (("plays", "prose"), ("prose", "plays"))
+"""(pretraining domain, fine-tuning domain) of the offline corpus: the paper's WikiText-103 <-> OpenWebText."""
 ONLINE_DIRECTIONS = (("wikitext103", "openwebtext"), ("openwebtext", "wikitext103"))
 """The paper's directions, for presets whose fine-tuning templates train on an online corpus (``data.dataset`` is
 then the domain)."""
-"""(pretraining domain, fine-tuning domain) of the offline corpus: the paper's WikiText-103 <-> OpenWebText."""
 PRETRAINED = {"diffeqformer18": "pretrain_diffeqformer18_{domain}.yaml", "gpt2_24": "pretrain_gpt2_24_{domain}.yaml"}
 """The pretrained models of a preset: an 18-step DiffEqFormer and the 24-layer GPT-2 baseline, one per domain."""
 TEMPLATES = {method: f"finetune_{method}.yaml" for method in METHODS}
@@ -356,13 +359,18 @@ def _yaml_field(path: Path, *keys: str):
     return node
 
 
+def discretisations(preset: str) -> tuple[int, ...]:
+    """The Euler steps N a preset fine-tunes the 18-step DiffEqFormer with."""
+    return PRESET_DISCRETISATIONS.get(preset, DISCRETISATIONS)
+
+
 def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     """Every run of the Fig. 5 experiment at a preset, in an order that runs each pretraining before its fine-tunings:
 
     * the pretrainings: an 18-step DiffEqFormer and a 24-layer GPT-2 on each domain (``PRETRAINED``);
     * for each direction (``DIRECTIONS``; ``ONLINE_DIRECTIONS`` where the templates train on an online corpus) and
       method (``METHODS``): the DiffEqFormer discretised to each N of
-      ``DISCRETISATIONS``, and the 24-layer GPT-2, fine-tuned on the other domain (``TEMPLATES``);
+      ``discretisations(preset)``, and the 24-layer GPT-2, fine-tuned on the other domain (``TEMPLATES``);
     * a 24-layer GPT-2 trained from scratch on each target domain for as many steps as a fine-tuning.
 
     Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (cpu, gpu and paper do)."""
@@ -383,7 +391,7 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     runs = [GridRun(pre_names[key], "diffeqformer.train", path) for key, path in pretrained.items()]
     for source, target in directions:
         for method in METHODS:
-            for model, steps in [*(("diffeqformer18", n) for n in DISCRETISATIONS), ("gpt2_24", None)]:
+            for model, steps in [*(("diffeqformer18", n) for n in discretisations(preset)), ("gpt2_24", None)]:
                 label = f"{model}-{source}-to-{target}" + (f"-n{steps}" if steps else "") + f"-{method}"
                 name = f"{preset}-finetune-{label}"
                 overrides = (

@@ -206,7 +206,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                                 num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
                                 model_saves=200),
         "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_run=Run("cpu/synthetic_diffeqformer"),
-                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=500),
+                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
         "f6_perplexity": dict(runs={"gpt": Run("cpu/gpt2"), "shared": Run("cpu/shared"),
                                     "ours": Run("cpu/diffeqformer"), "llama": Run("cpu/llama"),
                                     "ours_llama": Run("cpu/diffeqformer_llama")}),
@@ -431,6 +431,8 @@ class Training:
     """Keys (``config``) of the trainings that must finish first: a fine-tuning's pretraining."""
     data: str = ""
     """The resolved data config (repr): runs with equal ones share a token cache, prepared once before training."""
+    steps: int = 0
+    """Training steps: the lanes start the longest runs first, so that no long run is left alone at the end."""
 
 
 @dataclass
@@ -549,7 +551,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
         else:
             stale = None
         result.trainings.append(Training(r.key, r.path, cfg.name, run_dir, digest, done, stale, run=r,
-                                         data=repr(cfg.data)))
+                                         data=repr(cfg.data), steps=cfg.trainer.num_train_steps))
         if r.module == "finetune":
             pretrainings[r.key] = _pretraining_dir(cfg)
     by_dir = {t.run_dir.resolve(): t for t in result.trainings}
@@ -758,7 +760,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
         workers[0].close(kill=True)
         raise
 
-    pending = list(todo)
+    pending = sorted(todo, key=lambda t: -t.steps)  # longest first (a stable sort: else the registry's order)
     finished = {t.config for t in trainings if t.done}
     errors: list[PipelineError] = []
     cond = threading.Condition()
