@@ -134,6 +134,10 @@ def test_time_embedding_table_and_headline(tmp_path):
     ratio = table.params.iloc[1] / table.params.iloc[0]
     assert text["params"].endswith(f"(x{ratio:.2f})") and text["memory"].startswith("x1.50")
     assert text["verdict"].startswith("Perplexity improves") and ("grows less" in text["verdict"]) == (1.5 < ratio)
+    flat = table.assign(**{"final ppl": [400.0, 399.0]})  # -0.25%: no trend
+    assert ablations.time_embedding_headline(flat)["verdict"].startswith("Perplexity stays within 1% (-0.2%)")
+    worse = table.assign(**{"final ppl": [400.0, 420.0]})
+    assert ablations.time_embedding_headline(worse)["verdict"].startswith("Perplexity worsens")
 
 
 def test_hypernetwork_headline(tmp_path):
