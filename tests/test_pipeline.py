@@ -234,6 +234,30 @@ def test_a_finetuning_waits_for_its_pretraining_in_the_plan(tmp_path, monkeypatc
     assert len({t.data for t in cpu}) == 4  # all, plays, prose, synthetic: four token caches to prepare
 
 
+def test_a_finetuning_waits_for_the_run_its_pretrain_run_dir_names(tmp_path, monkeypatch):
+    """``pretrain.run_dir`` overrides where the pretraining is read from: the dependency follows it."""
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    params = nbformat.v4.new_code_cell('preset: str = "x"\nruns: list = []')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params]
+    nbformat.write(nb, nbdir / "nb.ipynb")
+    toc = tmp_path / "_toc.yml"
+    toc.write_text("format: jb-book\nroot: book/intro\nchapters:\n- file: notebooks/nb\n")
+    other = pipeline.variant("smoke/gpt2", "smoke-gpt2-other", {"optimizer.beta2": 0.95})
+    lora = Run("smoke/finetune_gpt2_lora", ("--pretrain.run_dir", str(tmp_path / "runs" / "smoke-gpt2-other")),
+               module="finetune")
+    registry = {"t": {"nb": dict(runs=[Run("smoke/gpt2"), other, lora])}}
+    trainings = {t.config: t for t in pipeline.plan("t", registry=registry, notebooks_dir=nbdir, toc=toc).trainings}
+    assert trainings[lora.key].after == (other.key,)
+    registry = {"t": {"nb": dict(runs=[Run("smoke/gpt2"), lora])}}  # nothing trains what it names
+    with pytest.raises(PipelineError, match="needs the pretrained run .*smoke-gpt2-other, which is not finished"):
+        pipeline.plan("t", registry=registry, notebooks_dir=nbdir, toc=toc)
+
+
 class _FakeWorker:
     """Stands in for a training process: records what it was sent, sleeps, fails on request."""
 

@@ -488,10 +488,11 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
 
     * ``training_mib``: the process's peak resident memory minus its resident memory once JAX's runtime was up (on
       the CPU backend the arrays live in host memory; on Linux the high-water mark is reset at that point, so that
-      the imports' own transient peak does not hide a small model): the model's parameters, AdamW state, the compiled step and
-      its activations for ``batch`` sequences. XLA's compiler needs several times that while it compiles, and a
-      process's high-water mark cannot be reset, so the step is compiled in a first fresh process (``compile_mib``:
-      that process's peak) into a private persistent compilation cache, and measured in a second one that loads it;
+      the imports' own transient peak does not hide a small model): the model's parameters, AdamW state, the
+      compiled step and its activations for ``batch`` sequences. XLA's compiler needs several times that while it
+      compiles, and outside Linux a process's high-water mark cannot be reset, so the step is compiled in a first
+      fresh process (``compile_mib``: that process's peak) into a private persistent compilation cache, and measured
+      in a second one that loads it;
     * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
     * ``xla_planned_mib``: what XLA planned for the compiled step (arguments + outputs + temporaries), for
       comparison: planned, not measured."""

@@ -121,6 +121,13 @@ class Pretraining:
     Vocab: Axis
 
 
+def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
+    """The pretraining's configuration (parsed from ``pretrain.config``) and its run directory (``pretrain.run_dir``,
+    else the configuration's own); neither is checked here (``validate`` does)."""
+    pre = load_config(_repository_path(config.pretrain.config))
+    return pre, Path(config.pretrain.run_dir) if config.pretrain.run_dir else run_dir_of(pre)
+
+
 def validate(config: FinetuneConfig) -> Pretraining:
     """Reject bad input before anything is written, naming the field; return the checked pretraining run.
 
@@ -141,8 +148,7 @@ def validate(config: FinetuneConfig) -> Pretraining:
     pre_path = _repository_path(config.pretrain.config)
     if not pre_path.exists():
         raise ValueError(f"pretrain.config: no such file {config.pretrain.config}")
-    pre = load_config(pre_path)
-    pre_dir = Path(config.pretrain.run_dir) if config.pretrain.run_dir else run_dir_of(pre)
+    pre, pre_dir = pretraining_of(config)
     complete = pre_dir / "complete.json"
     if not complete.exists():
         raise ValueError(

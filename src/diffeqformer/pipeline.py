@@ -15,8 +15,9 @@ entry per preset plus its line in ``_toc.yml``::
         "cpu/diffeqformer", "cpu-diffeqformer-shared-mlp", {"model.hypernet": "shared_mlp"})]),
     "f7_finetuning": dict(runs=finetune_runs("cpu")),  # fine-tunings: Run(..., module="finetune")
 
-Runs are trained in the order the registry first names them, ``TRAIN_LANES`` (2) at a time in child processes of
-at most ``RUNS_PER_WORKER`` runs each; a fine-tuning waits for its pretraining.
+Runs are trained ``TRAIN_LANES`` (2) at a time in child processes of at most ``RUNS_PER_WORKER`` runs each, those with
+the most training steps first (else in the order the registry first names them); a fine-tuning waits for its
+pretraining.
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
 or is not in ``_toc.yml`` (or the reverse), a parameter the notebook does not declare (Papermill's
@@ -96,15 +97,20 @@ class Run:
     def identity(self) -> tuple[Any, str, Path]:
         """(configuration, config hash, run directory); a fine-tuning's hash covers its pretraining's config hash,
         computed from the pretraining's config file, so it is known before the pretraining has run."""
+        return self.resolve()[:3]
+
+    def resolve(self) -> tuple[Any, str, Path, Path | None]:
+        """``identity()`` and the run directory of a fine-tuning's pretraining (``None`` for other runs), from one
+        reading of the config files."""
         from . import train
 
         cfg = self.load()
         if self.module == "finetune":
-            from .finetune import _repository_path, config_hash
+            from .finetune import config_hash, pretraining_of
 
-            pretraining = train.load_config(_repository_path(cfg.pretrain.config))
-            return cfg, config_hash(cfg, train.config_hash(pretraining)), train.run_dir_of(cfg)
-        return cfg, train.config_hash(cfg), train.run_dir_of(cfg)
+            pretraining, pretraining_dir = pretraining_of(cfg)
+            return cfg, config_hash(cfg, train.config_hash(pretraining)), train.run_dir_of(cfg), pretraining_dir
+        return cfg, train.config_hash(cfg), train.run_dir_of(cfg), None
 
 
 def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
@@ -533,7 +539,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
     pretrainings: dict[str, Path] = {}
     for r in unique:
         try:
-            cfg, digest, run_dir = r.identity()
+            cfg, digest, run_dir, pretraining_dir = r.resolve()
         except (ValueError, FileNotFoundError) as err:
             raise PipelineError(f"training config {r.key!r}: {err}") from None
         complete = run_dir / "complete.json"
@@ -552,8 +558,8 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             stale = None
         result.trainings.append(Training(r.key, r.path, cfg.name, run_dir, digest, done, stale, run=r,
                                          data=repr(cfg.data), steps=cfg.trainer.num_train_steps))
-        if r.module == "finetune":
-            pretrainings[r.key] = _pretraining_dir(cfg)
+        if pretraining_dir is not None:
+            pretrainings[r.key] = pretraining_dir
     by_dir = {t.run_dir.resolve(): t for t in result.trainings}
     for t in result.trainings:
         if t.config not in pretrainings:
@@ -572,14 +578,6 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
         job.parameters = _resolve(job.parameters, run_dirs)
         job.key = notebook_key(job.path, job.parameters, {c: hashes[c] for c in job.runs}, package)
     return result
-
-
-def _pretraining_dir(cfg) -> Path:
-    """The run directory of a fine-tuning config's pretraining."""
-    from . import train
-    from .finetune import _repository_path
-
-    return train.run_dir_of(train.load_config(_repository_path(cfg.pretrain.config)))
 
 
 # ------------------------------------------------------------------------------------------------------ hashing
@@ -1118,7 +1116,7 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
             if t.done:
                 progress.end(i, progress.begin(i, f"train {t.config}"), "(complete, not retrained)")
         measured.update({f"train:{c}": s for c, s in train_runs(
-            result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log").items()})
+            result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log", lanes).items()})
         for t in result.trainings:
             complete = t.run_dir / "complete.json"
             if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
