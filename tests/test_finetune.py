@@ -3,7 +3,6 @@ after SIGKILL equals an uninterrupted run, bad input is rejected before anything
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -15,6 +14,7 @@ import numpy as np
 import pytest
 import yaml
 from helpers import VOCAB, assert_close, random_ids, tiny
+from interrupt import kill_seed, run_with_kills
 from levanter.layers.attention import AttentionMask
 from levanter.lora import LoraConfig, LowRankLinear, lora_trainable_params_filter
 
@@ -154,33 +154,19 @@ def test_another_config_in_the_same_run_dir_is_refused(lora_run, pretrained):
 
 
 def test_resume_after_sigkill_equals_uninterrupted_run(lora_run, pretrained, tmp_path, env):
+    """Killed before its first checkpoint, while writing it, and between checkpoints, then rerun: the same
+    adapters, bit for bit, as the fine-tuning that was never interrupted."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "diffeqformer.finetune", "--config", str(LORA), *_from(pretrained),
            "--run_dir", str(run_dir)]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.time() + 600
-    checkpoint = run_dir / "checkpoints" / "step-10" / "metadata.json"
-    while not _complete_json(checkpoint):  # Levanter writes metadata.json once the checkpoint is committed
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.time() < deadline, "no checkpoint at step 10 within 600 s"
-        time.sleep(0.02)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run_dir / "complete.json").exists()
-
-    out = _run("diffeqformer.finetune", LORA, run_dir, env, *_from(pretrained))
-    assert "resuming from step" in out.stderr
+    seed = kill_seed()
+    kills, stderr = run_with_kills(cmd, env, run_dir, seed, timeout=900)
+    print(f"kill seed {seed}: " + "; ".join(f"{k.what} (committed: {k.committed})" for k in kills))
+    assert "resuming from step 11" in stderr, (seed, stderr[-2000:])
     resumed, full = arrays(load_model(run_dir)), arrays(load_model(lora_run))
     assert len(resumed) == len(full) > 10
     for a, b in zip(resumed, full):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-
-
-def _complete_json(path):
-    try:
-        return "step" in json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"kill seed {seed}: {kills}")
 
 
 @pytest.fixture(scope="module")

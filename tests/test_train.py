@@ -1,8 +1,7 @@
-"""diffeqformer.train at smoke size: metrics file, skip when complete, resume after SIGKILL equals a full run."""
+"""diffeqformer.train at smoke size: metrics file, skip when complete, resumes after SIGKILLs equal a full run."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -11,6 +10,8 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
+
+from interrupt import kill_seed, run_with_kills
 
 from diffeqformer import paths
 from diffeqformer.train import load_model, read_metrics
@@ -23,8 +24,7 @@ def _train_cmd(run_dir):
 
 
 def _env(run_dir):
-    # Each run its own (empty) persistent compilation cache, beside it: a run that loaded the programs another run
-    # compiled would finish its last 10 steps before the resume test can kill it.
+    # Each run its own (empty) persistent compilation cache, beside it, as a fresh clone has.
     return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(run_dir.parent / "jax-cache")}
 
 
@@ -69,38 +69,22 @@ def test_complete_run_is_not_retrained(full_run):
     assert (run_dir / "metrics.jsonl").read_text() == before
 
 
-def _committed(metadata) -> bool:
-    try:
-        json.loads(metadata.read_text())
-        return True
-    except (FileNotFoundError, ValueError):
-        return False
-
-
 def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
+    """Killed before its first checkpoint, while writing it, and between checkpoints, then rerun: the same
+    parameters, bit for bit, as the run that was never interrupted."""
     full_dir, _ = full_run
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(_train_cmd(run_dir), env=_env(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
-    deadline = time.time() + 300
-    checkpoint = run_dir / "checkpoints" / "step-10" / "metadata.json"
-    # Kill as soon as the checkpoint is committed (Levanter writes metadata.json last): the 10 steps left take
-    # well under a second, so a fixed wait can let the run finish.
-    while not _committed(checkpoint):
-        assert proc.poll() is None, proc.stderr.read()[-3000:]
-        assert time.time() < deadline, "no checkpoint at step 10 within 300 s"
-        time.sleep(0.005)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert not (run_dir / "complete.json").exists()
-
-    out = _run(run_dir)
-    assert "resuming from step" in out.stderr
+    seed = kill_seed()
+    kills, stderr = run_with_kills(_train_cmd(run_dir), _env(run_dir), run_dir, seed)
+    print(f"kill seed {seed}: " + "; ".join(f"{k.what} (committed: {k.committed})" for k in kills))
+    assert kills[0].committed is False and kills[2].committed is True, (seed, kills)
+    assert "resuming from step 11" in stderr, (seed, stderr[-2000:])
     resumed = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
     full = jax.tree_util.tree_leaves(eqx.filter(load_model(full_dir), eqx.is_array))
     assert len(resumed) == len(full) > 10
     for a, b in zip(resumed, full):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"kill seed {seed}: {kills}")
+    assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
 
 
 def _decayed_paths(optimizer_config, model):

@@ -458,7 +458,7 @@ def write_jsonl(documents: Sequence[Document], layout: CorpusLayout) -> dict[tup
         for split in SPLITS:
             path = layout.jsonl(domain, split)
             path.parent.mkdir(parents=True, exist_ok=True)
-            _atomic_write(
+            paths.write_atomic(
                 path, "".join(json.dumps({"text": d.text}) + "\n" for d in select_documents(documents, domain, split))
             )
             written[domain, split] = path
@@ -469,7 +469,7 @@ def write_jsonl(documents: Sequence[Document], layout: CorpusLayout) -> dict[tup
             for d in documents
         ],
     }
-    _atomic_write(layout.manifest, json.dumps(manifest, indent=1) + "\n")
+    paths.write_atomic(layout.manifest, json.dumps(manifest, indent=1) + "\n")
     return written
 
 
@@ -480,13 +480,6 @@ def _rules() -> dict:
         "rules_version": _RULES_VERSION,
         "validation_fraction": VALIDATION_FRACTION,
     }
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 # ----------------------------------------------------------------------------------------------------- tokenizer
@@ -566,7 +559,7 @@ def prepare_corpus(root: Path = paths.DATA, *, vocab_size: int | None = DEFAULT_
         if not (stamp.exists() and json.loads(stamp.read_text()) == training):
             start = time.perf_counter()
             train_tokenizer((d.text for d in documents if d.split == "train"), out_dir, vocab_size=vocab_size)
-            _atomic_write(stamp, json.dumps(training, indent=1) + "\n")
+            paths.write_atomic(stamp, json.dumps(training, indent=1) + "\n")
             logger.info("Trained the %d-token BPE in %.1f s", vocab_size, time.perf_counter() - start)
     return CorpusInfo(layout, documents, vocab_size)
 
@@ -777,7 +770,7 @@ def token_counts(info: CorpusInfo) -> tuple[SplitCount, ...]:
         lengths = {"key": key, "tokens": {}}
         for d in tqdm(info.documents, desc="Counting tokens", leave=False):
             lengths["tokens"][d.name] = len(tokenizer.encode_batch_fast([d.text], add_special_tokens=False)[0].ids)
-        _atomic_write(cached, json.dumps(lengths, indent=1) + "\n")
+        paths.write_atomic(cached, json.dumps(lengths, indent=1) + "\n")
     return tuple(
         SplitCount(
             domain, split, len(docs), sum(len(d.text) for d in docs), sum(lengths["tokens"][d.name] for d in docs)

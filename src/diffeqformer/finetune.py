@@ -45,7 +45,7 @@ from levanter.lora import LoraConfig, LowRankLinear, lora_trainable_params_filte
 from levanter.models.lm_model import compute_next_token_loss
 from levanter.optim import AdamConfig, OptimizerConfig
 from levanter.tracker import NoopConfig
-from levanter.trainer import Trainer, TrainerConfig
+from levanter.trainer import TrainerConfig
 from levanter.utils.jax_utils import parameter_count
 
 from . import paths, train
@@ -55,6 +55,7 @@ from .train import (
     MODEL_FILE,
     DataConfig,
     TrainConfig,
+    Trainer,
     cli,
     dump_config,
     finish_run,
@@ -62,6 +63,7 @@ from .train import (
     load_config,
     read_metrics,
     run_dir_of,
+    run_lock,
     start_run,
     trainer_config_of,
     validate_data,
@@ -236,39 +238,40 @@ def main(config: FinetuneConfig) -> dict:
     """Fine-tune (or resume, or skip a finished run) and return the contents of ``complete.json``."""
     pretraining = validate(config)
     run_dir = run_dir_of(config)
-    digest = config_hash(config, pretraining.config_hash)
-    finished = start_run(config, run_dir, digest)
-    if finished is not None:
-        return finished
-    (run_dir / PRETRAIN_CONFIG).write_text((pretraining.run_dir / "config.yaml").read_text())
+    with run_lock(run_dir):
+        digest = config_hash(config, pretraining.config_hash)
+        finished = start_run(config, run_dir, digest)
+        if finished is not None:
+            return finished
+        paths.write_atomic(run_dir / PRETRAIN_CONFIG, (pretraining.run_dir / "config.yaml").read_text())
 
-    data = config.data.levanter_config()
-    trainer_config = trainer_config_of(config, run_dir)
-    optimizer = with_weight_decay(config.optimizer, DECAY_BASELINE).build(trainer_config.num_train_steps)
-    levanter.initialize(trainer_config)
+        data = config.data.levanter_config()
+        trainer_config = trainer_config_of(config, run_dir)
+        optimizer = with_weight_decay(config.optimizer, DECAY_BASELINE).build(trainer_config.num_train_steps)
+        levanter.initialize(trainer_config)
 
-    start = time.time()
-    with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
-        data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
-        Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
-        if Vocab != pretraining.Vocab:
-            raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
-        model = adapt(train.load_model(pretraining.run_dir), config, key=adapter_key)
-        # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones from here.
-        state = trainer.initial_state(training_key, model=model, is_trainable=trainable(config, model))
-        counts = {
-            "trainable_params": parameter_count(state.trainable_model),
-            "total_params": parameter_count(state.model),
-        }
-        levanter.tracker.log_summary(counts)
-        model_config = state.model.config
-        state = fit(trainer, state, config, data, data_key=data_key, Pos=model_config.Pos,
-                    flops_per_token=model_config.flops_per_token(Vocab.size), run_dir=run_dir, evaluate_first=True)
-        return finish_run(
-            config, run_dir, state.model, digest, start,
-            vocab_size=Vocab.size, method=config.method, euler_steps=config.steps, **counts,
-            pretrained_eval_loss=_initial_eval_loss(run_dir), pretrain_config_hash=pretraining.config_hash,
-        )
+        start = time.time()
+        with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
+            data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
+            Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
+            if Vocab != pretraining.Vocab:
+                raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
+            model = adapt(train.load_model(pretraining.run_dir), config, key=adapter_key)
+            # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones from here.
+            state = trainer.initial_state(training_key, model=model, is_trainable=trainable(config, model))
+            counts = {
+                "trainable_params": parameter_count(state.trainable_model),
+                "total_params": parameter_count(state.model),
+            }
+            levanter.tracker.log_summary(counts)
+            model_config = state.model.config
+            state = fit(trainer, state, config, data, data_key=data_key, Pos=model_config.Pos,
+                        flops_per_token=model_config.flops_per_token(Vocab.size), run_dir=run_dir, evaluate_first=True)
+            return finish_run(
+                config, run_dir, state.model, digest, start,
+                vocab_size=Vocab.size, method=config.method, euler_steps=config.steps, **counts,
+                pretrained_eval_loss=_initial_eval_loss(run_dir), pretrain_config_hash=pretraining.config_hash,
+            )
 
 
 def load_model(run_dir: str | Path, *, merged: bool = False):

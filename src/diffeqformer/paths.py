@@ -22,3 +22,12 @@ DATA_RAW = DATA / "raw"
 DATA_CACHE = DATA / "cache"
 RUNS = HOME / "runs"
 FIGURES = HOME / "figures"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a hidden temporary file beside it, so that a process killed while writing
+    leaves the old file or the new one, never half of one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)

@@ -662,11 +662,7 @@ def _load_state() -> dict:
 
 
 def _save_state(state: dict) -> None:
-    path = work_dir() / "state.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1, sort_keys=True) + "\n")
-    tmp.replace(path)
+    paths.write_atomic(work_dir() / "state.json", json.dumps(state, indent=1, sort_keys=True) + "\n")
 
 
 RUNS_PER_WORKER = 8
@@ -828,6 +824,7 @@ def _train_worker() -> None:
     from . import train
 
     train.use_compilation_cache()
+    _exit_with_parent()
     for line in sys.stdin:
         spec = json.loads(line)
         if spec["module"] == "finetune":
@@ -842,6 +839,22 @@ def _train_worker() -> None:
         jax.clear_caches()  # this run's compiled programs: the next run compiles its own
         gc.collect()
         print("@pipeline done", flush=True)
+
+
+def _exit_with_parent(poll_s: float = 0.2) -> None:
+    """End this worker as soon as the pipeline that started it is gone. A killed pipeline closes the worker's
+    standard input, but the worker reads it only between runs: without this it would go on training its run while the
+    rerun pipeline's worker trains the same run (``train.run_lock`` makes the second wait for the first)."""
+    import threading
+
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def _strip_ansi(text: str) -> str:
@@ -1044,6 +1057,8 @@ def build_book(src: Path, out: Path) -> None:
 def _swap_in(new: Path, dest: Path) -> None:
     """Replace ``dest`` by ``new`` (same file system): the old one is removed only once the new one is in place."""
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.old-*"):  # left by a pipeline killed between the two renames
+        shutil.rmtree(stale, ignore_errors=True)
     old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
     if dest.exists():
         os.replace(dest, old)

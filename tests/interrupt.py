@@ -1,0 +1,94 @@
+"""Kill a training process with SIGKILL at chosen moments, the way a crash, a pre-empted machine or an out-of-memory
+killer would, and rerun it: shared by the resume tests of ``train`` and ``finetune``.
+
+The kill points come from a seeded generator. The seed is ``DIFFEQFORMER_KILL_SEED`` if set, else a fresh one; every
+failure message names it, so ``DIFFEQFORMER_KILL_SEED=<seed> pytest ...`` replays the same kills."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+
+def kill_seed() -> int:
+    return int(os.environ.get("DIFFEQFORMER_KILL_SEED") or random.SystemRandom().randrange(2**31))
+
+
+def _logged_steps(metrics: Path, offset: int) -> list[int]:
+    """Steps with a training loss that this process appended to ``metrics`` (past ``offset`` bytes), complete lines
+    only."""
+    if not metrics.exists():
+        return []
+    text = metrics.read_bytes()[offset:].decode(errors="replace")
+    steps = []
+    for line in text.split("\n")[:-1]:
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if "train/loss" in record and record.get("step") is not None:
+            steps.append(int(record["step"]))
+    return steps
+
+
+def _committed(checkpoint: Path) -> bool:
+    try:
+        return "step" in json.loads((checkpoint / "metadata.json").read_text())
+    except (OSError, ValueError):
+        return False
+
+
+@dataclass
+class Kill:
+    """Where one attempt was killed: ``what`` in words, and whether the checkpoint it watched was committed then."""
+
+    what: str
+    committed: bool | None = None
+
+
+def run_with_kills(cmd: list[str], env: dict, run_dir: Path, seed: int, *, checkpoint_step: int = 10,
+                   num_steps: int = 20, timeout: float = 600.0) -> tuple[list[Kill], str]:
+    """Run ``cmd`` (a training of ``num_steps`` steps that checkpoints every ``checkpoint_step``) and kill it three
+    times: at a random step before the first checkpoint, while that checkpoint is being written (its folder exists,
+    its ``metadata.json``, which Levanter writes last, does not), and at a random step between it and the end. Then
+    run it to the end. Returns the kills and the last run's standard error."""
+    rng = random.Random(seed)
+    metrics = run_dir / "metrics.jsonl"
+    checkpoint = run_dir / "checkpoints" / f"step-{checkpoint_step}"
+    before_first = rng.randint(1, checkpoint_step - 2)
+    between = rng.randint(checkpoint_step + 1, num_steps - 2)
+    delay = rng.uniform(0.0, 0.003)
+    kills: list[Kill] = []
+
+    def attempt(ready, describe):
+        offset = metrics.stat().st_size if metrics.exists() else 0
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + timeout
+        while not ready(offset):
+            if proc.poll() is not None:
+                raise AssertionError(f"(kill seed {seed}) the run ended before {describe} "
+                                     f"(exit {proc.returncode}):\n{proc.stderr.read()[-3000:]}")
+            if time.time() > deadline:
+                proc.kill()
+                raise AssertionError(f"(kill seed {seed}) not at {describe} within {timeout} s")
+            time.sleep(0.001)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stderr.close()
+        kills.append(Kill(describe, _committed(checkpoint)))
+        assert not (run_dir / "complete.json").exists(), f"(kill seed {seed}) complete.json after a kill"
+
+    attempt(lambda off: max(_logged_steps(metrics, off), default=-1) >= before_first,
+            f"step {before_first}, before the first checkpoint")
+    attempt(lambda off: checkpoint.is_dir() and not (checkpoint / "metadata.json").exists(),
+            f"the step-{checkpoint_step} checkpoint being written")
+    attempt(lambda off: max(_logged_steps(metrics, off), default=-1) >= between and _committed(checkpoint),
+            f"step {between}, after the step-{checkpoint_step} checkpoint")
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    assert out.returncode == 0, f"(kill seed {seed}) the last rerun failed:\n{out.stderr[-3000:]}"
+    return kills, out.stderr
