@@ -257,7 +257,8 @@ def main(config: FinetuneConfig) -> dict:
             if Vocab != pretraining.Vocab:
                 raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
             model = adapt(train.load_model(pretraining.run_dir), config, key=adapter_key)
-            # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones from here.
+            # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones
+            # from here.
             state = trainer.initial_state(training_key, model=model, is_trainable=trainable(config, model))
             counts = {
                 "trainable_params": parameter_count(state.trainable_model),

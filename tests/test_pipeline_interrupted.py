@@ -1,0 +1,154 @@
+"""The smoke pipeline killed (SIGKILL, as a crash or a pre-empted machine would) in the middle of training and in the
+middle of executing notebooks, then rerun: it finishes with the same figures and glued numbers as an uninterrupted
+run, no process of the killed one lives on, and a kill never leaves half-written figures or a half-built book.
+
+Slow (two smoke pipelines from nothing, about 15 minutes on two cores): ``make test-slow``. The kill moments come from
+a seeded generator (``DIFFEQFORMER_KILL_SEED`` replays them, see ``interrupt.py``)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from interrupt import kill_seed
+
+from diffeqformer import paths
+
+pytestmark = pytest.mark.slow
+
+COMMAND = [sys.executable, "-m", "diffeqformer.pipeline", "--preset", "smoke"]
+VOLATILE = {"date", "seconds", "wall_s", "finished", "time", "tokens_per_second", "wall_time_s", "elapsed"}
+"""Fields of the figure records that measure the machine, not the result."""
+
+
+def _home(tmp_path_factory, name: str) -> Path:
+    home = tmp_path_factory.mktemp(name)
+    (home / "data").symlink_to(paths.DATA, target_is_directory=True)  # the corpus is an input: share it
+    return home
+
+
+def _env(home: Path) -> dict:
+    return {**os.environ, "DIFFEQFORMER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
+
+
+def _run(home: Path, *extra: str) -> subprocess.CompletedProcess:
+    out = subprocess.run([*COMMAND, *extra], env=_env(home), capture_output=True, text=True, timeout=2400)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    return out
+
+
+def _tree(root: Path) -> dict[str, str]:
+    """Every file below ``root``, by relative path, with the hash of its bytes."""
+    if not root.exists():
+        return {}
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def _kill_when(home: Path, ready, seed: int, what: str, *extra: str) -> None:
+    """Start the pipeline, wait for ``ready(stdout so far)``, SIGKILL its main process alone (the way ``kill -9``
+    does), and check that its child processes (training workers, notebook kernels) end on their own."""
+    log = home / f"pipeline-{len(list(home.glob('pipeline-*.log')))}.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*COMMAND, *extra], env=_env(home), stdout=out, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 1800
+        while not ready(log.read_text()):
+            assert proc.poll() is None, \
+                f"(kill seed {seed}) the pipeline ended before {what}:\n{log.read_text()[-3000:]}"
+            assert time.time() < deadline, f"(kill seed {seed}) not at {what} within 30 minutes"
+            time.sleep(0.05)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    gone, alive = psutil.wait_procs(children, timeout=20)
+    for p in alive:
+        p.kill()
+    assert not alive, f"(kill seed {seed}) processes of the pipeline killed at {what} lived on: {alive}"
+
+
+def _glued(cache: Path) -> dict[str, str]:
+    """Every glued value of the executed notebooks in the pipeline's ``cache`` (MyST-NB ``glue``), by notebook
+    and name."""
+    values = {}
+    for nb in sorted(cache.glob("*/notebook.ipynb")):
+        for cell in json.loads(nb.read_text())["cells"]:
+            for output in cell.get("outputs", []):
+                meta = output.get("metadata", {}).get("scrapbook", {})
+                if meta.get("name"):  # the cache folder is <notebook>-<key>
+                    values[f"{nb.parent.name.rsplit('-', 1)[0]}:{meta['name']}"] = json.dumps(output.get("data"),
+                                                                                               sort_keys=True)
+    return values
+
+
+def _figure_data(home: Path) -> dict:
+    """The figures' records without what measures the machine (dates, durations) and with the home folder as
+    ``<home>``, and the bytes of every data file (tables, images; an SVG without its creation date)."""
+    figures = home / "figures"
+    records, files = {}, {}
+    for p in sorted(figures.iterdir()):
+        if p.suffix == ".json":
+            record = json.loads(p.read_text().replace(str(home), "<home>"))
+            records[p.name] = {k: v for k, v in record.items() if k not in VOLATILE}
+        else:
+            data = p.read_bytes()
+            if p.suffix == ".svg":
+                data = re.sub(rb"<dc:date>[^<]*</dc:date>", b"", data)
+            files[p.name] = hashlib.sha256(data).hexdigest()
+    return {"records": records, "files": files}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory) -> Path:
+    home = _home(tmp_path_factory, "uninterrupted")
+    _run(home)
+    return home
+
+
+def test_a_killed_pipeline_reruns_to_the_same_figures(uninterrupted, tmp_path_factory):
+    seed = kill_seed()
+    rng = random.Random(seed)
+    home = _home(tmp_path_factory, "killed")
+
+    # 1. In the middle of training: once some run has logged a random number of steps.
+    steps = rng.randint(3, 15)
+
+    def training(_):
+        return any(max((json.loads(line).get("step") or -1 for line in m.read_text().splitlines()[:-1]
+                        if line.strip()), default=-1) >= steps for m in (home / "runs").glob("*/metrics.jsonl"))
+
+    _kill_when(home, training, seed, f"step {steps} of the first training run")
+    assert not (home / "figures").exists() and not (home / "_build" / "html").exists()
+
+    # 2. In the middle of executing a notebook, a random one of the first three.
+    nth = rng.randint(1, 3)
+
+    def executing(stdout):
+        started = re.findall(r"\] execute (\S+)", stdout)
+        return len(started) >= nth and any((home / "_build" / "pipeline").glob(f"staging-*/execute/{started[-1]}"))
+
+    _kill_when(home, executing, seed, f"notebook {nth}")
+    assert not (home / "figures").exists() and not (home / "_build" / "html").exists()
+
+    # 3. Rerun: it finishes, with the uninterrupted run's figures and glued numbers.
+    _run(home)
+    cache = Path("_build") / "pipeline" / "cache"
+    assert _figure_data(home) == _figure_data(uninterrupted), f"kill seed {seed}"
+    assert _glued(home / cache) == _glued(uninterrupted / cache) != {}, f"kill seed {seed}"
+    assert (home / "_build" / "html" / "index.html").exists()
+
+    # 4. A forced re-execution killed in the middle of its notebooks leaves the finished figures and book as they were.
+    figures, html = _tree(home / "figures"), _tree(home / "_build" / "html")
+    nth = rng.randint(1, 3)
+    _kill_when(home, executing, seed, f"notebook {nth} of a forced re-execution", "--force")
+    assert _tree(home / "figures") == figures and _tree(home / "_build" / "html") == html, f"kill seed {seed}"
+    assert not list(home.glob(".figures.old-*")) and not list((home / "_build").glob(".html.old-*"))
