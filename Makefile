@@ -1,6 +1,8 @@
 # Two commands for a new user: `make book` and `make test`. Everything else is set up on the way.
 SHELL := /bin/bash
-PYTHON ?= python3.11
+# Python 3.12: the first python3.12 that runs (a pyenv shim that names no installed 3.12 does not), else pyenv's own.
+PYTHON ?= $(shell for p in python3.12 $$(pyenv root 2>/dev/null)/versions/3.12*/bin/python3.12; do \
+	"$$p" -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null && { echo "$$p"; break; }; done)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -15,7 +17,9 @@ help:
 
 # The virtual environment: pinned versions from requirements.lock (pip constraints), the project in editable mode.
 $(STAMP): pyproject.toml requirements.lock
-	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found; this project needs Python 3.11 (set PYTHON=...)" >&2; exit 1; }
+	@[ -n "$(PYTHON)" ] && command -v $(PYTHON) >/dev/null || { echo "error: no Python 3.12 found; this project needs Python 3.12 (install it, or set PYTHON=/path/to/python3.12)" >&2; exit 1; }
+	@if [ -x $(PY) ] && ! $(PY) -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then \
+		echo "$(VENV) holds another Python: making it again with $(PYTHON)"; rm -rf $(VENV); fi
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
 	$(PY) -m pip install --quiet --upgrade pip setuptools wheel && \

@@ -33,7 +33,7 @@ def main():
 
         model, source = load_model(args.run), args.run
     else:
-        config = DiffEqFormerConfig(seq_len=128, hidden_dim=128, num_layers=6, num_heads=4, time_embed_dim=8,
+        config = DiffEqFormerConfig(max_seq_len=128, hidden_dim=128, num_layers=6, num_heads=4, time_embed_dim=8,
                                     sinusoidal_dim=32)
         model, source = config.build(hax.Axis("vocab", 4096), key=jax.random.PRNGKey(0)), "random cpu-size model"
     ids = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (args.tokens,), 0, model.Vocab.size), dtype=np.int32)

@@ -42,10 +42,10 @@ def load(run: str, sequences: int):
         return load_model(run), validation_data(run, sequences), run
     import haliax as hax
 
-    config = DiffEqFormerConfig(seq_len=128, hidden_dim=128, num_layers=6, num_heads=4, time_embed_dim=8,
+    config = DiffEqFormerConfig(max_seq_len=128, hidden_dim=128, num_layers=6, num_heads=4, time_embed_dim=8,
                                 sinusoidal_dim=32)
     model = config.build(hax.Axis("vocab", 4096), key=jax.random.PRNGKey(0))
-    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (sequences, config.seq_len), 0, 4096))
+    tokens = np.asarray(jax.random.randint(jax.random.PRNGKey(1), (sequences, config.max_seq_len), 0, 4096))
     print(f"# {run} not found: a random model of the cpu preset's size on random tokens")
     return model, TokenData.from_tokens(tokens, "random"), f"random model ({run} missing)"
 

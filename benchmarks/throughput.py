@@ -24,10 +24,10 @@ from diffeqformer.baselines import baseline_config
 
 PRESETS = {
     # name: (dimensions, batch size)
-    "tiny": (dict(seq_len=64, hidden_dim=32, num_layers=3, num_heads=2, mlp_scale=2), 4),
-    "cpu": (dict(seq_len=128, hidden_dim=128, num_layers=6, num_heads=4), 16),
-    "gpu": (dict(seq_len=512, hidden_dim=384, num_layers=6, num_heads=6), 32),
-    "small": (dict(seq_len=1024, hidden_dim=768, num_layers=12, num_heads=12), 8),
+    "tiny": (dict(max_seq_len=64, hidden_dim=32, num_layers=3, num_heads=2, mlp_scale=2), 4),
+    "cpu": (dict(max_seq_len=128, hidden_dim=128, num_layers=6, num_heads=4), 16),
+    "gpu": (dict(max_seq_len=512, hidden_dim=384, num_layers=6, num_heads=6), 32),
+    "small": (dict(max_seq_len=1024, hidden_dim=768, num_layers=12, num_heads=12), 8),
 }
 VOCAB = hax.Axis("vocab", 4096)
 
@@ -67,7 +67,7 @@ def main():
             jax.block_until_ready(loss)
             run["times"].append((time.perf_counter() - t0) / args.steps)
 
-    tokens_per_step = batch_size * base.seq_len
+    tokens_per_step = batch_size * base.max_seq_len
     gpt_tps = tokens_per_step / statistics.median(runs["gpt2"]["times"])
     device = jax.devices()[0]
     print(f"# {args.preset}: {dims}, batch {batch_size}, S={args.sinusoidal_dim}, device {device.device_kind}"

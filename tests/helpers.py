@@ -10,7 +10,7 @@ from diffeqformer import DiffEqFormerConfig
 
 # A config small enough to compile in seconds on two CPU cores.
 TINY = DiffEqFormerConfig(
-    seq_len=12, hidden_dim=16, num_layers=4, num_heads=2, mlp_scale=2, time_embed_dim=6, sinusoidal_dim=4
+    max_seq_len=12, hidden_dim=16, num_layers=4, num_heads=2, mlp_scale=2, time_embed_dim=6, sinusoidal_dim=4
 )
 VOCAB = hax.Axis("vocab", 40)
 CAUSAL = AttentionMask.causal()

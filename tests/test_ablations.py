@@ -38,8 +38,9 @@ def fake_run(root, name, *, model=None, data=None, optimizer=None, losses, compl
     return str(run)
 
 
-ODE = {"type": "diffeqformer", "num_layers": 18, "hidden_dim": 32, "num_heads": 2, "seq_len": 64, "time_embed_dim": 4}
-GPT = {"type": "gpt2", "num_layers": 24, "hidden_dim": 32, "num_heads": 2, "seq_len": 64}
+ODE = {"type": "diffeqformer", "num_layers": 18, "hidden_dim": 32, "num_heads": 2, "max_seq_len": 64,
+       "time_embed_dim": 4}
+GPT = {"type": "gpt2", "num_layers": 24, "hidden_dim": 32, "num_heads": 2, "max_seq_len": 64}
 
 
 @pytest.fixture

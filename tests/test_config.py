@@ -5,7 +5,7 @@ import time
 import pytest
 from levanter.models.gpt2 import Gpt2Config
 from levanter.models.llama import LlamaConfig
-from levanter.optim import AdamConfig
+from levanter.optim.config import AdamConfig
 from levanter.trainer import TrainerConfig
 
 from diffeqformer import DiffEqFormerConfig, paths

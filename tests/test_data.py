@@ -12,7 +12,7 @@ import time
 
 import datasets
 import pytest
-from levanter.data.text import HfSingleDatasetLMConfig, UrlSingleDatasetLMConfig
+from levanter.data.text.datasets import HfDatasetSourceConfig, LmDataConfig, UrlDatasetSourceConfig
 
 from diffeqformer import data, paths
 
@@ -119,9 +119,9 @@ def test_tokenizer_round_trip_offline(corpus, offline):
     assert tokenizer.eos_token == tokenizer.bos_token == data.END_OF_TEXT
     samples = [corpus.select("plays", "validation")[0].text[:5000], "  Fran.\tNay, answer me!\n\n’Tis 1564 — Été ☃"]
     for text in samples:
-        ids = tokenizer(text)["input_ids"]
+        ids = tokenizer.encode(text)
         assert tokenizer.decode(ids) == text
-    assert len(tokenizer(samples[0])["input_ids"]) < len(samples[0]) / 2
+    assert len(tokenizer.encode(samples[0])) < len(samples[0]) / 2
 
 
 def test_bad_arguments_name_the_parameter(corpus):
@@ -157,16 +157,19 @@ def test_unreachable_hub_is_detected_within_the_timeout(monkeypatch):
 def test_online_configs_when_the_hub_answers(monkeypatch, tmp_path):
     monkeypatch.setattr(data, "hub_reachable", lambda timeout=data.HUB_TIMEOUT_S: True)
     config = data.lm_dataset_config("wikitext103", root=tmp_path)
-    assert isinstance(config, HfSingleDatasetLMConfig)
-    assert (config.id, config.tokenizer) == (data.WIKITEXT103_ID, "gpt2")
+    assert isinstance(config, LmDataConfig) and list(config.components) == ["wikitext103"]
+    source = config.components["wikitext103"].source
+    assert isinstance(source, HfDatasetSourceConfig)
+    assert (source.id, config.tokenizer) == (data.WIKITEXT103_ID, "gpt2")
     # OpenWebText reads JSONL shards that prepare_openwebtext writes once; here they already exist.
     jsonl = tmp_path / "cache" / "openwebtext" / "jsonl"
     jsonl.mkdir(parents=True)
     for name in [f"train-{i:05d}-of-00064.jsonl.gz" for i in range(64)] + ["validation-00000-of-00001.jsonl.gz"]:
         (jsonl / name).touch()
     config = data.lm_dataset_config("openwebtext", root=tmp_path)
-    assert isinstance(config, UrlSingleDatasetLMConfig) and config.tokenizer == "gpt2"
-    assert len(config.train_urls) == 64 and config.validation_urls == [
+    source = config.components["openwebtext"].source
+    assert isinstance(source, UrlDatasetSourceConfig) and config.tokenizer == "gpt2"
+    assert len(source.train_urls) == 64 and source.validation_urls == [
         str(jsonl / "validation-00000-of-00001.jsonl.gz")
     ]
 
@@ -197,37 +200,25 @@ def test_summary_counts_add_up(corpus, capsys):
     assert f"{counts['all', 'train'].tokens:,}" in table and "validation prose: sonnets" in table
 
 
-@pytest.fixture
-def local_ray():
-    """A local Ray instance for Levanter's cache builder, shut down afterwards if this test started it."""
-    ray = pytest.importorskip("ray")
-    started = not ray.is_initialized()
-    if started:
-        ray.init(include_dashboard=False, log_to_driver=False)
-    yield
-    if started:
-        ray.shutdown()
-
-
-def test_levanter_builds_the_token_cache_offline(corpus, offline, local_ray, tmp_path):
+def test_levanter_builds_the_token_cache_offline(corpus, offline, tmp_path):
     config = data.lm_dataset_config("shakespeare", "prose", root=corpus.layout.root, cache_dir=tmp_path)
-    assert isinstance(config, UrlSingleDatasetLMConfig)
-    assert config.train_urls == [str(corpus.jsonl("prose", "train"))]
-    assert config.validation_urls == [str(corpus.jsonl("prose", "validation"))]
+    assert isinstance(config, LmDataConfig) and list(config.components) == ["shakespeare"]
+    source = config.components["shakespeare"].source
+    assert source.train_urls == [str(corpus.jsonl("prose", "train"))]
+    assert source.validation_urls == [str(corpus.jsonl("prose", "validation"))]
     assert config.tokenizer == str(corpus.tokenizer_dir)
-    cache = config.build_or_load_cache("validation", monitors=False)
-    cache.await_finished()
+    cache = config.build_caches("validation")["shakespeare"]  # built in this process, finished when it returns
     (document,) = corpus.select("prose", "validation")
     ids = cache[0]["input_ids"]
     tokenizer = config.the_tokenizer
     assert ids[0] == ids[-1] == tokenizer.eos_token_id
-    # Levanter wraps each document as BOS + " " + text + " " + EOS.
-    assert tokenizer.decode(ids[1:-1]) == f" {document.text} "
+    # Levanter wraps each document as BOS + text + " " + EOS (its batch tokenizer appends " " + EOS to the text).
+    assert tokenizer.decode(ids[1:-1]) == f"{document.text} "
 
 
-def test_training_sequences_are_shuffled(corpus, offline, local_ray, tmp_path, monkeypatch):
-    """``data.shuffle`` (default on) permutes the training sequences; off, they come in corpus order (Levanter's
-    own default): the first sequence is the start of the first document."""
+def test_training_sequences_are_shuffled(corpus, offline, tmp_path, monkeypatch):
+    """``data.shuffle`` (default on) permutes all training sequences. Off, Levanter's training mixture only permutes
+    them within blocks of ``mixture_block_size`` sequences: the first batches come from the start of the corpus."""
     import functools
 
     import haliax as hax
@@ -240,14 +231,18 @@ def test_training_sequences_are_shuffled(corpus, offline, local_ray, tmp_path, m
     monkeypatch.setattr(data, "lm_dataset_config", functools.partial(
         data.lm_dataset_config, root=corpus.layout.root, cache_dir=tmp_path))
     Pos = hax.Axis("position", 64)
-    first, length = {}, {}
+    positions = {}
     for shuffle in (True, False):
         config = DataConfig(domain="prose", shuffle=shuffle).levanter_config()
-        train = config.train_set(Pos, BatchSchedule(4), monitors=False, key=jax.random.PRNGKey(0)).as_sync_dataset()
+        documents = config.build_caches("train")["shakespeare"].as_sync_dataset()
+        stream = np.concatenate([documents[i]["input_ids"] for i in range(len(documents))])  # corpus order
+        in_order = stream[: len(stream) // Pos.size * Pos.size].reshape(-1, Pos.size).astype(np.int32)
+        index = {row.tobytes(): i for i, row in enumerate(in_order)}
+        train = config.train_set(Pos, BatchSchedule(4), key=jax.random.PRNGKey(0)).as_sync_dataset()
         with jax.numpy_dtype_promotion("standard"):  # Levanter's LmExample.causal multiplies a bool mask by floats
-            first[shuffle] = np.stack([np.asarray(train[i].tokens.array) for i in range(8)])
-        length[shuffle] = len(train)
-    assert DataConfig().shuffle and length[True] == length[False]
-    assert not np.array_equal(first[True], first[False])
-    document = corpus.select("prose", "train")[0]
-    assert config.the_tokenizer.decode(first[False][0][1:]).startswith(f" {document.text[:80]}")
+            first = [np.asarray(train[i].tokens.array, dtype=np.int32) for i in range(16)]
+        positions[shuffle] = [index[row.tobytes()] for row in first]
+    block = config.mixture_block_size
+    assert DataConfig().shuffle and len(in_order) > 2 * block
+    assert max(positions[False]) < block, positions
+    assert max(positions[True]) >= block and positions[True] != positions[False], positions

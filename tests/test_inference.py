@@ -44,7 +44,7 @@ def model():
 
 @pytest.fixture(scope="module")
 def ids():
-    return np.asarray(jax.random.randint(jax.random.PRNGKey(1), (Batch.size, tiny().seq_len), 0, VOCAB.size))
+    return np.asarray(jax.random.randint(jax.random.PRNGKey(1), (Batch.size, tiny().max_seq_len), 0, VOCAB.size))
 
 
 def _forward(m, ids):
@@ -201,7 +201,7 @@ def test_validation_data_follows_the_run_config(tmp_path):
     source = paths.CONFIG / "smoke" / "diffeqformer.yaml"
     (tmp_path / "config.yaml").write_text(source.read_text())
     data = validation_data(tmp_path, num_sequences=3)
-    seq_len = load_config(source).model.seq_len
+    seq_len = load_config(source).model.max_seq_len
     assert data.tokens.shape == data.segment_ids.shape == data.loss_mask.shape == (3, seq_len)
     np.testing.assert_array_equal(data.loss_mask[:, :-1], 1.0)
     np.testing.assert_array_equal(data.loss_mask[:, -1], 0.0)

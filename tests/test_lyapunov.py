@@ -64,9 +64,7 @@ def test_lorenz_exponents():
 def test_exponent_sum_equals_mean_divergence():
     """sum_i lambda_i = time average of tr J; for Lorenz the constant -(sigma + 1 + beta). Float64: in float32 the
     tangent updates' rounding limits this identity to ~5e-4 relative over 10^4 steps (measured)."""
-    from jax.experimental import enable_x64
-
-    with enable_x64():
+    with jax.enable_x64(True):
         exps = lyapunov_spectrum(_lorenz, jnp.array([1.0, 1.0, 1.0], jnp.float64), 0.0, 50.0, 0.005, transient=5.0)
         assert exps.dtype == jnp.float64
         assert abs(float(exps.sum()) + (10.0 + 1.0 + 8.0 / 3.0)) < 1e-6, exps
@@ -95,7 +93,7 @@ def model_and_ids():
 def test_trajectory_is_the_forward_pass(model_and_ids):
     model, ids = model_and_ids
     xs = trajectory(model, ids)
-    assert xs.shape == (model.config.num_layers + 1, model.config.seq_len, model.config.hidden_dim)
+    assert xs.shape == (model.config.num_layers + 1, model.config.max_seq_len, model.config.hidden_dim)
     logits = hax.dot(model.ln_f(hax.named(xs[-1], (model.Pos, model.Embed))), model.get_lm_head(), axis="embed")
     np.testing.assert_allclose(logits.rearrange(("position", "vocab")).array,
                                model(ids, CAUSAL).rearrange(("position", "vocab")).array, atol=1e-5)
@@ -107,7 +105,7 @@ def test_token_lyapunov_matches_direct_method(model_and_ids, output_position):
     fast = token_lyapunov(model, ids, output_position=output_position)
     direct = token_lyapunov(model, ids, output_position=output_position, direct=True)
     np.testing.assert_allclose(fast.exponents.values, direct.exponents.values, atol=1e-4, equal_nan=True)
-    n = model.config.seq_len
+    n = model.config.max_seq_len
     out = output_position % n
     assert np.all(np.isnan(fast.max_exponent.values[out + 1:]))  # causality: later tokens have no influence
     assert np.all(np.isfinite(fast.max_exponent.values[: out + 1]))
@@ -132,7 +130,7 @@ def test_weight_shared_model_runs():
 
 def test_attribution_baselines(model_and_ids):
     model, ids = model_and_ids
-    n = model.config.seq_len
+    n = model.config.max_seq_len
     raw = raw_attention_scores(model, ids)
     roll = attention_rollout(model, ids)
     gxi = gradient_x_input(model, ids)
@@ -149,7 +147,7 @@ def test_rendering(model_and_ids):
 
     matplotlib.use("Agg")
     model, ids = model_and_ids
-    words = [f"w{i}<" for i in range(model.config.seq_len)]
+    words = [f"w{i}<" for i in range(model.config.max_seq_len)]
     ds = token_lyapunov(model, ids, tokens=words)
     page = tokens_html(words, ds.max_exponent.values, output_position=-1)
     assert page.count("<span") == len(words) and "w3&lt;" in page
@@ -160,7 +158,7 @@ def test_rendering(model_and_ids):
 def test_attribution_scores_equal_the_single_methods(model_and_ids):
     model, ids = model_and_ids
     out = 7
-    words = [f"w{i}" for i in range(model.config.seq_len)]
+    words = [f"w{i}" for i in range(model.config.max_seq_len)]
     df = attribution_scores(model, ids, out, tokens=words)
     assert list(df.columns) == ["text", *METHODS] and df.attrs["output_position"] == out
     assert set(METHOD_KEYS) == set(METHODS)
@@ -183,7 +181,7 @@ def test_timings_compare_the_two_methods(model_and_ids):
     table = timings(model, ids, repeats=1)
     assert list(table.index) == ["fast (reverse-mode rows)", "direct (full Jacobian)"]
     assert (table.median_s > 0).all() and (table.compile_s > 0).all()
-    assert table.attrs["max_abs_difference"] < 1e-4 and table.attrs["tokens"] == model.config.seq_len
+    assert table.attrs["max_abs_difference"] < 1e-4 and table.attrs["tokens"] == model.config.max_seq_len
     assert table.attrs["speedup"] == pytest.approx(table.median_s.iloc[1] / table.median_s.iloc[0])
     with pytest.raises(ValueError, match="repeats"):
         timings(model, ids, repeats=0)
@@ -194,15 +192,15 @@ def test_encode_text_and_score_rendering(model_and_ids, tmp_path):
 
     matplotlib.use("Agg")
     from diffeqformer.synthetic import prepare
-    from levanter.compat.hf_checkpoints import load_tokenizer
+    from diffeqformer.data import load_tokenizer
 
     tok = load_tokenizer(prepare(tmp_path, train_documents=2, validation_documents=1).tokenizer)
     ids, labels = encode_text(tok, "alice takes the\nbook .", max_tokens=4)
-    assert ids.dtype == np.int32 and list(ids) == tok("alice takes the book")["input_ids"][-4:]
+    assert ids.dtype == np.int32 and list(ids) == tok.encode("alice takes the book")[-4:]
     assert labels == ["alice", "takes", "the", "book"]
 
     model, ids = model_and_ids
-    words = [f"w{i}<" for i in range(model.config.seq_len)]
+    words = [f"w{i}<" for i in range(model.config.max_seq_len)]
     df = attribution_scores(model, ids, 5, tokens=words)
     page = scores_html(df)
     assert page.count("<tr>") == len(METHODS) and page.count("<span") == len(METHODS) * len(words)
@@ -231,11 +229,11 @@ def test_corpus_example_and_headline(model_and_ids, tmp_path):
         corpus_example("From fairest", vocab_size=300, root=tmp_path)  # in the training split only
 
     model, ids = model_and_ids
-    words = [f" w{i}" for i in range(model.config.seq_len)]
+    words = [f" w{i}" for i in range(model.config.max_seq_len)]
     df = attribution_scores(model, ids, 6, tokens=words)
     timing = timings(model, ids, repeats=1)
     text = headline(df, timing, tokenizer=example.tokenizer)
-    assert text["tokens"] == str(model.config.seq_len) and text["output_token"] == "'w6'"
+    assert text["tokens"] == str(model.config.max_seq_len) and text["output_token"] == "'w6'"
     best = df["lyapunov (max exponent)"].iloc[:6].nlargest(3).index
     assert text["top_lyapunov_max"] == ", ".join(f"'w{i}'" for i in best)
     assert text["speedup"] == f"{timing.attrs['speedup']:.1f}" and "predicted" in text

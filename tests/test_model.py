@@ -289,14 +289,16 @@ def test_random_step_offset_is_validated():
 def test_random_step_offset_trains_with_levanter(tmp_path):
     """Levanter's loss function sees a different grid for each key (its trainer passes one per step), and Levanter's
     trainer brings the loss down with random step placement."""
-    from levanter.models.lm_model import LmExample, compute_next_token_loss
+    from levanter.models.lm_model import LmExample
+
+    from diffeqformer.train import next_token_loss
     from test_training import _train
 
     config = tiny(random_step_offset=True)
     model = config.build(VOCAB, key=jax.random.PRNGKey(1))
-    tokens = hax.named(jnp.arange(config.seq_len, dtype=jnp.int32) % VOCAB.size, config.Pos)
+    tokens = hax.named(jnp.arange(config.max_seq_len, dtype=jnp.int32) % VOCAB.size, config.Pos)
     example = LmExample.causal(tokens)
-    loss = eqx.filter_jit(compute_next_token_loss)
+    loss = eqx.filter_jit(next_token_loss)
     with jax.numpy_dtype_promotion("standard"):  # Levanter's loss mixes its integer mask with floats
         l1, l2 = (float(loss(model, example, key=jax.random.PRNGKey(k))) for k in (1, 2))
     assert l1 != l2

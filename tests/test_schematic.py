@@ -8,7 +8,7 @@ from diffeqformer import DiffEqFormerConfig, schematic
 
 
 def _model(getkey, **kw):
-    config = DiffEqFormerConfig(seq_len=16, hidden_dim=16, num_layers=3, num_heads=2, mlp_scale=2,
+    config = DiffEqFormerConfig(max_seq_len=16, hidden_dim=16, num_layers=3, num_heads=2, mlp_scale=2,
                                 time_embed_dim=4, sinusoidal_dim=4, **kw)
     return config.build(hax.Axis("vocab", 32), key=getkey())
 

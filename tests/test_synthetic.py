@@ -49,18 +49,18 @@ def test_documents_are_deterministic_and_in_vocabulary():
 
 
 def test_tokenizer_matches_encode(tmp_path):
-    from levanter.compat.hf_checkpoints import load_tokenizer
+    from diffeqformer.data import load_tokenizer
 
     config = prepare(tmp_path, train_documents=5, validation_documents=2)
     tok = load_tokenizer(config.tokenizer)
     p = prompts(1, seed=2)[0]
-    ids = tok(" ".join(p.words))["input_ids"]
+    ids = tok.encode(" ".join(p.words), add_special_tokens=True)
     assert list(encode(p)[1:]) == [i for i in ids if i != tok.bos_token_id][: len(p.words)]
     assert len(tok) == len(VOCABULARY)
 
 
 def test_benchmark_runs_on_a_random_model(tmp_path):
-    config = DiffEqFormerConfig(seq_len=64, hidden_dim=16, num_layers=2, num_heads=2, mlp_scale=2,
+    config = DiffEqFormerConfig(max_seq_len=64, hidden_dim=16, num_layers=2, num_heads=2, mlp_scale=2,
                                 time_embed_dim=4, sinusoidal_dim=4)
     model = config.build(hax.Axis("vocab", len(VOCABULARY)), key=jax.random.PRNGKey(0))
     items = prompts(4, seed=5, context_items=1)

@@ -96,7 +96,7 @@ def _decayed_paths(optimizer_config, model):
 def test_paper_weight_decay_masks():
     """ODE model: decay on the embeddings only; baselines: attention/MLP weights and embeddings (not biases, norms)."""
     from helpers import VOCAB, tiny
-    from levanter.optim import AdamConfig
+    from levanter.optim.config import AdamConfig
 
     from diffeqformer.baselines import baseline_config
     from diffeqformer.train import with_paper_weight_decay

@@ -9,14 +9,14 @@ import pytest
 from helpers import VOCAB, tiny
 from levanter.checkpoint import CheckpointerConfig
 from levanter.data.dataset import ListAsyncDataset
-from levanter.distributed import RayConfig
-from levanter.lora import LoraConfig, loraize, lora_trainable_params_filter
-from levanter.models.lm_model import LmExample, compute_next_token_loss
-from levanter.optim import AdamConfig
+from levanter.adaptor.lora import LoraConfig, loraize, lora_trainable_params_filter
+from levanter.models.lm_model import LmExample
+from levanter.optim.config import AdamConfig
 from levanter.tracker import NoopConfig
 from levanter.trainer import Trainer, TrainerConfig
 
 from diffeqformer.baselines import baseline_config
+from diffeqformer.train import next_token_loss
 
 STEPS = 25
 
@@ -31,7 +31,7 @@ def _dataset(Pos, n=8 * STEPS, seed=0):
         for _ in range(Pos.size - 1):
             tokens.append(int(perm[tokens[-1]]))
         examples.append(LmExample.causal(hax.named(jnp.asarray(tokens, dtype=jnp.int32), Pos)))
-    return ListAsyncDataset(examples, is_complete=True)
+    return ListAsyncDataset(examples)
 
 
 def _train(tmp_path, model_init, Pos, *, is_trainable=True, steps=STEPS, lr=3e-2):
@@ -43,7 +43,6 @@ def _train(tmp_path, model_init, Pos, *, is_trainable=True, steps=STEPS, lr=3e-2
         checkpointer=CheckpointerConfig(base_path=str(tmp_path / "ckpt"), save_interval=None),
         log_dir=tmp_path / "logs",
         require_accelerator=False,
-        ray=RayConfig(auto_start_cluster=False),
         id="test",
         jax_config={},  # keep the strict promotion of conftest: Levanter's defaults would reset nothing else
     )
@@ -52,7 +51,7 @@ def _train(tmp_path, model_init, Pos, *, is_trainable=True, steps=STEPS, lr=3e-2
     losses = []
     # Levanter's trainer internals mix integer step counters with floats; the strict promotion of our tests is for our
     # code, so the trainer runs under JAX's standard rules.
-    with jax.numpy_dtype_promotion("standard"), Trainer(config, optimizer, compute_next_token_loss) as trainer:
+    with jax.numpy_dtype_promotion("standard"), Trainer(config, optimizer, next_token_loss) as trainer:
         state = trainer.initial_state(jax.random.PRNGKey(0), model_init=model_init, is_trainable=is_trainable)
         loader = trainer.data_loader(_dataset(Pos)).iter_from_step(0)
         for info in trainer.training_steps(state, loader):
@@ -78,8 +77,8 @@ def test_levanter_trainer_reduces_loss(tmp_path, changes):
 def test_levanter_baselines_train_at_same_dims(tmp_path, kind):
     config = tiny()
     base = baseline_config(config, kind)
-    assert (base.hidden_dim, base.num_layers, base.num_heads, base.seq_len) == (16, 4, 2, 12)
-    losses, _ = _train(tmp_path, lambda: base.build(VOCAB, key=jax.random.PRNGKey(1)), base.Pos)
+    assert (base.hidden_dim, base.num_layers, base.num_heads, base.max_seq_len) == (16, 4, 2, 12)
+    losses, _ = _train(tmp_path, lambda: base.build(VOCAB, key=jax.random.PRNGKey(1)), base.max_Pos)
     _assert_learns(losses)
 
 

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .figures import log_perplexity_axis, run_path
-from .train import median_throughput, read_metrics
+from .train import median_throughput, next_token_loss, read_metrics
 
 # --------------------------------------------------------------------------------------------------- one run
 
@@ -385,7 +385,7 @@ def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4):
     import haliax as hax
     import jax
     import optax
-    from levanter.models.lm_model import LmExample, compute_next_token_loss
+    from levanter.models.lm_model import LmExample
 
     params, static = eqx.partition(model, eqx.is_inexact_array)
     optimizer = optax.adamw(learning_rate)
@@ -396,7 +396,7 @@ def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4):
 
         def loss_fn(p):
             # a fixed dropout key: a model with dropout pays for its masks as in training (the same mask each step)
-            return compute_next_token_loss(eqx.combine(p, static), batch, key=jax.random.PRNGKey(0)).scalar()
+            return next_token_loss(eqx.combine(p, static), batch, key=jax.random.PRNGKey(0)).scalar()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
@@ -459,7 +459,7 @@ def _measure(run, batch: int, steps: int) -> dict:
     config = load_config(path / "config.yaml")
     vocab = hax.Axis("vocab", json.loads((path / "complete.json").read_text())["vocab_size"])
     model = config.model.build(vocab, key=jax.random.PRNGKey(0))
-    tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", batch), config.model.Pos), 0, vocab.size)
+    tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", batch), config.model.max_Pos), 0, vocab.size)
     start = time.perf_counter()
     step, params, opt_state, planned = compiled_train_step(model, tokens)
     compile_s = time.perf_counter() - start
@@ -474,7 +474,7 @@ def _measure(run, batch: int, steps: int) -> dict:
     stats = jax.devices()[0].memory_stats() or {}
     step_s = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
     return {"run": str(run), "batch": batch, "steps": steps, "backend": jax.default_backend(),
-            "step_s": step_s, "tokens_per_second": batch * config.model.Pos.size / step_s, "compile_s": compile_s,
+            "step_s": step_s, "tokens_per_second": batch * config.model.max_Pos.size / step_s, "compile_s": compile_s,
             "rss_baseline_mib": baseline, "rss_peak_mib": peak, "training_mib": peak - baseline,
             "peak_since": "runtime start" if reset else "process start",
             "xla_planned_mib": planned / 2**20 if planned is not None else None,

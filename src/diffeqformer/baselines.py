@@ -26,7 +26,7 @@ def baseline_config(config: DiffEqFormerConfig, kind: str) -> LmConfig:
     """The ``kind`` baseline with the same width, depth (L layers), heads, MLP width, sequence length and dropout."""
     if kind == "gpt2":
         return Gpt2Config(
-            seq_len=config.seq_len,
+            max_seq_len=config.max_seq_len,
             hidden_dim=config.hidden_dim,
             num_layers=config.num_layers,
             num_heads=config.num_heads,
@@ -44,7 +44,7 @@ def baseline_config(config: DiffEqFormerConfig, kind: str) -> LmConfig:
         )
     if kind == "llama":
         return LlamaConfig(
-            seq_len=config.seq_len,
+            max_seq_len=config.max_seq_len,
             hidden_dim=config.hidden_dim,
             intermediate_dim=config.Mlp.size,
             num_layers=config.num_layers,

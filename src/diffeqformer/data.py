@@ -43,8 +43,8 @@ from pathlib import Path
 from typing import Literal
 
 import datasets
-from levanter.compat import hf_checkpoints
-from levanter.data.text import HfSingleDatasetLMConfig, UrlSingleDatasetLMConfig
+from levanter.data.text.datasets import DatasetComponent, HfDatasetSourceConfig, LmDataConfig, UrlDatasetSourceConfig
+from levanter.tokenizers import load_tokenizer as levanter_load_tokenizer
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
@@ -526,8 +526,15 @@ def train_tokenizer(texts: Iterable[str], out_dir: Path, *, vocab_size: int = DE
 
 
 def load_tokenizer(tokenizer_dir: Path):
-    """Load a tokenizer directory the way Levanter does (``levanter.compat.hf_checkpoints.load_tokenizer``)."""
-    return hf_checkpoints.load_tokenizer(str(tokenizer_dir))
+    """Load a tokenizer directory the way Levanter's data config does (``levanter.tokenizers.load_tokenizer``)."""
+    return levanter_load_tokenizer(str(tokenizer_dir))
+
+
+def single_corpus_config(name: str, source, *, tokenizer: str, cache_dir: str | Path, tags: list[str]) -> LmDataConfig:
+    """Levanter's data config of one corpus: one component ``name`` read from ``source`` (train and validation
+    splits), tokenised with ``tokenizer`` into token caches below ``cache_dir`` (a folder per split)."""
+    component = DatasetComponent(source=source, cache_dir=str(cache_dir), tags=tags)
+    return LmDataConfig(tokenizer=tokenizer, components={name: component})
 
 
 # ------------------------------------------------------------------------------------------------------- prepare
@@ -581,15 +588,15 @@ def lm_dataset_config(
     tokenizer: str | Path | None = None,
     cache_dir: str | Path | None = None,
     root: Path = paths.DATA,
-) -> UrlSingleDatasetLMConfig | HfSingleDatasetLMConfig:
-    """The Levanter dataset config of a corpus, ready for ``build_or_load_cache`` / ``train_set``.
+) -> LmDataConfig:
+    """The Levanter data config of a corpus (``single_corpus_config``), ready for ``build_caches`` / ``train_set``.
 
-    * ``shakespeare`` (offline; prepared below ``root`` on first use): a ``UrlSingleDatasetLMConfig`` whose
+    * ``shakespeare`` (offline; prepared below ``root`` on first use): a ``UrlDatasetSourceConfig`` whose
       ``train_urls`` / ``validation_urls`` are the domain's JSONL files, tokenised with the trained BPE of
       ``vocab_size`` tokens unless ``tokenizer`` (a directory or hub name) is given.
-    * ``wikitext103``: an ``HfSingleDatasetLMConfig`` for ``dlwh/wikitext_103_detokenized`` with the GPT-2
+    * ``wikitext103``: an ``HfDatasetSourceConfig`` for ``dlwh/wikitext_103_detokenized`` with the GPT-2
       tokenizer.
-    * ``openwebtext``: a ``UrlSingleDatasetLMConfig`` over local JSONL shards of ``Skylion007/openwebtext`` split as
+    * ``openwebtext``: a ``UrlDatasetSourceConfig`` over local JSONL shards of ``Skylion007/openwebtext`` split as
       nanoGPT does (``prepare_openwebtext``, run on first use: about 54 GB of download), with the GPT-2 tokenizer.
 
     The online corpora raise ``DatasetUnavailableError`` within ``HUB_TIMEOUT_S`` when the hub is unreachable.
@@ -605,32 +612,26 @@ def lm_dataset_config(
         info = prepare_corpus(root, vocab_size=None if tokenizer is not None else vocab_size)
         tokenizer_path = str(info.tokenizer_dir if tokenizer is None else tokenizer)
         tokenizer_name = info.tokenizer_dir.name if tokenizer is None else _slug(str(tokenizer))
-        return UrlSingleDatasetLMConfig(
-            train_urls=[str(info.jsonl(domain, "train"))],
-            validation_urls=[str(info.jsonl(domain, "validation"))],
-            tokenizer=tokenizer_path,
-            cache_dir=str(cache_dir or info.layout.levanter_cache(domain, tokenizer_name)),
-            tags=["shakespeare", domain],
+        source = UrlDatasetSourceConfig(
+            train_urls=[str(info.jsonl(domain, "train"))], validation_urls=[str(info.jsonl(domain, "validation"))]
+        )
+        return single_corpus_config(
+            "shakespeare", source, tokenizer=tokenizer_path, tags=[domain],
+            cache_dir=cache_dir or info.layout.levanter_cache(domain, tokenizer_name),
         )
     if domain != "all":
         raise ValueError(f"domain must be 'all' for dataset {dataset!r} (it has no domains), got {domain!r}")
     require_hub(dataset)
     online_cache = Path(root) / paths.DATA_CACHE.relative_to(paths.DATA) / dataset
     if dataset == "wikitext103":
-        return HfSingleDatasetLMConfig(
-            id=WIKITEXT103_ID,
-            tokenizer=ONLINE_TOKENIZER,
-            cache_dir=str(cache_dir or online_cache / "levanter" / ONLINE_TOKENIZER),
-            tags=[dataset],
+        source = HfDatasetSourceConfig(id=WIKITEXT103_ID)
+    else:
+        shards = prepare_openwebtext(online_cache / "jsonl")
+        source = UrlDatasetSourceConfig(
+            train_urls=[str(p) for p in shards["train"]], validation_urls=[str(p) for p in shards["validation"]]
         )
-    shards = prepare_openwebtext(online_cache / "jsonl")
-    return UrlSingleDatasetLMConfig(
-        train_urls=[str(p) for p in shards["train"]],
-        validation_urls=[str(p) for p in shards["validation"]],
-        tokenizer=ONLINE_TOKENIZER,
-        cache_dir=str(cache_dir or online_cache / "levanter" / ONLINE_TOKENIZER),
-        tags=[dataset],
-    )
+    return single_corpus_config(dataset, source, tokenizer=ONLINE_TOKENIZER, tags=[],
+                                cache_dir=cache_dir or online_cache / "levanter" / ONLINE_TOKENIZER)
 
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:

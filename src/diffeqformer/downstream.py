@@ -69,7 +69,7 @@ def evaluate(run_dir: str | Path, tasks=PAPER_TASKS, *, num_fewshot: int = 0, ma
     model = load_model(run_dir)
     tokenizer = config.data.levanter_config().the_tokenizer
     spec = [TaskConfig(task=t, num_fewshot=num_fewshot, task_alias=f"{t}_{num_fewshot}shot") for t in tasks]
-    harness = LmEvalHarnessConfig(task_spec=spec, max_examples=max_examples, max_length=config.model.seq_len)
+    harness = LmEvalHarnessConfig(task_spec=spec, max_examples=max_examples, max_length=config.model.max_seq_len)
     outputs = run_lm_eval_harness(harness, model, tokenizer, hax.Axis("batch", batch_size), {}, None)
     rows = []
     for task, metrics in (outputs or {}).get("results", {}).items():

@@ -76,7 +76,7 @@ def scale_of(run_dir) -> str:
     s = run_summary(run_dir)
     m, d = s["model"], s["data"]
     depth = f"{m.get('num_layers')} {'steps' if m.get('type') == 'diffeqformer' else 'layers'}"
-    return (f"{m.get('type')}, {depth}, {m.get('hidden_dim')}-d, seq {m.get('seq_len')}; "
+    return (f"{m.get('type')}, {depth}, {m.get('hidden_dim')}-d, seq {m.get('max_seq_len')}; "
             f"{d.get('dataset')} ({d.get('domain')}), {s['train_steps']} training steps")
 
 

@@ -2,8 +2,8 @@
 
 A DiffEqFormer pretrained with L Euler steps becomes an ordinary N-layer transformer for any N
 (``DiffEqFormerLMHeadModel.discretize``); that transformer, or a pretrained GPT/Llama as it is, is then fine-tuned on
-a target domain with Levanter's trainer, either fully or with Levanter's LoRA (``levanter.lora``: adapters on every
-linear map that ``lora.target_modules`` selects, everything else frozen).
+a target domain with Levanter's trainer, either fully or with Levanter's LoRA (``levanter.adaptor.lora``: adapters
+on every linear map that ``lora.target_modules`` selects, everything else frozen).
 
 A fine-tuning run names the finished pretraining run it starts from twice: the pretraining's config file and its run
 directory (``pretrain.config``, ``pretrain.run_dir``); the run must be complete and must have been trained with exactly
@@ -24,7 +24,6 @@ Its config hash covers the fine-tuning configuration and the pretraining's confi
 from __future__ import annotations
 
 import dataclasses
-import functools
 import hashlib
 import json
 import math
@@ -32,20 +31,18 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import equinox as eqx
-import haliax as hax
 import jax
 import jax.random as jrandom
 import levanter
 from haliax import Axis
 from haliax.partitioning import round_axis_for_partitioning
-from levanter.lora import LoraConfig, LowRankLinear, lora_trainable_params_filter, loraize, merge_lora_modules
-from levanter.models.lm_model import compute_next_token_loss
-from levanter.optim import AdamConfig, OptimizerConfig
+from levanter.adaptor.lora import LoraConfig, lora_trainable_params_filter, loraize, merge_lora_modules
+from levanter.optim.config import AdamConfig, OptimizerConfig
 from levanter.tracker import NoopConfig
-from levanter.trainer import TrainerConfig
+from levanter.trainer import Trainer, TrainerConfig
 from levanter.utils.jax_utils import parameter_count
 
 from . import paths, train
@@ -55,12 +52,12 @@ from .train import (
     MODEL_FILE,
     DataConfig,
     TrainConfig,
-    Trainer,
     cli,
     dump_config,
     finish_run,
     fit,
     load_config,
+    next_token_loss,
     read_metrics,
     run_dir_of,
     run_lock,
@@ -75,6 +72,16 @@ METHODS = ("lora", "full")
 """Fine-tuning methods: LoRA adapters only, or every parameter."""
 PRETRAIN_CONFIG = "pretrain_config.yaml"
 """The copy of the pretraining's ``config.yaml`` in a fine-tuning run directory."""
+
+
+@dataclass(frozen=True)
+class PaperLoraConfig(LoraConfig):
+    """Levanter's ``LoraConfig`` with LoRA's own initialisation (Hu et al., 2021): A drawn at random, B = 0, so the
+    adapted model starts as the pretrained model and the first update moves B. (Levanter's default is the reverse,
+    A = 0 and B random.)"""
+
+    zero_init_b: bool = True
+    a_init_mode: Literal["random", "zero"] = "random"
 
 
 @dataclass(frozen=True)
@@ -98,7 +105,7 @@ class FinetuneConfig:
     """Euler steps N of the discretised DiffEqFormer (any N >= 1); null for a GPT/Llama pretraining."""
     method: str = "lora"
     """'lora' (Levanter's LoRA adapters, the rest frozen) or 'full' (every parameter)."""
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: PaperLoraConfig = field(default_factory=PaperLoraConfig)
     """Levanter's LoRA: rank r, alpha (adapters scaled by alpha/r), dropout, target_modules (None: every linear map)."""
     data: DataConfig = field(default_factory=DataConfig)
     """The target domain; its tokenizer must be the pretraining's."""
@@ -109,8 +116,6 @@ class FinetuneConfig:
     """Where the run is written (default: runs/<name>)."""
     wandb: bool = False
     """Also log to Weights & Biases (off by default)."""
-    epochs: int = 100
-    """Passes over the target domain's training tokens at most."""
 
 
 @dataclass(frozen=True)
@@ -136,8 +141,6 @@ def validate(config: FinetuneConfig) -> Pretraining:
     Takes seconds: the pretrained model is built shape-only (to check the LoRA rank and targets), not loaded."""
     validate_trainer(config.trainer)
     validate_data(config.data)
-    if config.epochs < 1:
-        raise ValueError(f"epochs must be a positive integer, got {config.epochs!r}")
     if config.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
     if config.steps is not None and (not _is_int(config.steps) or config.steps < 1):
@@ -188,6 +191,9 @@ def validate(config: FinetuneConfig) -> Pretraining:
             raise ValueError(f"lora.alpha must be positive, got {config.lora.alpha!r}")
         if not 0.0 <= config.lora.dropout < 1.0:
             raise ValueError(f"lora.dropout must be in [0, 1), got {config.lora.dropout!r}")
+        if config.lora.zero_init_b and config.lora.a_init_mode == "zero":
+            raise ValueError("lora.zero_init_b with lora.a_init_mode 'zero' starts both factors at zero, and then "
+                             "neither receives a gradient: set one of them differently")
         shape = eqx.filter_eval_shape(
             lambda: adapt(pre.model.build(pretraining.Vocab, key=jrandom.PRNGKey(0)), config, key=jrandom.PRNGKey(0))
         )
@@ -210,23 +216,8 @@ def adapt(model, config: FinetuneConfig, *, key):
     if config.steps is not None:
         model = model.discretize(config.steps)
     if config.method == "lora":
-        model = _zero_lora_b(loraize(model, config.lora, key=key))
+        model = loraize(model, config.lora, key=key)
     return model
-
-
-def _zero_lora_b(model):
-    """LoRA's initialisation (Hu et al., 2021): B = 0, so that the adapted model starts as the pretrained model.
-
-    Levanter's ``loraize`` draws both factors at random, which moves every adapted weight by A B alpha/r before
-    training (with rank 4 on 32-wide layers, far more than the pretrained weights' own scale)."""
-
-    def zero_b(module):
-        if not isinstance(module, LowRankLinear):
-            return module
-        zero = dataclasses.replace(module.lora_B, weight=hax.zeros_like(module.lora_B.weight))
-        return dataclasses.replace(module, lora_B=zero)
-
-    return jax.tree_util.tree_map(zero_b, model, is_leaf=lambda node: isinstance(node, LowRankLinear))
 
 
 def trainable(config: FinetuneConfig, model):
@@ -248,10 +239,10 @@ def main(config: FinetuneConfig) -> dict:
         data = config.data.levanter_config()
         trainer_config = trainer_config_of(config, run_dir)
         optimizer = with_weight_decay(config.optimizer, DECAY_BASELINE).build(trainer_config.num_train_steps)
-        levanter.initialize(trainer_config)
+        levanter.trainer.initialize(trainer_config)
 
         start = time.time()
-        with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
+        with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
             if Vocab != pretraining.Vocab:
@@ -266,8 +257,9 @@ def main(config: FinetuneConfig) -> dict:
             }
             levanter.tracker.log_summary(counts)
             model_config = state.model.config
-            state = fit(trainer, state, config, data, data_key=data_key, Pos=model_config.Pos,
-                        flops_per_token=model_config.flops_per_token(Vocab.size), run_dir=run_dir, evaluate_first=True)
+            flops = model_config.flops_per_token(Vocab.size, model_config.max_seq_len)
+            state = fit(trainer, state, config, data, data_key=data_key, Pos=model_config.max_Pos,
+                        flops_per_token=flops, run_dir=run_dir, evaluate_first=True)
             return finish_run(
                 config, run_dir, state.model, digest, start,
                 vocab_size=Vocab.size, method=config.method, euler_steps=config.steps, **counts,
@@ -279,7 +271,8 @@ def load_model(run_dir: str | Path, *, merged: bool = False):
     """The fine-tuned model of a finished run, rebuilt from ``pretrain_config.yaml`` and ``config.yaml``.
 
     LoRA runs keep their adapters (``LoraLinear`` modules); ``merged=True`` folds them into the weights
-    (``levanter.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained model's structure."""
+    (``levanter.adaptor.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained model's
+    structure."""
     run_dir = Path(run_dir)
     complete = run_dir / "complete.json"
     if not complete.exists():

@@ -179,7 +179,7 @@ def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
     _check_positive_int(num_sequences, "num_sequences")
     run_dir = Path(run_dir)
     config = load_config(run_dir / "config.yaml")
-    eval_sets = config.data.levanter_config().tagged_eval_sets(config.model.Pos)
+    eval_sets = config.data.levanter_config().tagged_eval_sets(config.model.max_Pos)
     examples = []
     with jax.numpy_dtype_promotion("standard"):  # Levanter's LmExample.causal multiplies a bool mask by floats
         for dataset, _tags in eval_sets:
@@ -189,7 +189,7 @@ def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
             if len(examples) == num_sequences:
                 break
     if not examples:
-        raise ValueError(f"{run_dir}: the validation set holds no sequence of length {config.model.seq_len}")
+        raise ValueError(f"{run_dir}: the validation set holds no sequence of length {config.model.max_seq_len}")
 
     def stack(get):
         return np.stack([np.asarray(get(e)) for e in examples])
@@ -210,8 +210,9 @@ def as_token_data(data, model: DiffEqFormerLMHeadModel | None = None) -> TokenDa
     if not data.segment_ids.shape == data.loss_mask.shape == data.tokens.shape:
         raise ValueError("tokens, segment_ids and loss_mask must have the same shape")
     if model is not None:
-        if data.tokens.shape[1] > model.config.seq_len:
-            raise ValueError(f"sequences of {data.tokens.shape[1]} tokens exceed model.seq_len={model.config.seq_len}")
+        if data.tokens.shape[1] > model.config.max_seq_len:
+            raise ValueError(f"sequences of {data.tokens.shape[1]} tokens exceed "
+                             f"model.max_seq_len={model.config.max_seq_len}")
         if data.tokens.min() < 0 or data.tokens.max() >= model.Vocab.size:
             raise ValueError(f"token ids must be in [0, {model.Vocab.size})")
     if data.loss_mask.sum() <= 0:

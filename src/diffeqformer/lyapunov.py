@@ -498,7 +498,7 @@ def headline(scores: "pd.DataFrame", timing: "pd.DataFrame | None" = None, *, to
 def encode_text(tokenizer, text: str, *, max_tokens: int | None = None) -> tuple[np.ndarray, list[str]]:
     """Token ids of ``text`` (no special tokens added), at most ``max_tokens`` of them, and each token decoded on its
     own for display (line breaks shown as a return sign, so that a label stays on one line)."""
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = tokenizer.encode(text, add_special_tokens=False)
     if max_tokens is not None:
         ids = ids[:max_tokens]
     labels = [_display(tokenizer.decode([i])) for i in ids]

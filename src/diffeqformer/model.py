@@ -48,8 +48,8 @@ VARIANTS = ("gpt", "llama")
 class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
     """Configuration of DiffEqFormer; ``type: diffeqformer`` in a Levanter YAML file."""
 
-    seq_len: int = 1024
-    """Maximum sequence length (learned positions for the GPT variant)."""
+    max_seq_len: int = 1024
+    """Maximum sequence length (learned positions for the GPT variant); Levanter's ``LmConfig`` field."""
     hidden_dim: int = 768
     """Model width D."""
     num_layers: int = 12
@@ -99,7 +99,8 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
     """Block size of flash attention, where used."""
 
     def __post_init__(self):
-        positive = ("seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale", "time_embed_dim", "sinusoidal_dim")
+        positive = ("max_seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale", "time_embed_dim",
+                    "sinusoidal_dim")
         for name in positive:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -123,8 +124,7 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
             raise ValueError("model.sinusoidal_scale and model.sinusoidal_max_period must be positive")
 
     # Axes
-    Pos = property(lambda self: Axis("position", self.seq_len))
-    KeyPos = property(lambda self: self.Pos.alias("key_position"))
+    Pos = property(lambda self: self.max_Pos)  # Levanter's max_Pos: Axis("position", max_seq_len)
     Embed = property(lambda self: Axis("embed", self.hidden_dim))
     Heads = property(lambda self: Axis("heads", self.num_heads))
     HeadSize = property(lambda self: Axis("head_size", self.hidden_dim // self.num_heads))
@@ -144,7 +144,7 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
 
     @property
     def checkpoint_policy(self) -> ScanCheckpointPolicy:
-        return ScanCheckpointPolicy._mk(self.gradient_checkpointing)
+        return ScanCheckpointPolicy.from_bool_or_str(self.gradient_checkpointing)
 
     def attention_config(self) -> AttentionConfig:
         return AttentionConfig(
@@ -163,7 +163,7 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
             self.sinusoidal_dim, scale=self.sinusoidal_scale, max_period=self.sinusoidal_max_period
         )
 
-    def flops_per_token(self, vocab_size: int) -> Optional[float]:
+    def flops_per_token(self, vocab_size: int, context_length: int) -> Optional[float]:
         # The hypernetwork runs once per forward pass, not per token: per token the model costs what GPT costs.
         return lm_flops_per_token(
             hidden_dim=self.hidden_dim,
@@ -171,7 +171,7 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
             num_layers=self.num_layers,
             num_kv_heads=self.num_heads,
             num_heads=self.num_heads,
-            seq_len=self.seq_len,
+            seq_len=context_length,
             vocab_size=vocab_size,
             glu=self.variant == "llama",
         )
@@ -375,7 +375,7 @@ def count_params_formula(config: DiffEqFormerConfig, vocab_size: int) -> int:
     llama = config.variant == "llama"
     linears = [(D, D)] * 4 + ([(D, M), (D, M), (M, D)] if llama else [(D, M), (M, D)])
     norm_vectors = 1 if llama else (2 if config.use_bias else 1)  # vectors per norm: weight (+ bias)
-    total = vocab_size * D + (0 if llama else config.seq_len * D) + norm_vectors * D  # embeddings + final norm
+    total = vocab_size * D + (0 if llama else config.max_seq_len * D) + norm_vectors * D  # embeddings + final norm
     if not config.time_dependent:
         total += sum(i * o + (o if config.use_bias else 0) for i, o in linears) + 2 * norm_vectors * D
         return total

@@ -265,7 +265,7 @@ DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
                    "paper": {"train": 86400, "notebook": 600, "book": 90}}
 """Guesses for the time left, used until a step has been measured in this DIFFEQFORMER_HOME."""
 
-LIBRARIES = ("jax", "jaxlib", "levanter", "haliax", "equinox", "diffrax", "numpy", "pandas", "matplotlib",
+LIBRARIES = ("jax", "jaxlib", "marin-levanter", "marin-haliax", "equinox", "diffrax", "numpy", "pandas", "matplotlib",
              "papermill", "myst-nb", "jupyter-book")
 """Library versions that enter every cache key."""
 
@@ -805,12 +805,11 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
 
 
 def _prepare_data(config) -> None:
-    """Build (or load) the token caches of a run's training and validation data."""
+    """Build (or load) the token caches of a run's training and validation data (Levanter builds them in this
+    process and returns once they are finished)."""
     levanter_data = config.data.levanter_config()
     for split in ("train", "validation"):
-        cache = levanter_data.build_or_load_cache(split, monitors=False)
-        if cache is not None:  # Levanter builds in the background (a Ray actor): wait for it to finish
-            cache.await_finished()
+        levanter_data.build_caches(split)
 
 
 def _train_worker() -> None:
@@ -1010,8 +1009,8 @@ def presets_markdown() -> str:
             if not m:  # a fine-tuning template: its scale is its pretraining's
                 scales.append(f"fine-tuning for {t.get('num_train_steps')} steps of {t.get('train_batch_size')}")
                 continue
-            scales.append(f"{m.get('hidden_dim')}-d, {m.get('num_layers')} layers or steps, seq {m.get('seq_len')}, "
-                          f"{t.get('num_train_steps')} steps of {t.get('train_batch_size')} on {d.get('dataset')}")
+            scales.append(f"{m.get('hidden_dim')}-d, {m.get('num_layers')} layers or steps, "
+                          f"seq {m.get('max_seq_len')}, {t.get('num_train_steps')} steps of {t.get('train_batch_size')} on {d.get('dataset')}")
         scale = "; ".join(dict.fromkeys(scales))
         count = len({r.key for r in runs})
         lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} | "

@@ -100,7 +100,7 @@ def prompts(n: int, seed: int = 10_000, context_items: int = 2) -> list[Prompt]:
 
 def prepare(root: Path = paths.DATA, *, train_documents: int = 4000, validation_documents: int = 200, seed: int = 0):
     """Write the synthetic corpus (JSONL) and its word-level tokenizer below ``root``; return the Levanter config."""
-    from levanter.data.text import UrlSingleDatasetLMConfig
+    from levanter.data.text.datasets import DatasetComponent, LmDataConfig, UrlDatasetSourceConfig
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -124,13 +124,11 @@ def prepare(root: Path = paths.DATA, *, train_documents: int = 4000, validation_
         )
         wrapped.save_pretrained(base / "tokenizer")
         stamp.write_text(json.dumps(settings))
-    return UrlSingleDatasetLMConfig(
-        train_urls=[str(base / "jsonl" / "train.jsonl")],
-        validation_urls=[str(base / "jsonl" / "validation.jsonl")],
-        tokenizer=str(base / "tokenizer"),
-        cache_dir=str(base / "levanter"),
-        tags=["synthetic"],
+    source = UrlDatasetSourceConfig(
+        train_urls=[str(base / "jsonl" / "train.jsonl")], validation_urls=[str(base / "jsonl" / "validation.jsonl")]
     )
+    component = DatasetComponent(source=source, cache_dir=str(base / "levanter"), tags=[])
+    return LmDataConfig(tokenizer=str(base / "tokenizer"), components={"synthetic": component})
 
 
 def encode(prompt: Prompt) -> np.ndarray:
@@ -173,12 +171,12 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir
             return pd.DataFrame({name: np.asarray(fn(m, ids, out), dtype=float) for name, fn in methods.items()})
 
     index = {i: w for i, w in enumerate(VOCABULARY)}
-    length = model.config.seq_len
+    length = model.config.max_seq_len
     rows = []
     for p_i, item in enumerate(tqdm(items, desc="attribution benchmark", disable=not progress)):
         ids = encode(item)
         if len(ids) > length:
-            raise ValueError(f"prompt {p_i} has {len(ids)} tokens, more than model.seq_len = {length}")
+            raise ValueError(f"prompt {p_i} has {len(ids)} tokens, more than model.max_seq_len = {length}")
         out = len(ids) - 1
         # Every prompt is padded to seq_len after its output position: a causal model's scores for positions up to
         # `out` do not see the padding, and one shape means one compilation for all prompts.

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import hashlib
 import json
 import logging
@@ -32,20 +31,21 @@ import jax
 import jax.random as jrandom
 from haliax import Axis
 from haliax.partitioning import round_axis_for_partitioning
-from levanter.models.lm_model import LmConfig, compute_next_token_loss
-from levanter.optim import AdamConfig, OptimizerConfig
+from levanter.models.lm_model import LmConfig, LmExample, LmHeadModel
+from levanter.optim.config import AdamConfig, OptimizerConfig
 from levanter.tracker import NoopConfig, Tracker, TrackerConfig
-from levanter.trainer import Trainer as LevanterTrainer
-from levanter.trainer import TrainerConfig
+from levanter.trainer import Trainer, TrainerConfig
 
 from . import paths
 from .model import DiffEqFormerConfig
 
 logger = logging.getLogger(__name__)
 
-LOOP_VERSION = 2
+LOOP_VERSION = 3
 """Version of the training loop's numerics, hashed into every run's config hash: runs trained by an older loop are
-trained again. 2: the train state is no longer donated to the train step (see ``Trainer``)."""
+trained again. 3: marin-levanter on JAX 0.11. (2 trained without buffer donation and with a strongly typed step
+counter, which jaxlib 0.7.2 needed for a resumed run to end bit-identical to an uninterrupted one; on JAX 0.11.2
+Levanter's own trainer does, donation and all: ``tests/test_train.py`` kills and resumes runs to check it.)"""
 
 DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
 """The paper's code decays only the embeddings of the ODE model (its hypernetworks are not decayed)."""
@@ -93,8 +93,6 @@ class TrainConfig:
     """Where the run is written (default: runs/<name>)."""
     wandb: bool = False
     """Also log to Weights & Biases (off by default)."""
-    epochs: int = 100
-    """Passes over the training tokens at most (the offline corpus is small; Levanter reshuffles each pass)."""
 
 
 def run_dir_of(config: TrainConfig) -> Path:
@@ -105,9 +103,7 @@ def validate(config: TrainConfig) -> None:
     """Reject bad input before any compute, naming the field."""
     validate_trainer(config.trainer)
     validate_data(config.data)
-    if config.epochs < 1:
-        raise ValueError(f"epochs must be a positive integer, got {config.epochs!r}")
-    for name in ("seq_len", "hidden_dim", "num_layers", "num_heads"):
+    for name in ("max_seq_len", "hidden_dim", "num_layers", "num_heads"):
         value = getattr(config.model, name, 1)
         if not isinstance(value, int) or value < 1:
             raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
@@ -182,6 +178,12 @@ def config_hash(config: TrainConfig) -> str:
     return hashlib.sha256(yaml.safe_dump(tree, sort_keys=False).encode()).hexdigest()[:16]
 
 
+def next_token_loss(model: LmHeadModel, example: LmExample, *, key=None):
+    """Levanter's next-token cross-entropy of ``model`` on ``example`` (mean over the loss weights): the loss every
+    run trains on, as Levanter's ``train_lm`` defines it (``model.compute_next_token_loss``)."""
+    return model.compute_next_token_loss(example, key=key)
+
+
 def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
     """The paper's weight-decay masks, unless the config sets its own ``weight_decay_modules``."""
     decay = DECAY_ODE if isinstance(model, DiffEqFormerConfig) and model.time_dependent else DECAY_BASELINE
@@ -193,45 +195,6 @@ def with_weight_decay(optimizer: OptimizerConfig, modules: str) -> OptimizerConf
     if optimizer.weight_decay_modules is not None:
         return optimizer
     return dataclasses.replace(optimizer, weight_decay_modules=modules, default_weight_decay_mask=False)
-
-
-class Trainer(LevanterTrainer):
-    """Levanter's trainer, made so that a run resumed from a checkpoint ends bit-identical to an uninterrupted one.
-
-    Two changes, each measured on the smoke runs (a run killed after its step-10 checkpoint and rerun):
-
-    - The train step does not donate the train state's buffers to its result. With donation (Levanter's default)
-      the training loop on XLA:CPU (jaxlib 0.7.2) is not a function of its inputs: from the second or third step on,
-      a step's new state differs in the last bits from what the same compiled step computes on bit-identical copies
-      of its input state and batch, donated or not (found by replaying every step of a GPT-2 smoke run from host
-      copies of its states). Adam turns those bits into visible differences: GPT-2 and DiffEqFormer resumed runs
-      ended 0.009 away from the uninterrupted ones, although the checkpoint held exactly the in-memory state and the
-      batches were the same. The cost is one more copy of the parameters and optimiser state during a step.
-    - The state's step counter is a strongly typed ``int32``, as in a state restored from a checkpoint. Levanter
-      starts a fresh state at ``jnp.array(0)``, a weakly typed ``~int32``, so a fresh and a resumed run traced the
-      train step with different input types and ran two different compiled programs (DiffEqFormer: 0.0012 apart
-      after 9 steps once donation was off)."""
-
-    def initial_state(self, *args, **kwargs):
-        import jax.numpy as jnp
-        from equinox import tree_at
-
-        state = super().initial_state(*args, **kwargs)
-        return tree_at(lambda s: s.step, state, jnp.asarray(state.step, dtype=jnp.int32))
-
-    @functools.cached_property
-    def _jit_train_step_fn(self):
-        return self._jit_without_donation(self._train_step)
-
-    @functools.cached_property
-    def _jit_train_step_fn_no_hook(self):
-        return self._jit_without_donation(functools.partial(self._train_step, _no_hooks=True))
-
-    def _jit_without_donation(self, step):
-        import haliax
-
-        mapping = self.parameter_axis_mapping
-        return haliax.named_jit(step, axis_resources=mapping, out_axis_resources=mapping)
 
 
 class JsonlTracker(Tracker):
@@ -325,13 +288,17 @@ def trainer_config_of(config: TrainConfig, run_dir: Path) -> TrainerConfig:
         tracker=tuple(trackers),
         checkpointer=checkpointer,
         log_dir=run_dir / "logs",
+        # Levanter traces and lowers the train step once more to store its jaxpr and HLO as tracker artifacts
+        # (about 5 s per smoke run on this CPU); no part of this project reads them.
+        log_jaxprs=False,
+        log_xla_hlo=False,
         require_accelerator=False if config.trainer.require_accelerator is None else config.trainer.require_accelerator,
     )
 
 
 def main(config: TrainConfig) -> dict:
     """Train (or resume, or skip a finished run) and return the contents of ``complete.json``."""
-    import levanter
+    import levanter.trainer
 
     validate(config)
     run_dir = run_dir_of(config)
@@ -344,15 +311,16 @@ def main(config: TrainConfig) -> dict:
         data = config.data.levanter_config()
         trainer_config = trainer_config_of(config, run_dir)
         optimizer = with_paper_weight_decay(config.optimizer, config.model).build(trainer_config.num_train_steps)
-        levanter.initialize(trainer_config)
+        levanter.trainer.initialize(trainer_config)
 
         start = time.time()
-        with Trainer(trainer_config, optimizer, functools.partial(compute_next_token_loss)) as trainer:
+        with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
             state = trainer.initial_state(training_key, model_init=lambda: config.model.build(Vocab, key=model_key))
-            state = fit(trainer, state, config, data, data_key=data_key, Pos=config.model.Pos,
-                        flops_per_token=config.model.flops_per_token(Vocab.size), run_dir=run_dir)
+            flops = config.model.flops_per_token(Vocab.size, config.model.max_seq_len)
+            state = fit(trainer, state, config, data, data_key=data_key, Pos=config.model.max_Pos,
+                        flops_per_token=flops, run_dir=run_dir)
             return finish_run(config, run_dir, state.model, digest, start, vocab_size=Vocab.size)
 
 
@@ -405,13 +373,16 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
     Hooks: validation loss every ``trainer.steps_per_eval`` steps and at the end, throughput every step.
     ``evaluate_first`` also evaluates the initial model, logged at step -1: Levanter logs the metrics of update k
     (0-indexed) at step k, so step -1 is the model before any update. A non-finite loss stops with a message and keeps
-    the last good checkpoint. ``config`` supplies ``name`` and ``epochs``."""
+    the last good checkpoint. ``config`` supplies the run's ``name``.
+
+    Levanter's training mixture restarts a corpus when it is used up, with the same permutation, so a small corpus is
+    read for as many passes as ``num_train_steps`` takes."""
     import levanter.callbacks
     import levanter.eval
     from levanter.callbacks import StepInfo
 
     trainer_config = trainer.config
-    train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key, epochs=config.epochs)
+    train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key)
     eval_sets = data.tagged_eval_sets(Pos)
     _check_validation_length(eval_sets, Pos)
     if int(state.step) > 0:
@@ -483,8 +454,8 @@ def _check_validation_length(eval_sets, Pos: Axis) -> None:
     for dataset, tags in eval_sets:
         if len(dataset.as_sync_dataset()) < 1:
             raise ValueError(
-                f"the validation split {tags} holds fewer tokens than model.seq_len ({Pos.size}): "
-                "lower model.seq_len or choose another data.domain"
+                f"the validation split {tags} holds fewer tokens than model.max_seq_len ({Pos.size}): "
+                "lower model.max_seq_len or choose another data.domain"
             )
 
 
