@@ -167,6 +167,36 @@ def test_failing_notebook_stops_with_its_error_and_keeps_previous_figures(tiny):
     assert not list(pipeline.work_dir().glob("staging-*"))
 
 
+def test_a_figure_built_without_pyplot_is_an_image_in_the_executed_notebook(tiny, tmp_path):
+    """The kernel loads no matplotlib backend for a ``Figure`` made without pyplot (as spectra.py makes F2's): shown
+    as an object it was text only, ``<Figure size ...>``. ``save_figure`` shows the PNG it saved."""
+    run, home = tiny
+    nb = nbformat.read(tmp_path / "notebooks" / "nb_a.ipynb", as_version=4)
+    nb.cells[1].source = (
+        "from matplotlib.figure import Figure\nfrom diffeqformer import figures\n"
+        "figures.start('nb_a', dict(preset=preset, x=x))\n"
+        "fig = Figure()\nfig.add_subplot().plot([0, x])\n"
+        "figures.save_figure(fig, 'nb_a_fig', caption='A line.')\n")
+    nbformat.write(nb, tmp_path / "notebooks" / "nb_a.ipynb")
+    run()
+    executed = next(pipeline.cache_dir().glob("nb_a-*")) / "notebook.ipynb"
+    shown = [sorted(o.data) for o in nbformat.read(executed, as_version=4).cells[-1].outputs
+             if o.output_type == "display_data"]
+    assert shown[:2] == [["image/png", "text/plain"], ["text/markdown", "text/plain"]]
+
+
+def test_a_figure_shown_as_text_stops_the_pipeline(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("display(fig)", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/plain": "<Figure size 1300x340 with 5 Axes>"})])]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    with pytest.raises(PipelineError, match="cell 0 shows a figure as text, '<Figure size 1300x340 with 5 Axes>'"):
+        pipeline.check_outputs(tmp_path / "nb.ipynb", "nb")
+    nb.cells[0].outputs[0]["data"]["image/png"] = "iVBORw0KGgo="
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    pipeline.check_outputs(tmp_path / "nb.ipynb", "nb")  # the same figure with its image
+
+
 def test_registry_and_toc_must_agree(tiny, tmp_path):
     with pytest.raises(PipelineError, match="'nb_b' is in _toc.yml but preset 'tiny' does not run it"):
         pipeline.plan("tiny", registry={"tiny": {"nb_a": {}}}, notebooks_dir=tmp_path / "notebooks",

@@ -926,7 +926,8 @@ def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
 
 def check_outputs(path: Path, notebook: str) -> None:
     """No output of the executed notebook holds a Python traceback (a logged exception does not stop Papermill, and
-    the book leaves standard error out)."""
+    the book leaves standard error out), and none shows a figure as its text (``<Figure size 1300x340 with 5
+    Axes>``, with no image: what a kernel displays for a figure when no PNG formatter is registered)."""
     nb = json.loads(Path(path).read_text())
     for i, cell in enumerate(nb["cells"]):
         for out in cell.get("outputs", []):
@@ -934,6 +935,13 @@ def check_outputs(path: Path, notebook: str) -> None:
             text = "".join(text) if isinstance(text, list) else text
             if out.get("output_type") == "error" or "Traceback (most recent call last)" in text:
                 raise PipelineError(f"notebook {notebook}: cell {i} printed a traceback:\n{text[-2000:]}")
+            data = out.get("data", {})
+            plain = data.get("text/plain", "")
+            plain = "".join(plain) if isinstance(plain, list) else plain
+            if plain.startswith("<Figure size") and not any(k.startswith("image/") for k in data):
+                raise PipelineError(f"notebook {notebook}: cell {i} shows a figure as text, {plain.strip()!r}, not "
+                                    f"as an image: show figures with diffeqformer.figures.save_figure (which "
+                                    f"displays the PNG it saved)")
 
 
 def check_figures(folder: Path, notebook: str) -> list[str]:

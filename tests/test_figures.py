@@ -1,0 +1,58 @@
+"""diffeqformer.figures: what a notebook shows for a saved figure (the PNG it saved, then the caption, whatever the
+kernel's matplotlib backend), and a provenance record that displays nothing."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+from IPython.core.formatters import format_display_data
+
+from diffeqformer import figures, paths
+
+
+@pytest.fixture
+def shown(tmp_path, monkeypatch):
+    """Figures written to a temporary folder; what the notebook would display (and glue) is collected instead."""
+    monkeypatch.setenv("DIFFEQFORMER_FIGURES", str(tmp_path / "figures"))
+    displayed, glued = [], {}
+    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: displayed.extend(objs))
+    monkeypatch.setattr(figures, "_glue_object", lambda name, value: glued.__setitem__(name, value))
+    figures.start("nb_test", dict(preset="test"))
+    return tmp_path / "figures", displayed, glued
+
+
+def _line_figure():
+    # Built without pyplot, as spectra.py and inference.py build theirs: no backend is ever loaded for it.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    fig.add_subplot().plot([0, 1, 0])
+    return fig
+
+
+def test_a_saved_figure_is_shown_as_its_png_then_its_caption(shown):
+    out, displayed, glued = shown
+    record = figures.save_figure(_line_figure(), "nb_test_line", caption="A line.")
+    data = [format_display_data(obj)[0] for obj in displayed]
+    assert len(data) == 2
+    png = (out / "nb_test_line.png").read_bytes()
+    assert base64.b64decode(data[0]["image/png"]) == png  # the saved file, not a new drawing
+    assert data[1]["text/markdown"] == f"**nb_test_line.** {record['caption']}"
+    assert "image/png" in format_display_data(glued["nb_test_line"])[0]  # another page shows it through glue
+
+
+def test_a_saved_figure_is_shown_at_screen_resolution(shown):
+    out, displayed, _ = shown
+    figures.save_figure(_line_figure(), "nb_test_line", caption="A line.")
+    width = int.from_bytes((out / "nb_test_line.png").read_bytes()[16:20], "big")
+    assert displayed[0].width == round(width * figures.SCREEN_DPI / figures.PNG_DPI)
+
+
+def test_a_record_as_a_cells_last_value_displays_nothing(shown):
+    import pandas as pd
+
+    record = figures.save_table(pd.DataFrame({"a": [1.0]}), "nb_test_table", caption="A table.")
+    assert format_display_data(record) == ({}, {})
+    assert json.loads(json.dumps(record)) == dict(record)
