@@ -1,5 +1,6 @@
 """diffeqformer.figures: what a notebook shows for a saved figure (the PNG it saved, then the caption, whatever the
-kernel's matplotlib backend), and a provenance record that displays nothing."""
+kernel's matplotlib backend), a provenance record that displays nothing, run directories recorded relative to the
+project's home."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import base64
 import json
 
 import pytest
+import yaml
 from IPython.core.formatters import format_display_data
 
 from diffeqformer import figures, paths
@@ -56,3 +58,19 @@ def test_a_record_as_a_cells_last_value_displays_nothing(shown):
     record = figures.save_table(pd.DataFrame({"a": [1.0]}), "nb_test_table", caption="A table.")
     assert format_display_data(record) == ({}, {})
     assert json.loads(json.dumps(record)) == dict(record)
+
+
+def test_provenance_records_runs_relative_to_the_home(tmp_path, monkeypatch, shown):
+    out, _, _ = shown
+    monkeypatch.setattr(paths, "HOME", tmp_path)
+    run = tmp_path / "runs" / "test-run"
+    run.mkdir(parents=True)
+    (run / "complete.json").write_text(json.dumps({"name": "test-run", "config_hash": "abc123"}))
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "model": {"type": "diffeqformer", "num_layers": 2, "hidden_dim": 8, "seq_len": 16},
+        "data": {"dataset": "d", "domain": "all"}, "trainer": {"num_train_steps": 5}}))
+    figures.start("nb_test", dict(preset="test", run="runs/test-run"), runs=["runs/test-run", run])
+    figures.save_figure(_line_figure(), "nb_test_line", caption="A line.", show=False)
+    record = json.loads((out / "nb_test_line.json").read_text())
+    assert record["runs"] == {"runs/test-run": "abc123"}
+    assert paths.home_relative(tmp_path.parent / "elsewhere") == str((tmp_path.parent / "elsewhere").resolve())

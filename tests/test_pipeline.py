@@ -401,6 +401,9 @@ def test_smoke_pipeline_end_to_end(smoke_book):  # noqa: F811
     assert {"f1_schematic", "f1_weights", "f6_curves", "f6_table"} <= names
     for record in records:
         assert "Scale: smoke preset" in record["caption"]
+        # provenance names runs relative to the home ('runs/smoke-gpt2'), not by this machine's paths
+        assert record["runs"] and all(r.startswith("runs/") for r in record["runs"]), record["runs"]
+        assert str(book.home) not in json.dumps(record), record["figure"]
         for f in record["files"]:
             assert (figures / f).stat().st_size > 0, f
     plots = {r["figure"] for r in records if any(f.endswith(".png") for f in r["files"])}  # tables are CSV only

@@ -9,8 +9,9 @@ per table) and ``glue`` per number quoted in the book's prose::
 
 Figures go to ``$DIFFEQFORMER_FIGURES`` (the pipeline points it at a temporary folder and moves the folder into
 place only when every notebook has succeeded), else ``figures/`` below ``DIFFEQFORMER_HOME``. Each ``<name>.json``
-records the notebook, its parameter values, the git commit, the configuration hash of every run the figure uses,
-the date and the scale; the caption shown in the book states the scale and, where the paper gives one, its claim.
+records the notebook, its parameter values, the git commit, the configuration hash of every run the figure uses
+(by its directory relative to ``DIFFEQFORMER_HOME``), the date and the scale; the caption shown in the book states
+the scale and, where the paper gives one, its claim.
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ class Provenance:
     notebook: str
     parameters: dict
     scale: str
-    runs: dict = field(default_factory=dict)  # run dir -> config hash
+    runs: dict = field(default_factory=dict)  # run dir (relative to DIFFEQFORMER_HOME) -> config hash
     commit: str = field(default_factory=git_commit)
     date: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
@@ -118,7 +119,7 @@ def start(notebook: str, parameters: dict, *, runs=(), scale: str | None = None)
     global _current
     if not _NAME.match(notebook):
         raise ValueError(f"notebook must be a lowercase name like 'f2_spectra', got {notebook!r}")
-    hashes = {str(run_path(r)): run_summary(r)["config_hash"] for r in runs}
+    hashes = {paths.home_relative(run_path(r)): run_summary(r)["config_hash"] for r in runs}
     if scale is None:
         preset = parameters.get("preset")
         parts = [f"{preset} preset"] if preset else []

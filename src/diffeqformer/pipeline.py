@@ -482,10 +482,9 @@ def _collect_runs(value, found: list[Run]):
 
 def _resolve(value, run_dirs: Mapping[str, Path]):
     if isinstance(value, Run):
-        run_dir = Path(run_dirs[value.key]).resolve()
         # Relative to DIFFEQFORMER_HOME (the notebooks' working directory) where possible: the book then shows
         # 'runs/cpu-gpt2', and the cache keys do not depend on where the home is.
-        return str(run_dir.relative_to(paths.HOME)) if run_dir.is_relative_to(paths.HOME) else str(run_dir)
+        return paths.home_relative(run_dirs[value.key])
     if isinstance(value, dict):
         return {k: _resolve(v, run_dirs) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
