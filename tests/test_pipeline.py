@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
-from diffeqformer import paths, pipeline
+from diffeqformer import book, paths, pipeline
 from diffeqformer.pipeline import PipelineError, Run
 
 # ----------------------------------------------------------------------------------------------- the registry
@@ -47,6 +47,10 @@ def test_notebooks_are_committed_without_outputs():
         assert len(tagged) == 1, f"{path.name}: one cell tagged 'parameters'"
         first_code = next(c for c in nb.cells if c.cell_type == "code")
         assert "google.colab" in first_code.source, f"{path.name}: the first code cell installs the package on Colab"
+        book.check_colab_cell(path)  # it clones _config.yml's repository.url and stays out of the book
+        title, question = nb.cells[0].source.split("\n\n")[:2]
+        assert title.startswith("# ") and question.startswith("**The question.**") and question.endswith("?"), \
+            f"{path.name}: the first cell is the title, then the page's question"
 
 
 # ------------------------------------------------------------------------------------------ bad input, early

@@ -20,7 +20,8 @@ the most training steps first (else in the order the registry first names them);
 pretraining.
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
-or is not in ``_toc.yml`` (or the reverse), a parameter the notebook does not declare (Papermill's
+or is not in ``_toc.yml`` (or the reverse), a Colab cell that clones another repository than ``_config.yml``'s
+or is not tagged ``remove-cell`` (``diffeqformer.book``), a parameter the notebook does not declare (Papermill's
 ``inspect_notebook``), a value of the wrong type (against the parameter's annotation, ``name: int = 3``, else the
 type of its default) and a training config that does not parse are all rejected with the offending name.
 
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import paths
+from . import book, paths
 
 
 @dataclass(frozen=True)
@@ -525,6 +526,10 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
         if nb not in in_toc:
             raise PipelineError(f"notebook {nb!r} is run by preset {preset!r} but is not in _toc.yml")
         declared = declared_parameters(path)
+        try:
+            book.check_colab_cell(path)
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
         if "preset" not in declared:
             raise PipelineError(f"{nb}: its parameters cell must declare 'preset'")
         values = {"preset": preset, **values}
@@ -1166,8 +1171,8 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
         (src / "notebooks").mkdir(parents=True)
         figures_new.mkdir()
         _copy_book_sources(src, plan_options.get("toc"))
-        for job in result.notebooks:
-            shutil.copy(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
+        for job in result.notebooks:  # as the reader sees them: code behind toggles (book.reader_view)
+            book.write_reader_view(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
             for f in (job.cache_dir / "figures").iterdir():
                 shutil.copy(f, figures_new / f.name)
         generated = src / "book" / "_generated"
