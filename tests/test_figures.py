@@ -52,6 +52,16 @@ def test_a_saved_figure_is_shown_at_screen_resolution(shown):
     assert displayed[0].width == round(width * figures.SCREEN_DPI / figures.PNG_DPI)
 
 
+def test_a_table_shows_missing_values_as_a_dash(shown):
+    import pandas as pd
+
+    _, displayed, _ = shown
+    frame = pd.DataFrame({"steps": pd.array([2, None], dtype="Int64"), "ppl": [1.5, float("nan")]})
+    figures.save_table(frame, "nb_test_table", caption="A table.")
+    html = format_display_data(displayed[0])[0]["text/html"]
+    assert "<NA>" not in html and "nan" not in html and html.count("–") == 2
+
+
 def test_a_record_as_a_cells_last_value_displays_nothing(shown):
     import pandas as pd
 

@@ -218,8 +218,10 @@ def save_table(frame, name: str, *, caption: str, paper: str | None = None, show
     if show:
         from IPython.display import HTML, Markdown, display
 
+        import pandas as pd
+
         def fmt(x):
-            if x is None or (isinstance(x, float) and x != x):
+            if x is None or x is pd.NA or (isinstance(x, float) and x != x):  # X1's tsit5 row had steps <NA>
                 return "–"
             return floatfmt.format(x) if isinstance(x, float) else str(x)
 
