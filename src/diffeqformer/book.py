@@ -6,8 +6,8 @@ renders it: every code cell's source goes behind a "Show code cell source" toggl
 its outputs stay), so that a page reads as its question (the first Markdown cell), its figures with their captions
 and its verdict ("What it shows"). Only the copy the book is built from changes: the notebooks keep their code open.
 
-**The Colab cell.** Every notebook starts with a code cell that, on Colab only, clones the repository and installs
-it. Colab opens the notebook file alone, so the clone URL is written in the cell; it must be ``_config.yml``'s
+**The Colab cell.** Every notebook's first code cell, on Colab only, clones the repository and installs it. Colab
+opens the notebook file alone, so the clone URL is written in the cell; it must be ``_config.yml``'s
 ``repository.url`` (which also makes the book's Colab buttons): ``check_colab_cell`` holds every notebook to it (the
 pipeline calls it before it runs anything) and ``python -m diffeqformer.book`` writes it into every notebook after
 a change of that URL. The cell is tagged ``remove-cell``: it stays in the notebook, where Colab needs it, and is
