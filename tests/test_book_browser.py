@@ -1,11 +1,16 @@
-"""Every page of the smoke book, opened in headless Chromium (driven by Playwright): no missing image, no broken
-internal link (page or anchor), no Python traceback in an output cell, and an "Open in Colab" link on every notebook
-page. Skipped, saying why, where Chromium or Playwright is missing (.ci/run installs Debian's chromium)."""
+"""Every page of the smoke book, opened in headless Chromium (driven by Playwright) with nothing reachable but the
+book's own server: no missing or broken image, no broken internal link (page or anchor), no Python traceback in an
+output cell, no request that leaves the book, every formula typeset (none left as raw TeX), and on every notebook
+page an "Open in Colab" link, at least as many images as the notebook saved figures (each followed by its caption),
+no figure printed as its text (``<Figure size ...>``), no Colab cell and no code shown open. A full-page screenshot
+of every page goes to ``_build/screenshots/`` (the test prints where). Skipped, saying why, where Chromium or
+Playwright is missing (.ci/run installs Debian's chromium)."""
 
 from __future__ import annotations
 
 import functools
 import http.server
+import json
 import re
 import shutil
 import threading
@@ -16,12 +21,12 @@ from urllib.parse import urldefrag, urljoin, urlparse
 import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
-from diffeqformer import pipeline
+from diffeqformer import book, paths, pipeline
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
-COLAB = "https://colab.research.google.com/github/diffeqformer/diffeqformer/blob/main/notebooks/{}.ipynb"
+SCREENSHOTS = paths.REPO / "_build" / "screenshots"
 
 pytestmark = [
     pytest.mark.pipeline,
@@ -50,14 +55,56 @@ def served_book(smoke_book):  # noqa: F811
     server.shutdown()
 
 
-_INSPECT = """() => ({
-    url: location.href,
-    ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
-    links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
-    broken_images: Array.from(document.images)
-        .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.currentSrc || i.src),
-    outputs: Array.from(document.querySelectorAll('.cell_output, .output, .traceback')).map(e => e.innerText),
-})"""
+# MathJax typesets after the page has loaded: wait for it (at most 20 s), then read the page.
+_INSPECT = r"""async () => {
+    const mj = window.MathJax && window.MathJax.startup && window.MathJax.startup.promise;
+    if (mj) await Promise.race([mj, new Promise(r => setTimeout(r, 20000))]);
+    const raw_tex = [];  // TeX delimiters in text a reader sees (code blocks and typeset math aside)
+    const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
+    while (walk.nextNode()) {
+        const node = walk.currentNode;
+        if (node.parentElement.closest('pre, code, script, style, textarea, mjx-container')) continue;
+        if (/\\\(|\\\[|\$\$/.test(node.nodeValue)) raw_tex.push(node.nodeValue.trim().slice(0, 120));
+    }
+    // a figure printed as its text, anywhere but in prose that quotes it as code (the API reference does)
+    const copy = document.body.cloneNode(true);
+    copy.querySelectorAll('code.literal, script, style').forEach(e => e.remove());
+    const figure_reprs = copy.textContent.match(/<Figure size [^>]*>/g) || [];
+    const verdict = document.getElementById('what-it-shows');
+    const images = Array.from(document.querySelectorAll('.cell_output img'));
+    return {
+        url: location.href,
+        ids: Array.from(document.querySelectorAll('[id]')).map(e => e.id),
+        links: Array.from(document.querySelectorAll('a[href]')).map(a => a.href),
+        broken_images: Array.from(document.images)
+            .filter(i => !(i.complete && i.naturalWidth > 0)).map(i => i.currentSrc || i.src),
+        outputs: Array.from(document.querySelectorAll('.cell_output, .output, .traceback')).map(e => e.innerText),
+        images: images.length,
+        images_after_verdict: verdict ? images.filter(
+            i => verdict.compareDocumentPosition(i) & Node.DOCUMENT_POSITION_FOLLOWING).length : 0,
+        // a caption is a paragraph of an output that starts with its figure's name in bold
+        // (an image shown smaller than its file is a link to the file: <a><img></a>)
+        captions: Array.from(document.querySelectorAll('.cell_output p > strong:first-child')).map(b => {
+            const before = b.parentElement.previousElementSibling;
+            return {name: b.innerText.replace(/\.$/, ''),
+                    after_image: !!before && (before.matches('img') || !!before.querySelector(':scope > img'))};
+        }),
+        figure_reprs: figure_reprs,
+        colab_cell: document.body.textContent.includes('google.colab'),
+        open_code: Array.from(document.querySelectorAll('.cell_input'))
+            .filter(e => e.checkVisibility()).map(e => e.innerText.slice(0, 80)),
+        // what follows the title: the page's question, a paragraph that ends with a question mark
+        first_after_title: (() => {
+            const h1 = document.querySelector('article.bd-article h1');
+            const next = h1 && h1.nextElementSibling;
+            return next ? {tag: next.tagName.toLowerCase(), text: next.innerText.trim()} : null;
+        })(),
+        math: document.querySelectorAll('.math').length,
+        typeset: document.querySelectorAll('mjx-container').length,
+        typeset_in_text: document.querySelectorAll('article.bd-article mjx-container').length,
+        raw_tex: raw_tex,
+    };
+}"""
 
 
 def _redirect_target(url: str) -> str | None:
@@ -80,8 +127,27 @@ def _inspect(page) -> dict:
     raise RuntimeError(f"{page.url} kept navigating")
 
 
-def crawl(base: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
-    """Visit every page reachable from index.html; return the problems found per page and what each page holds."""
+SHOT_HEIGHT = 16000
+"""Pixels of page per screenshot file: Chromium leaves most of a taller full-page screenshot blank (the API page is
+120,000 pixels tall), so a longer page is saved in parts, ``<page>-1.png``, ``<page>-2.png``, ..."""
+
+
+def _screenshot(page, folder, url: str) -> None:
+    """A full-page screenshot of the page at ``url``, in ``folder`` (``notebooks__f2_spectra.png``)."""
+    name = urlparse(url).path.strip("/").removesuffix(".html").replace("/", "__")
+    height = page.evaluate("document.documentElement.scrollHeight")
+    if height <= SHOT_HEIGHT:
+        page.screenshot(path=str(folder / f"{name}.png"), full_page=True)
+        return
+    width = page.viewport_size["width"]
+    for i, top in enumerate(range(0, height, SHOT_HEIGHT), start=1):
+        page.screenshot(path=str(folder / f"{name}-{i}.png"), full_page=True,
+                        clip={"x": 0, "y": top, "width": width, "height": min(SHOT_HEIGHT, height - top)})
+
+
+def crawl(base: str, screenshots=None) -> tuple[dict[str, list[str]], dict[str, dict]]:
+    """Visit every page reachable from index.html; return the problems found per page and what each page holds.
+    With ``screenshots`` (a folder), save a full-page screenshot of every page there."""
     sync_api = pytest.importorskip("playwright.sync_api", reason="Playwright is not installed (pip install playwright)")
     problems: dict[str, list[str]] = {}
     pages: dict[str, dict] = {}
@@ -92,6 +158,9 @@ def crawl(base: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
         # Offline: anything not served by the book's own server is answered with an abort, at once.
         page.route("**/*", lambda route: route.continue_() if route.request.url.startswith(base) else route.abort())
         bad_responses: list[str] = []
+        outside: list[str] = []
+        page.on("request", lambda r: outside.append(r.url)
+                if not r.url.startswith((base, "data:", "blob:", "about:")) else None)
         page.on("response", lambda r: bad_responses.append(f"{r.status} {r.url}")
                 if r.url.startswith(base) and r.status >= 400 and not r.url.endswith("favicon.ico") else None)
         page.on("requestfailed", lambda r: bad_responses.append(f"failed {r.url}") if r.url.startswith(base) else None)
@@ -106,6 +175,7 @@ def crawl(base: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
                 queue.append(redirect)
                 continue
             bad_responses.clear()
+            outside.clear()
             response = page.goto(url, wait_until="load")
             found = []
             if response is None or response.status >= 400:
@@ -113,10 +183,17 @@ def crawl(base: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
             info = _inspect(page)
             found += [f"image not loaded: {src}" for src in info["broken_images"]]
             found += [f"bad response: {r}" for r in bad_responses]
+            found += [f"request outside the book (it must read offline): {r}" for r in dict.fromkeys(outside)]
+            if info["math"] and info["typeset"] < info["math"]:
+                found.append(f"{info['math'] - info['typeset']} of {info['math']} formulas not typeset")
+            found += [f"raw TeX in the text: {t!r}" for t in info["raw_tex"]]
+            found += [f"a figure printed as text instead of an image: {r}" for r in info["figure_reprs"]]
             found += ["Python traceback in an output cell: " + o[:300] for o in info["outputs"]
                       if "Traceback (most recent call last)" in o]
             problems[url] = found
             pages[url] = info
+            if screenshots is not None:
+                _screenshot(page, screenshots, url)
             for link in info["links"]:
                 target, _ = urldefrag(link)
                 if target.startswith(base) and urlparse(target).path.endswith(".html") and target not in seen:
@@ -146,19 +223,57 @@ def crawl(base: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
     return problems, pages
 
 
-def test_every_page_renders_without_missing_images_broken_links_or_tracebacks(served_book):
+def saved_figures(figures_dir) -> dict[str, list[str]]:
+    """notebook -> the figures (not tables) it saved, from the provenance records beside them."""
+    out: dict[str, list[str]] = {}
+    for path in sorted(figures_dir.glob("*.json")):
+        record = json.loads(path.read_text())
+        if any(f.endswith(".png") for f in record["files"]):
+            out.setdefault(record["notebook"], []).append(record["figure"])
+    return out
+
+
+def test_every_page_as_a_reader_sees_it(served_book, smoke_book):  # noqa: F811
+    """The checks of the module docstring on every page; prints images per notebook page against the figures the
+    notebook saved (from the provenance records)."""
+    shutil.rmtree(SCREENSHOTS, ignore_errors=True)
+    SCREENSHOTS.mkdir(parents=True)
     start = time.perf_counter()
-    problems, pages = crawl(served_book)
+    problems, pages = crawl(served_book, SCREENSHOTS)
     seconds = time.perf_counter() - start
-    print(f"browser check: {len(pages)} pages in {seconds:.1f} s")
+    print(f"browser check: {len(pages)} pages in {seconds:.1f} s; full-page screenshots of each in {SCREENSHOTS}")
     names = {urlparse(u).path for u in pages}
     for nb in pipeline.PRESETS["smoke"]:
         assert f"/notebooks/{nb}.html" in names, f"notebook page {nb} not reachable from the index"
     assert {"/book/intro.html", "/book/reproducing.html", "/book/api.html"} <= names
-    for url, info in pages.items():
+
+    figures = saved_figures(smoke_book.home / "figures")
+    assert figures.get("f2_spectra"), "F2 saved no figure: the check below would prove nothing"
+    print(f"{'page':42s} {'images':>6s} {'figures saved':>13s}")
+    for url, info in sorted(pages.items()):
         path = urlparse(url).path
-        if path.startswith("/notebooks/"):
-            name = path.rsplit("/", 1)[1].removesuffix(".html")
-            assert COLAB.format(name) in info["links"], f"{path}: no Open-in-Colab link"
+        if not path.startswith("/notebooks/"):
+            continue
+        name = path.rsplit("/", 1)[1].removesuffix(".html")
+        saved = figures.get(name, [])
+        print(f"{path:42s} {info['images']:6d} {len(saved):13d}")
+        found = problems[url]
+        if book.colab_link(name) not in info["links"]:
+            found.append("no Open-in-Colab link")
+        if info["images"] < len(saved):
+            found.append(f"{info['images']} images for the {len(saved)} figures the notebook saved")
+        captioned = {c["name"] for c in info["captions"] if c["after_image"]}
+        found += [f"figure {f} is not an image followed by its caption" for f in saved if f not in captioned]
+        if info["colab_cell"]:
+            found.append("the Colab cell is on the page")
+        found += [f"code shown open: {c!r}" for c in info["open_code"]]
+        first = info["first_after_title"] or {"tag": "nothing", "text": ""}
+        if first["tag"] != "p" or not first["text"].endswith("?"):
+            found.append(f"the title is followed by <{first['tag']}> {first['text'][:80]!r}, not by the page's "
+                         f"question")
+        if info["images_after_verdict"]:
+            found.append(f"{info['images_after_verdict']} images after the verdict ('What it shows')")
+        if name == "f2_spectra" and not info["typeset_in_text"]:
+            found.append("no typeset formula in the text, whose introduction has formulas")
     bad = {u: p for u, p in problems.items() if p}
     assert not bad, "\n".join(f"{u}:\n  " + "\n  ".join(p) for u, p in bad.items())

@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
-from diffeqformer import paths, pipeline
+from diffeqformer import book, paths, pipeline
 from diffeqformer.pipeline import PipelineError, Run
 
 # ----------------------------------------------------------------------------------------------- the registry
@@ -47,6 +47,10 @@ def test_notebooks_are_committed_without_outputs():
         assert len(tagged) == 1, f"{path.name}: one cell tagged 'parameters'"
         first_code = next(c for c in nb.cells if c.cell_type == "code")
         assert "google.colab" in first_code.source, f"{path.name}: the first code cell installs the package on Colab"
+        book.check_colab_cell(path)  # it clones _config.yml's repository.url and stays out of the book
+        title, question = nb.cells[0].source.split("\n\n")[:2]
+        assert title.startswith("# ") and question.startswith("**The question.**") and question.endswith("?"), \
+            f"{path.name}: the first cell is the title, then the page's question"
 
 
 # ------------------------------------------------------------------------------------------ bad input, early
@@ -165,6 +169,36 @@ def test_failing_notebook_stops_with_its_error_and_keeps_previous_figures(tiny):
     assert {p.name: p.read_bytes() for p in (home / "figures").iterdir()} == before
     assert (pipeline.work_dir() / "failed" / "nb_a.ipynb").exists()
     assert not list(pipeline.work_dir().glob("staging-*"))
+
+
+def test_a_figure_built_without_pyplot_is_an_image_in_the_executed_notebook(tiny, tmp_path):
+    """The kernel loads no matplotlib backend for a ``Figure`` made without pyplot (as spectra.py makes F2's): shown
+    as an object it was text only, ``<Figure size ...>``. ``save_figure`` shows the PNG it saved."""
+    run, home = tiny
+    nb = nbformat.read(tmp_path / "notebooks" / "nb_a.ipynb", as_version=4)
+    nb.cells[1].source = (
+        "from matplotlib.figure import Figure\nfrom diffeqformer import figures\n"
+        "figures.start('nb_a', dict(preset=preset, x=x))\n"
+        "fig = Figure()\nfig.add_subplot().plot([0, x])\n"
+        "figures.save_figure(fig, 'nb_a_fig', caption='A line.')\n")
+    nbformat.write(nb, tmp_path / "notebooks" / "nb_a.ipynb")
+    run()
+    executed = next(pipeline.cache_dir().glob("nb_a-*")) / "notebook.ipynb"
+    shown = [sorted(o.data) for o in nbformat.read(executed, as_version=4).cells[-1].outputs
+             if o.output_type == "display_data"]
+    assert shown[:2] == [["image/png", "text/plain"], ["text/markdown", "text/plain"]]
+
+
+def test_a_figure_shown_as_text_stops_the_pipeline(tmp_path):
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell("display(fig)", outputs=[nbformat.v4.new_output(
+        "display_data", data={"text/plain": "<Figure size 1300x340 with 5 Axes>"})])]
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    with pytest.raises(PipelineError, match="cell 0 shows a figure as text, '<Figure size 1300x340 with 5 Axes>'"):
+        pipeline.check_outputs(tmp_path / "nb.ipynb", "nb")
+    nb.cells[0].outputs[0]["data"]["image/png"] = "iVBORw0KGgo="
+    nbformat.write(nb, tmp_path / "nb.ipynb")
+    pipeline.check_outputs(tmp_path / "nb.ipynb", "nb")  # the same figure with its image
 
 
 def test_registry_and_toc_must_agree(tiny, tmp_path):
@@ -371,6 +405,9 @@ def test_smoke_pipeline_end_to_end(smoke_book):  # noqa: F811
     assert {"f1_schematic", "f1_weights", "f6_curves", "f6_table"} <= names
     for record in records:
         assert "Scale: smoke preset" in record["caption"]
+        # provenance names runs relative to the home ('runs/smoke-gpt2'), not by this machine's paths
+        assert record["runs"] and all(r.startswith("runs/") for r in record["runs"]), record["runs"]
+        assert str(book.home) not in json.dumps(record), record["figure"]
         for f in record["files"]:
             assert (figures / f).stat().st_size > 0, f
     plots = {r["figure"] for r in records if any(f.endswith(".png") for f in r["files"])}  # tables are CSV only

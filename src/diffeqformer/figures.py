@@ -9,8 +9,9 @@ per table) and ``glue`` per number quoted in the book's prose::
 
 Figures go to ``$DIFFEQFORMER_FIGURES`` (the pipeline points it at a temporary folder and moves the folder into
 place only when every notebook has succeeded), else ``figures/`` below ``DIFFEQFORMER_HOME``. Each ``<name>.json``
-records the notebook, its parameter values, the git commit, the configuration hash of every run the figure uses,
-the date and the scale; the caption shown in the book states the scale and, where the paper gives one, its claim.
+records the notebook, its parameter values, the git commit, the configuration hash of every run the figure uses
+(by its directory relative to ``DIFFEQFORMER_HOME``), the date and the scale; the caption shown in the book states
+the scale and, where the paper gives one, its claim.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import datetime
 import json
 import os
 import re
+import struct
 import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +28,10 @@ from pathlib import Path
 from . import paths
 
 FORMATS = ("png", "svg")
+PNG_DPI = 150
+"""Pixels per inch of a figure in its PNG file."""
+SCREEN_DPI = 100
+"""Pixels per inch of a figure as the book shows it (the PNG is scaled down to that width)."""
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
@@ -97,7 +103,7 @@ class Provenance:
     notebook: str
     parameters: dict
     scale: str
-    runs: dict = field(default_factory=dict)  # run dir -> config hash
+    runs: dict = field(default_factory=dict)  # run dir (relative to DIFFEQFORMER_HOME) -> config hash
     commit: str = field(default_factory=git_commit)
     date: str = field(
         default_factory=lambda: datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
@@ -113,7 +119,7 @@ def start(notebook: str, parameters: dict, *, runs=(), scale: str | None = None)
     global _current
     if not _NAME.match(notebook):
         raise ValueError(f"notebook must be a lowercase name like 'f2_spectra', got {notebook!r}")
-    hashes = {str(run_path(r)): run_summary(r)["config_hash"] for r in runs}
+    hashes = {paths.home_relative(run_path(r)): run_summary(r)["config_hash"] for r in runs}
     if scale is None:
         preset = parameters.get("preset")
         parts = [f"{preset} preset"] if preset else []
@@ -132,16 +138,24 @@ def current() -> Provenance:
     return _current
 
 
-def _record(name: str, files: list[str], caption: str, paper: str | None) -> dict:
+class Record(dict):
+    """A figure's or table's provenance record. It displays nothing as the last value of a notebook cell: the figure
+    or table and its caption are on the page already (a cell that ended in ``save_table(...)`` printed the record)."""
+
+    def _ipython_display_(self):
+        pass
+
+
+def _record(name: str, files: list[str], caption: str, paper: str | None) -> Record:
     prov = current()
     full_caption = f"{caption} Scale: {prov.scale}." + (f" Paper: {paper}" if paper else "")
     out = figures_dir()
     for f in files:
         if not (out / f).exists() or (out / f).stat().st_size == 0:
             raise RuntimeError(f"{out / f} was not written (or is empty)")
-    record = {"figure": name, "files": files, "caption": full_caption, "notebook": prov.notebook,
-              "parameters": prov.parameters, "commit": prov.commit, "runs": prov.runs, "date": prov.date,
-              "scale": prov.scale, "paper": paper}
+    record = Record(figure=name, files=files, caption=full_caption, notebook=prov.notebook,
+                    parameters=prov.parameters, commit=prov.commit, runs=prov.runs, date=prov.date,
+                    scale=prov.scale, paper=paper)
     (out / f"{name}.json").write_text(json.dumps(record, indent=1, default=str) + "\n")
     return record
 
@@ -155,31 +169,47 @@ def _check_name(name: str) -> Path:
     return out
 
 
-def save_figure(fig, name: str, *, caption: str, paper: str | None = None, show: bool = True) -> dict:
+def save_figure(fig, name: str, *, caption: str, paper: str | None = None, show: bool = True) -> Record:
     """Save ``fig`` as ``<name>.png`` and ``<name>.svg`` with ``<name>.json`` (provenance) in ``figures_dir()``.
 
     ``caption`` says what the figure shows; the scale of the current notebook and ``paper`` (the paper's claim or
-    number, if any) are appended. With ``show`` the figure and its caption are displayed (the book renders them)
-    and the figure is glued under ``name``, so that another page can show it (MyST-NB
+    number, if any) are appended. With ``show`` the saved PNG and the caption are displayed (the book renders them)
+    and the image is glued under ``name``, so that another page can show it (MyST-NB
     ``{glue} name`` with ``:doc: ../notebooks/<notebook>.ipynb``). Returns the provenance record.
+
+    The PNG file is shown, not ``fig``: displaying a figure object gives an image only where the kernel's inline
+    backend has registered its PNG formatter, which happens when pyplot first loads the backend. A figure built
+    with ``matplotlib.figure.Figure`` in a notebook that never draws through pyplot (F2 and X1 once did) was shown
+    as its text, ``<Figure size 1300x340 with 5 Axes>``, and the book had no image.
     """
     out = _check_name(name)
     for fmt in FORMATS:
-        fig.savefig(out / f"{name}.{fmt}", dpi=150 if fmt == "png" else None, bbox_inches="tight")
+        fig.savefig(out / f"{name}.{fmt}", dpi=PNG_DPI if fmt == "png" else None, bbox_inches="tight")
     record = _record(name, [f"{name}.{fmt}" for fmt in FORMATS], caption, paper)
     if show:
         import matplotlib.pyplot as plt
         from IPython.display import Markdown, display
 
-        display(fig)
+        image = saved_image(out / f"{name}.png")
+        display(image)
         display(Markdown(f"**{name}.** {record['caption']}"))
-        _glue_object(name, fig)
-        plt.close(fig)
+        _glue_object(name, image)
+        plt.close(fig)  # a pyplot figure left open would be shown again by the inline backend at the cell's end
     return record
 
 
+def saved_image(png: Path):
+    """A saved PNG as an IPython ``Image``, displayed at ``SCREEN_DPI`` (the PNG holds ``PNG_DPI`` pixels per inch
+    of the figure: a 6.5-inch figure is shown 650 pixels wide, sharp on screens with more pixels than that)."""
+    from IPython.display import Image
+
+    data = Path(png).read_bytes()
+    width = struct.unpack(">I", data[16:20])[0]  # the PNG header (IHDR) starts with the width in pixels
+    return Image(data=data, format="png", width=round(width * SCREEN_DPI / PNG_DPI))
+
+
 def save_table(frame, name: str, *, caption: str, paper: str | None = None, show: bool = True,
-               floatfmt: str = "{:.1f}") -> dict:
+               floatfmt: str = "{:.1f}") -> Record:
     """Save a pandas DataFrame as ``<name>.csv`` with ``<name>.json`` (provenance) beside the figures, and show it
     (numbers formatted with ``floatfmt``, missing values as a dash) with its caption."""
     out = _check_name(name)
@@ -188,8 +218,10 @@ def save_table(frame, name: str, *, caption: str, paper: str | None = None, show
     if show:
         from IPython.display import HTML, Markdown, display
 
+        import pandas as pd
+
         def fmt(x):
-            if x is None or (isinstance(x, float) and x != x):
+            if x is None or x is pd.NA or (isinstance(x, float) and x != x):  # X1's tsit5 row had steps <NA>
                 return "–"
             return floatfmt.format(x) if isinstance(x, float) else str(x)
 

@@ -24,6 +24,13 @@ RUNS = HOME / "runs"
 FIGURES = HOME / "figures"
 
 
+def home_relative(path) -> str:
+    """``path`` as records and pages show it: relative to ``HOME`` where it lies below it (``runs/cpu-gpt2``, the
+    same on every machine), else absolute."""
+    path = Path(path).resolve()
+    return str(path.relative_to(HOME)) if path.is_relative_to(HOME) else str(path)
+
+
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a hidden temporary file beside it, so that a process killed while writing
     leaves the old file or the new one, never half of one."""

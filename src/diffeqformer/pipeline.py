@@ -20,7 +20,8 @@ the most training steps first (else in the order the registry first names them);
 pretraining.
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
-or is not in ``_toc.yml`` (or the reverse), a parameter the notebook does not declare (Papermill's
+or is not in ``_toc.yml`` (or the reverse), a Colab cell that clones another repository than ``_config.yml``'s
+or is not tagged ``remove-cell`` (``diffeqformer.book``), a parameter the notebook does not declare (Papermill's
 ``inspect_notebook``), a value of the wrong type (against the parameter's annotation, ``name: int = 3``, else the
 type of its default) and a training config that does not parse are all rejected with the offending name.
 
@@ -57,7 +58,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from . import paths
+from . import book, paths
 
 
 @dataclass(frozen=True)
@@ -482,10 +483,9 @@ def _collect_runs(value, found: list[Run]):
 
 def _resolve(value, run_dirs: Mapping[str, Path]):
     if isinstance(value, Run):
-        run_dir = Path(run_dirs[value.key]).resolve()
         # Relative to DIFFEQFORMER_HOME (the notebooks' working directory) where possible: the book then shows
         # 'runs/cpu-gpt2', and the cache keys do not depend on where the home is.
-        return str(run_dir.relative_to(paths.HOME)) if run_dir.is_relative_to(paths.HOME) else str(run_dir)
+        return paths.home_relative(run_dirs[value.key])
     if isinstance(value, dict):
         return {k: _resolve(v, run_dirs) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -526,6 +526,10 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
         if nb not in in_toc:
             raise PipelineError(f"notebook {nb!r} is run by preset {preset!r} but is not in _toc.yml")
         declared = declared_parameters(path)
+        try:
+            book.check_colab_cell(path)
+        except ValueError as err:
+            raise PipelineError(str(err)) from None
         if "preset" not in declared:
             raise PipelineError(f"{nb}: its parameters cell must declare 'preset'")
         values = {"preset": preset, **values}
@@ -925,7 +929,8 @@ def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
 
 def check_outputs(path: Path, notebook: str) -> None:
     """No output of the executed notebook holds a Python traceback (a logged exception does not stop Papermill, and
-    the book leaves standard error out)."""
+    the book leaves standard error out), and none shows a figure as its text (``<Figure size 1300x340 with 5
+    Axes>``, with no image: what a kernel displays for a figure when no PNG formatter is registered)."""
     nb = json.loads(Path(path).read_text())
     for i, cell in enumerate(nb["cells"]):
         for out in cell.get("outputs", []):
@@ -933,6 +938,13 @@ def check_outputs(path: Path, notebook: str) -> None:
             text = "".join(text) if isinstance(text, list) else text
             if out.get("output_type") == "error" or "Traceback (most recent call last)" in text:
                 raise PipelineError(f"notebook {notebook}: cell {i} printed a traceback:\n{text[-2000:]}")
+            data = out.get("data", {})
+            plain = data.get("text/plain", "")
+            plain = "".join(plain) if isinstance(plain, list) else plain
+            if plain.startswith("<Figure size") and not any(k.startswith("image/") for k in data):
+                raise PipelineError(f"notebook {notebook}: cell {i} shows a figure as text, {plain.strip()!r}, not "
+                                    f"as an image: show figures with diffeqformer.figures.save_figure (which "
+                                    f"displays the PNG it saved)")
 
 
 def check_figures(folder: Path, notebook: str) -> list[str]:
@@ -1158,8 +1170,8 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
         (src / "notebooks").mkdir(parents=True)
         figures_new.mkdir()
         _copy_book_sources(src, plan_options.get("toc"))
-        for job in result.notebooks:
-            shutil.copy(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
+        for job in result.notebooks:  # as the reader sees them: code behind toggles (book.reader_view)
+            book.write_reader_view(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
             for f in (job.cache_dir / "figures").iterdir():
                 shutil.copy(f, figures_new / f.name)
         generated = src / "book" / "_generated"

@@ -1,0 +1,86 @@
+"""diffeqformer.figures: what a notebook shows for a saved figure (the PNG it saved, then the caption, whatever the
+kernel's matplotlib backend), a provenance record that displays nothing, run directories recorded relative to the
+project's home."""
+
+from __future__ import annotations
+
+import base64
+import json
+
+import pytest
+import yaml
+from IPython.core.formatters import format_display_data
+
+from diffeqformer import figures, paths
+
+
+@pytest.fixture
+def shown(tmp_path, monkeypatch):
+    """Figures written to a temporary folder; what the notebook would display (and glue) is collected instead."""
+    monkeypatch.setenv("DIFFEQFORMER_FIGURES", str(tmp_path / "figures"))
+    displayed, glued = [], {}
+    monkeypatch.setattr("IPython.display.display", lambda *objs, **kw: displayed.extend(objs))
+    monkeypatch.setattr(figures, "_glue_object", lambda name, value: glued.__setitem__(name, value))
+    figures.start("nb_test", dict(preset="test"))
+    return tmp_path / "figures", displayed, glued
+
+
+def _line_figure():
+    # Built without pyplot, as spectra.py and inference.py build theirs: no backend is ever loaded for it.
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(4, 3))
+    fig.add_subplot().plot([0, 1, 0])
+    return fig
+
+
+def test_a_saved_figure_is_shown_as_its_png_then_its_caption(shown):
+    out, displayed, glued = shown
+    record = figures.save_figure(_line_figure(), "nb_test_line", caption="A line.")
+    data = [format_display_data(obj)[0] for obj in displayed]
+    assert len(data) == 2
+    png = (out / "nb_test_line.png").read_bytes()
+    assert base64.b64decode(data[0]["image/png"]) == png  # the saved file, not a new drawing
+    assert data[1]["text/markdown"] == f"**nb_test_line.** {record['caption']}"
+    assert "image/png" in format_display_data(glued["nb_test_line"])[0]  # another page shows it through glue
+
+
+def test_a_saved_figure_is_shown_at_screen_resolution(shown):
+    out, displayed, _ = shown
+    figures.save_figure(_line_figure(), "nb_test_line", caption="A line.")
+    width = int.from_bytes((out / "nb_test_line.png").read_bytes()[16:20], "big")
+    assert displayed[0].width == round(width * figures.SCREEN_DPI / figures.PNG_DPI)
+
+
+def test_a_table_shows_missing_values_as_a_dash(shown):
+    import pandas as pd
+
+    _, displayed, _ = shown
+    frame = pd.DataFrame({"steps": pd.array([2, None], dtype="Int64"), "ppl": [1.5, float("nan")]})
+    figures.save_table(frame, "nb_test_table", caption="A table.")
+    html = format_display_data(displayed[0])[0]["text/html"]
+    assert "<NA>" not in html and "nan" not in html and html.count("–") == 2
+
+
+def test_a_record_as_a_cells_last_value_displays_nothing(shown):
+    import pandas as pd
+
+    record = figures.save_table(pd.DataFrame({"a": [1.0]}), "nb_test_table", caption="A table.")
+    assert format_display_data(record) == ({}, {})
+    assert json.loads(json.dumps(record)) == dict(record)
+
+
+def test_provenance_records_runs_relative_to_the_home(tmp_path, monkeypatch, shown):
+    out, _, _ = shown
+    monkeypatch.setattr(paths, "HOME", tmp_path)
+    run = tmp_path / "runs" / "test-run"
+    run.mkdir(parents=True)
+    (run / "complete.json").write_text(json.dumps({"name": "test-run", "config_hash": "abc123"}))
+    (run / "config.yaml").write_text(yaml.safe_dump({
+        "model": {"type": "diffeqformer", "num_layers": 2, "hidden_dim": 8, "seq_len": 16},
+        "data": {"dataset": "d", "domain": "all"}, "trainer": {"num_train_steps": 5}}))
+    figures.start("nb_test", dict(preset="test", run="runs/test-run"), runs=["runs/test-run", run])
+    figures.save_figure(_line_figure(), "nb_test_line", caption="A line.", show=False)
+    record = json.loads((out / "nb_test_line.json").read_text())
+    assert record["runs"] == {"runs/test-run": "abc123"}
+    assert paths.home_relative(tmp_path.parent / "elsewhere") == str((tmp_path.parent / "elsewhere").resolve())
