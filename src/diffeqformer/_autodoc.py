@@ -17,8 +17,13 @@ def parses_cleanly(lines: list[str]) -> bool:
     from docutils.core import publish_doctree
 
     stream = io.StringIO()
-    doctree = publish_doctree("\n".join(lines), settings_overrides={
-        "report_level": 2, "halt_level": 5, "warning_stream": stream})
+    try:
+        doctree = publish_doctree("\n".join(lines), settings_overrides={
+            "report_level": 2, "halt_level": 5, "warning_stream": stream})
+    except AttributeError:
+        # A Sphinx role (``:attr:`x```, e.g. in a docstring inherited from Levanter) that plain docutils cannot run:
+        # it needs Sphinx's build environment.
+        return False
     return not stream.getvalue() and not any(doctree.findall(nodes.problematic))
 
 

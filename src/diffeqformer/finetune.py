@@ -81,7 +81,9 @@ class PaperLoraConfig(LoraConfig):
     A = 0 and B random.)"""
 
     zero_init_b: bool = True
+    """B starts at zero (LoRA's convention)."""
     a_init_mode: Literal["random", "zero"] = "random"
+    """A starts random ('random'), as in LoRA; 'zero' with zero_init_b would leave both factors without gradient."""
 
 
 @dataclass(frozen=True)

@@ -197,7 +197,7 @@ def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
     tokens = stack(lambda e: e.tokens.array).astype(np.int32)
     segments = examples[0].attn_mask.segment_ids
     seg = stack(lambda e: e.attn_mask.segment_ids[0].array) if segments is not None else np.zeros_like(tokens)
-    mask = stack(lambda e: e.loss_mask.array).astype(np.float32)
+    mask = stack(lambda e: e.loss_weight.array).astype(np.float32)
     return TokenData(tokens, seg.astype(np.int32), mask, str(run_dir))
 
 
