@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Check benchmarks/gpu/prepare.sh and run.sh without a GPU, the way the device tool would run them: a fresh Python
+# 3.12 venv stands in for the lent machine, holding only packages it has (those of lent-machine-packages.txt that
+# training imports; CPU jaxlib in place of its CUDA one), and each call gets a copy of the working tree as the tool
+# sends it (tracked and untracked-not-ignored files) plus that call's carry. The last call installs the bundle
+# offline (--no-index --no-deps) and trains a few steps on the CPU. Run prepare.sh first.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+SIM=${DIFFEQFORMER_SIM:-/tmp/diffeqformer-lent-sim}
+[ -d .gpu ] || { echo "error: no .gpu/: run benchmarks/gpu/prepare.sh first" >&2; exit 1; }
+rm -rf "$SIM" && mkdir -p "$SIM"
+"$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$SIM/venv"
+.venv/bin/python benchmarks/gpu/bundle.py present > "$SIM/present.txt"
+"$SIM/venv/bin/python" -m pip install --quiet --no-deps -r "$SIM/present.txt"
+echo "stand-in machine: $(wc -l < "$SIM/present.txt") packages"
+export PYTHON="$SIM/venv/bin/python" DIFFEQFORMER_WHEELS="$SIM/wheels" DIFFEQFORMER_SITE="$SIM/site"
+parts=$(ls -d .gpu/part-* | sort -V)
+last=$(echo "$parts" | tail -1)
+for part in $parts; do
+  call="$SIM/call" && rm -rf "$call" && mkdir -p "$call/.gpu"
+  git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$call" 2>/dev/null || true
+  cp -r "$part" "$call/.gpu/"
+  if [ "$part" != "$last" ]; then
+    (cd "$call" && bash benchmarks/gpu/run.sh stage)
+  else
+    cp -r --parents data/raw "$call"
+    (cd "$call" && DIFFEQFORMER_GPU_CHECK=cpu DIFFEQFORMER_GPU_RUN="$SIM/run" JAX_PLATFORMS=cpu \
+      bash benchmarks/gpu/run.sh stage install train --trainer.num_train_steps 5 --trainer.train_batch_size 4 \
+      --trainer.max_eval_batches 2 --trainer.per_device_eval_parallelism 4 --trainer.mp p=f32 "$@")
+  fi
+done
