@@ -44,10 +44,39 @@ def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
     assert table.loc["ours", "vs baseline %"] == pytest.approx(100 * (math.exp(4.5) / math.exp(5.0) - 1))
     assert math.isnan(table.loc["gpt", "vs baseline %"])
     assert table.loc["ours", "paper row"] == "T1 Our model-small"
+    assert table.loc["ours", "seeds"] == 1 and table.loc["ours", "verdict"] == "untested (one seed)"
     words = perplexity.headline(table)
-    assert words["ppl_ours"] == f"{math.exp(4.5):.1f}" and words["steps"] == "20"
+    assert words["ppl_ours"] == f"{math.exp(4.5):.1f}" and words["steps"] == "20" and words["seeds"] == "1 seed"
     assert words["llama_sentence"] == "No Llama pair is trained at this preset."
-    assert words["shared_sentence"].startswith("The weight-shared model ends at")
+    assert words["shared_sentence"].startswith("weight-shared against GPT-2: +")
+    assert "no spread to judge it by" in words["shared_sentence"]
+
+
+def _seeds(tmp_path, name, finals):
+    return [_run(tmp_path / f"{name}{k}", [(0, 8.0), (19, loss)], name) for k, loss in enumerate(finals)]
+
+
+def test_seeds_give_mean_spread_and_verdict(tmp_path):
+    """Three seeds per row: the table holds the mean and standard deviation of the final perplexities; a difference
+    larger than twice its standard error is a result, a smaller one is within noise."""
+    gpt = [5.00, 5.02, 4.98]
+    runs = {"gpt": _seeds(tmp_path, "g", gpt), "ours": _seeds(tmp_path, "o", [4.50, 4.53, 4.47]),
+            "shared": _seeds(tmp_path, "s", [4.90, 5.10, 5.03])}
+    frame = perplexity.curves(runs)
+    assert sorted(set(frame.seed)) == [0, 1, 2]
+    table = perplexity.final_table(runs)
+    ppl = np.exp(gpt)
+    assert table.loc["gpt", "seeds"] == 3
+    assert table.loc["gpt", "final ppl"] == pytest.approx(ppl.mean())
+    assert table.loc["gpt", "sd"] == pytest.approx(ppl.std(ddof=1))
+    assert table.loc["ours", "verdict"] == "result" and table.loc["ours", "vs baseline %"] < 0
+    assert table.loc["shared", "verdict"] == "within noise"
+    words = perplexity.headline(table, frame)
+    assert words["seeds"] == "3 seeds" and " ± " in words["ppl_ours"]
+    assert words["ours_sentence"].startswith("DiffEqFormer ends below GPT-2 by") and "a result" in words["ours_sentence"]
+    assert "within noise" in words["shared_sentence"]
+    ax = perplexity.plot_curves(frame)
+    assert len(ax.collections) == 3  # one band per row
 
 
 def test_bad_runs_are_named(runs, tmp_path):
@@ -62,4 +91,4 @@ def test_bad_runs_are_named(runs, tmp_path):
 
 def test_plot_has_one_line_pair_per_run(runs):
     ax = perplexity.plot_curves(perplexity.curves(runs))
-    assert len(ax.lines) == 6 and ax.get_yscale() == "log"
+    assert len(ax.lines) == 6 and ax.get_yscale() == "log" and not ax.collections  # one seed: no band

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from .figures import log_perplexity_axis, run_path
+from .seeds import NOISE, RESULT, UNTESTED, Comparison, as_list, compare, sign_word, spread
 from .train import median_throughput, next_token_loss, read_metrics
 
 # --------------------------------------------------------------------------------------------------- one run
@@ -248,33 +249,56 @@ def finetune_scale(table) -> str:
 # ------------------------------------------------------------------------------------------ F8-F10: ablations
 
 
-def ablation_table(runs: Sequence[str], fields: Mapping[str, str]):
-    """One row per run: the configuration values named by ``fields`` (column -> dotted config field, e.g.
-    ``{"d_t": "model.time_embed_dim"}``), model, final and best validation perplexity, parameters, training
-    tokens/s, wall time."""
+def ablation_table(runs: Sequence[str | Sequence[str]], fields: Mapping[str, str]):
+    """One row per entry of ``runs`` (a run, or a list of runs: the seeds of one setting): the configuration values
+    named by ``fields`` (column -> dotted config field, e.g. ``{"d_t": "model.time_embed_dim"}``, read from the
+    first seed), model, number of seeds, the mean final validation perplexity over the seeds and its standard
+    deviation, the mean best perplexity, parameters, mean training tokens/s, wall time; ``run`` is the first seed
+    (for measurements that do not depend on the seed), ``runs`` all of them, ``finals`` each seed's final
+    perplexity (for ``seeds.compare``)."""
     import pandas as pd
 
     records = []
-    for run in runs:
-        d = describe(run)
+    for entry in runs:
+        seeds = [describe(run) for run in as_list(entry)]
+        d = seeds[0]
+        final = spread(s["final_ppl"] for s in seeds)
         record = {column: field_of(d["config"], dotted) for column, dotted in fields.items()}
-        record.update({"model": _model_name(d), "final ppl": d["final_ppl"], "best ppl": d["best_ppl"],
-                       "params": d["total_params"], "tokens/s": d["tokens_per_second"], "run": str(run)})
+        record.update({"model": _model_name(d), "seeds": final.n, "final ppl": final.mean, "sd": final.sd,
+                       "best ppl": sum(s["best_ppl"] for s in seeds) / final.n, "params": d["total_params"],
+                       "tokens/s": sum(s["tokens_per_second"] or math.nan for s in seeds) / final.n,
+                       "run": str(as_list(entry)[0]), "runs": tuple(str(r) for r in as_list(entry)),
+                       "finals": final.values})
         records.append(record)
     return pd.DataFrame.from_records(records)
 
 
+HIDDEN_COLUMNS = ("run", "runs", "finals")
+"""Columns of an ``ablation_table`` that are for the code, not for the reader."""
+
+
+def shown(table):
+    """The table as the book shows it: without ``HIDDEN_COLUMNS``."""
+    return table.drop(columns=[c for c in HIDDEN_COLUMNS if c in table])
+
+
 def plot_ablation_curves(table, label, *, log: bool = True, ax=None, styles: Mapping | None = None):
     """Validation perplexity during training, one line per row of an ``ablation_table``, labelled by
-    ``label(row)``."""
+    ``label(row)``: the mean over the row's seeds, with the band from the lowest to the highest seed where there
+    are several."""
     import matplotlib.pyplot as plt
+    import pandas as pd
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     for row in table.itertuples():
-        curve = eval_curve(row.run)
-        ax.plot(curve.step, curve.perplexity, marker="o", ms=3, lw=1.3, label=label(row),
-                **(styles or {}).get(label(row), {}))
+        curves = pd.concat([eval_curve(r) for r in row.runs]).groupby("step").perplexity
+        text = label(row) + (f" ({row.seeds} seeds)" if row.seeds > 1 else "")
+        (line,) = ax.plot(curves.mean().index, curves.mean().values, marker="o", ms=3, lw=1.3, label=text,
+                          **(styles or {}).get(label(row), {}))
+        if row.seeds > 1:
+            ax.fill_between(curves.min().index, curves.min().values, curves.max().values, color=line.get_color(),
+                            alpha=0.2, lw=0)
     ax.set_ylabel("validation perplexity")
     if log:
         log_perplexity_axis(ax)
@@ -284,10 +308,17 @@ def plot_ablation_curves(table, label, *, log: bool = True, ax=None, styles: Map
     return ax
 
 
-def beta2_table(runs: Mapping[str, Sequence[str]]):
-    """F8 (Fig. 7): one row per run of ``runs`` (model key, e.g. ``ours`` / ``gpt`` -> its runs, differing in Adam's
-    beta2): final and best validation perplexity, and the change of the final one against the same model at
-    beta2 = 0.999 in percent (negative: better)."""
+def _verdict_words(comparison: Comparison) -> str:
+    """``+2.9%, a result`` / ``+0.4%, within noise`` / ``+0.4%, one seed``."""
+    words = {RESULT: "a result", NOISE: "within noise", UNTESTED: "one seed"}
+    return f"{100 * comparison.relative:+.1f}%, {words[comparison.verdict]}"
+
+
+def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
+    """F8 (Fig. 7): one row per setting of ``runs`` (model key, e.g. ``ours`` / ``gpt`` -> its runs, or lists of
+    seed runs, differing in Adam's beta2): final and best validation perplexity (means over seeds), the change of
+    the final one against the same model at beta2 = 0.999 in percent (negative: better), and whether that change
+    is a result or within noise (``seeds.RULE``)."""
     import pandas as pd
 
     parts = []
@@ -295,60 +326,62 @@ def beta2_table(runs: Mapping[str, Sequence[str]]):
         t = ablation_table(group, {"beta2": "optimizer.beta2"})
         t.insert(0, "key", key)
         base = t[t.beta2 == 0.999]
-        ref = float(base["final ppl"].iloc[0]) if len(base) else float("nan")
-        t["vs 0.999 %"] = 100 * (t["final ppl"] / ref - 1)
+        ref = base.finals.iloc[0] if len(base) else None
+        t["vs 0.999 %"] = [100 * (f / base["final ppl"].iloc[0] - 1) if ref else math.nan for f in t["final ppl"]]
+        t["verdict"] = ["" if (ref is None or b == 0.999) else compare(f, ref).verdict
+                        for f, b in zip(t.finals, t.beta2)]
         parts.append(t.sort_values("beta2"))
     return pd.concat(parts, ignore_index=True)
 
 
 def beta2_headline(table) -> dict[str, str]:
-    """Sentences for F8: per model key the perplexity at each beta2, and a verdict on the paper's claim (0.95 helps
-    DiffEqFormer and hurts GPT)."""
-    out, sign = {}, {}
+    """Sentences for F8: per model key the perplexity at each beta2 (mean ± sd over seeds) and the change at the
+    lower beta2 with its verdict, and a verdict on the paper's claim (0.95 helps DiffEqFormer and hurts GPT): it is
+    reproduced only where both changes are results in the claimed directions."""
+    out, change = {}, {}
     for key, rows in table.groupby("key", sort=False):
-        values = ", ".join(f"{r['final ppl']:.1f} at beta2 = {r.beta2:g}" for _, r in rows.iterrows())
-        low = rows[rows.beta2 < 0.999]
-        change = float(low["vs 0.999 %"].iloc[0]) if len(low) else float("nan")
-        sign[key] = change
-        out[key] = f"{rows.model.iloc[0]}: {values} ({change:+.1f}% for the lower beta2)"
-    ours, gpt = sign.get("ours", float("nan")), sign.get("gpt", float("nan"))
-    if math.isnan(ours) or math.isnan(gpt):
+        values = ", ".join(f"{spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
+        base, low = rows[rows.beta2 == 0.999], rows[rows.beta2 < 0.999]
+        if len(base) and len(low):
+            change[key] = compare(low.finals.iloc[0], base.finals.iloc[0])
+            out[key] = f"{rows.model.iloc[0]}: {values} ({_verdict_words(change[key])} for the lower beta2)"
+        else:
+            out[key] = f"{rows.model.iloc[0]}: {values}"
+    ours, gpt = change.get("ours"), change.get("gpt")
+    if ours is None or gpt is None:
         out["verdict"] = "The preset did not train both models at both values of beta2."
-    elif ours < 0 < gpt:
-        out["verdict"] = "Reproduced at this scale: the lower beta2 helps DiffEqFormer and hurts GPT-2."
+        return out
+    effect = lambda c: sign_word(c, "helps", "hurts", "changes nothing beyond noise for")  # noqa: E731
+    if ours.is_result and gpt.is_result and ours.difference < 0 < gpt.difference:
+        out["verdict"] = ("Reproduced at this scale: the lower beta2 helps DiffEqFormer and hurts GPT-2, both beyond "
+                          "the seeds' spread.")
     else:
-        helps = lambda c: "helps" if c < 0 else "hurts"  # noqa: E731
-        out["verdict"] = (f"Not reproduced at this scale: the lower beta2 {helps(ours)} DiffEqFormer "
-                          f"({ours:+.1f}%) and {helps(gpt)} GPT-2 ({gpt:+.1f}%); the paper has it helping "
-                          f"DiffEqFormer and hurting GPT.")
+        out["verdict"] = (f"Not reproduced at this scale: the lower beta2 {effect(ours)} DiffEqFormer and "
+                          f"{effect(gpt)} GPT-2; the paper has it helping DiffEqFormer and hurting GPT.")
     return out
 
 
-FLAT = 0.01
-"""A relative change of perplexity this small is reported as no change (the cpu preset's d_t sweep ended 467.5 and
-467.3: an 'improvement' of 0.04% is not the paper's trend)."""
-
-
 def time_embedding_headline(table) -> dict[str, str]:
-    """Sentences for F9: how perplexity, parameters, throughput and measured memory change from the smallest to
-    the largest d_t, and a verdict on the paper's claims (perplexity improves with d_t; parameters grow; throughput
-    drops only slightly; memory grows far less than the parameter count)."""
+    """Sentences for F9: how perplexity (mean over seeds), parameters, throughput and measured memory change from
+    the smallest to the largest d_t, and a verdict on the paper's claims (perplexity improves with d_t; parameters
+    grow; throughput drops only slightly; memory grows far less than the parameter count). The perplexity change
+    from the smallest to the largest d_t is judged against the seeds' spread (``seeds.RULE``)."""
     lo, hi = table.iloc[0], table.iloc[-1]
     memory = next((c for c in ("device peak MiB", "training MiB") if c in table), None)
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     ratio = lambda c: hi[c] / lo[c]  # noqa: E731
     out = {
         "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
-        "ppl": f"{lo['final ppl']:.1f} to {hi['final ppl']:.1f}",
+        "ppl": f"{spread(lo.finals).text()} to {spread(hi.finals).text()}",
         "best_dt": f"{int(table.loc[table['final ppl'].idxmin(), 'd_t'])}",
         "params": f"{lo.params / 1e6:.2f}M to {hi.params / 1e6:.2f}M (x{ratio('params'):.2f})",
         "throughput": f"x{ratio(speed):.2f}",
         "memory": f"x{ratio(memory):.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB)" if memory else "not measured",
     }
-    change = ratio("final ppl") - 1
-    improves = change < -FLAT
-    trend = ("improves" if improves else
-             f"stays within {100 * FLAT:.0f}% ({100 * change:+.1f}%)" if abs(change) <= FLAT else "worsens")
+    change = compare(hi.finals, lo.finals)
+    improves = change.is_result and change.difference < 0
+    trend = {True: "improves", False: "worsens"}[change.difference < 0] if change.is_result else (
+        f"does not change beyond the seeds' spread ({_verdict_words(change)})")
     mem_less = memory is not None and ratio(memory) < ratio("params")
     out["verdict"] = (
         f"Perplexity {trend} from the smallest to the largest d_t at this scale "
@@ -359,18 +392,21 @@ def time_embedding_headline(table) -> dict[str, str]:
 
 
 def hypernetwork_headline(table) -> dict[str, str]:
-    """Sentences for F10: per-weight MLPs against one shared MLP (final validation perplexity, parameters) and a
-    verdict on the paper's claim that the per-weight design is better."""
+    """Sentences for F10: per-weight MLPs against one shared MLP (final validation perplexity over seeds,
+    parameters) and a verdict on the paper's claim that the per-weight design is better, judged against the
+    seeds' spread (``seeds.RULE``)."""
     rows = table.set_index("hypernet")
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
         return {"comparison": "The preset did not train both hypernetwork designs.", "verdict": ""}
     a, b = rows.loc["per_weight"], rows.loc["shared_mlp"]
-    change = 100 * (a["final ppl"] / b["final ppl"] - 1)
+    change = compare(a.finals, b.finals)
+    better = change.is_result and change.difference < 0
     return {
-        "comparison": (f"per-weight MLPs {a['final ppl']:.1f} ({a.params / 1e6:.2f}M parameters) against one "
-                       f"shared MLP {b['final ppl']:.1f} ({b.params / 1e6:.2f}M): {change:+.1f}%"),
-        "verdict": ("Reproduced at this scale: the per-weight design is better." if change < 0 else
-                    "Not reproduced at this scale: the shared MLP is as good or better."),
+        "comparison": (f"per-weight MLPs {spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) against one "
+                       f"shared MLP {spread(b.finals).text()} ({b.params / 1e6:.2f}M): {_verdict_words(change)}"),
+        "verdict": ("Reproduced at this scale: the per-weight design is better, beyond the seeds' spread."
+                    if better else
+                    "Not reproduced at this scale: the per-weight design is not better beyond the seeds' spread."),
     }
 
 

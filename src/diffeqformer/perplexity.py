@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Mapping, Sequence
 
 from .figures import log_perplexity_axis, run_path
+from .seeds import NOISE, RESULT, UNTESTED, RULE, Comparison, as_list, compare, spread
 
 
 @dataclass(frozen=True)
@@ -57,115 +59,161 @@ BASELINE_OF = {"ours": "gpt", "shared": "gpt", "ours_medium": "gpt_medium", "sha
 """Which baseline each row is compared with (the 'vs baseline' column)."""
 
 
-def check_runs(runs: Mapping[str, str]) -> dict[str, Path]:
-    """``runs`` (row key -> run directory, absolute or relative to DIFFEQFORMER_HOME) validated: known keys,
-    directories of finished runs."""
+def check_runs(runs: Mapping[str, str | Sequence[str]]) -> dict[str, list[Path]]:
+    """``runs`` (row key -> a run directory, or a list of them: the seeds of that row; absolute or relative to
+    DIFFEQFORMER_HOME) validated: known keys, directories of finished runs."""
     out = {}
-    for key, run in runs.items():
+    for key, value in runs.items():
         if key not in ROWS:
             raise ValueError(f"unknown row key {key!r}; known: {', '.join(ROWS)}")
-        path = run_path(run)
-        if not (path / "complete.json").exists():
-            raise FileNotFoundError(f"runs[{key!r}] = {run}: no finished run there (no complete.json)")
-        out[key] = path
+        seeds = as_list(value)
+        if not seeds:
+            raise ValueError(f"runs[{key!r}] names no run")
+        out[key] = []
+        for run in seeds:
+            path = run_path(run)
+            if not (path / "complete.json").exists():
+                raise FileNotFoundError(f"runs[{key!r}] = {run}: no finished run there (no complete.json)")
+            out[key].append(path)
     return out
 
 
-def curves(runs: Mapping[str, str]):
-    """Validation perplexity over training: a DataFrame with columns ``row``, ``label``, ``step``, ``eval_loss``,
-    ``perplexity`` (exp of the mean validation loss per token) and ``train_perplexity`` (of the training loss
-    logged at the same step)."""
+def curves(runs: Mapping[str, str | Sequence[str]]):
+    """Validation perplexity over training: a DataFrame with columns ``row``, ``label``, ``seed`` (the run's place
+    in its row's list), ``step``, ``eval_loss``, ``perplexity`` (exp of the mean validation loss per token) and
+    ``train_perplexity`` (of the training loss logged at the same step)."""
     import pandas as pd
 
     from .train import read_metrics
 
     frames = []
-    for key, run in check_runs(runs).items():
-        m = read_metrics(run)
-        if "eval/loss" not in m:
-            raise ValueError(f"{run}: the metrics hold no validation loss (eval/loss)")
-        ev = m["eval/loss"].dropna()
-        train = m["train/loss"].reindex(ev.index) if "train/loss" in m else float("nan")
-        frames.append(pd.DataFrame({"row": key, "label": ROWS[key].label, "step": ev.index.astype(int),
-                                    "eval_loss": ev.values, "perplexity": ev.map(math.exp).values,
-                                    "train_perplexity": pd.Series(train).map(math.exp).values}))
+    for key, seed_runs in check_runs(runs).items():
+        for seed, run in enumerate(seed_runs):
+            m = read_metrics(run)
+            if "eval/loss" not in m:
+                raise ValueError(f"{run}: the metrics hold no validation loss (eval/loss)")
+            ev = m["eval/loss"].dropna()
+            train = m["train/loss"].reindex(ev.index) if "train/loss" in m else float("nan")
+            frames.append(pd.DataFrame({"row": key, "label": ROWS[key].label, "seed": seed,
+                                        "step": ev.index.astype(int), "eval_loss": ev.values,
+                                        "perplexity": ev.map(math.exp).values,
+                                        "train_perplexity": pd.Series(train).map(math.exp).values}))
     return pd.concat(frames, ignore_index=True)
 
 
-def final_table(runs: Mapping[str, str]):
-    """One row per run (index: its row key), in the tables' order: final and best validation perplexity, the change
-    of the final one against its baseline in percent (negative: better), training throughput, and the paper's row
-    (T1/T2: Table 1/2) and number beside it."""
-    import pandas as pd
-
-    frame = curves(runs)
-    records = []
-    for key in [k for k in ROWS if k in runs]:
-        c = frame[frame.row == key]
-        done = json.loads((run_path(runs[key]) / "complete.json").read_text())
-        records.append({
-            "key": key, "model": ROWS[key].label, "steps": done.get("steps"),
-            "final ppl": float(c.perplexity.iloc[-1]), "best ppl": float(c.perplexity.min()),
-            "tokens/s": done.get("tokens_per_second"),
-            "paper row": f"{ROWS[key].table.split(' (')[0].replace('Table ', 'T')} {ROWS[key].paper_row}",
-            "paper ppl": ROWS[key].paper_value,
-        })
-    table = pd.DataFrame.from_records(records).set_index("key")
-    table.insert(4, "vs baseline %", [
-        _relative(table, key, BASELINE_OF.get(key)) for key in table.index
-    ])
-    return table
-
-
-def _relative(table, key, base):
-    if base is None or base not in table.index:
-        return float("nan")
-    return 100.0 * (table.loc[key, "final ppl"] / table.loc[base, "final ppl"] - 1.0)
-
-
-def sentences(table) -> dict[str, str]:
-    """Short sentences for the book's prose, one per comparison, that say plainly when a run is absent.
-
-    Keys: ``shared`` (the weight-shared model against GPT-2), ``llama`` (DiffEqFormer's Llama variant against
-    Llama)."""
-    def ppl(key):
-        return f"{table.loc[key, 'final ppl']:.1f}"
-
-    out = {}
-    if {"shared", "gpt"} <= set(table.index):
-        out["shared"] = (f"The weight-shared model ends at {ppl('shared')} "
-                         f"({table.loc['shared', 'vs baseline %']:+.1f}% against GPT-2).")
-    else:
-        out["shared"] = "No weight-shared run is trained at this preset."
-    if {"llama", "ours_llama"} <= set(table.index):
-        out["llama"] = (f"With Llama's components, DiffEqFormer ends at {ppl('ours_llama')} against Llama's "
-                        f"{ppl('llama')} ({table.loc['ours_llama', 'vs baseline %']:+.1f}%).")
-    else:
-        out["llama"] = "No Llama pair is trained at this preset."
+def final_perplexities(frame) -> dict[str, list[float]]:
+    """Row key -> the final validation perplexity of each of its seeds, from ``curves``."""
+    out: dict[str, list[float]] = {}
+    for (key, _), c in frame.sort_values("step").groupby(["row", "seed"], sort=False):
+        out.setdefault(key, []).append(float(c.perplexity.iloc[-1]))
     return out
 
 
-def headline(table) -> dict[str, str]:
-    """The numbers the book's prose quotes, formatted: GPT-2's and DiffEqFormer's final validation perplexity, the
-    change between them, and the sentences of ``sentences``. Needs the rows ``gpt`` and ``ours``."""
+def comparisons(frame) -> dict[str, Comparison]:
+    """Row key -> its final perplexities compared with its baseline's (``BASELINE_OF``) over seeds, for the rows
+    whose baseline is there."""
+    finals = final_perplexities(frame)
+    return {key: compare(finals[key], finals[base]) for key, base in BASELINE_OF.items()
+            if key in finals and base in finals}
+
+
+def final_table(runs: Mapping[str, str | Sequence[str]]):
+    """One row per row key (the index), in the tables' order: seeds, mean final validation perplexity and its
+    spread over seeds, mean best perplexity, the change of the mean final one against the row's baseline in percent
+    (negative: better), whether that change is a result or within noise (``seeds.RULE``), training throughput, and
+    the paper's row (T1/T2: Table 1/2) and number beside it."""
+    import pandas as pd
+
+    frame = curves(runs)
+    finals, versus = final_perplexities(frame), comparisons(frame)
+    records = []
+    for key in [k for k in ROWS if k in runs]:
+        c = frame[frame.row == key]
+        done = [json.loads((run_path(r) / "complete.json").read_text()) for r in as_list(runs[key])]
+        final = spread(finals[key])
+        vs = versus.get(key)
+        records.append({
+            "key": key, "model": ROWS[key].label, "steps": done[0].get("steps"), "seeds": final.n,
+            "final ppl": final.mean, "sd": final.sd,
+            "best ppl": float(c.groupby("seed").perplexity.min().mean()),
+            "vs baseline %": 100.0 * vs.relative if vs else float("nan"),
+            "verdict": vs.verdict if vs else "",
+            "tokens/s": statistics.fmean(d.get("tokens_per_second") or math.nan for d in done),
+            "paper row": f"{ROWS[key].table.split(' (')[0].replace('Table ', 'T')} {ROWS[key].paper_row}",
+            "paper ppl": ROWS[key].paper_value,
+        })
+    return pd.DataFrame.from_records(records).set_index("key")
+
+
+def _versus(comparison: Comparison, name: str, base: str) -> str:
+    """``DiffEqFormer is below GPT-2 by 9.2%, more than the seeds' spread (a result)`` and its variants."""
+    word = {RESULT: "a result", NOISE: "within noise", UNTESTED: "one seed: no spread to judge it by"}
+    change = f"{100 * comparison.relative:+.1f}%"
+    if comparison.verdict == UNTESTED:
+        return f"{name} against {base}: {change} ({word[UNTESTED]})."
+    side = "below" if comparison.difference < 0 else "above"
+    return (f"{name} ends {side} {base} by {abs(100 * comparison.relative):.1f}% ({change}), "
+            f"{'more' if comparison.is_result else 'less'} than twice the standard error of the difference "
+            f"({2 * comparison.se:.1f}): {word[comparison.verdict]}.")
+
+
+def sentences(table, frame=None) -> dict[str, str]:
+    """Short sentences for the book's prose, one per comparison, that say plainly when a run is absent and whether
+    a difference is a result or within noise (``seeds.RULE``; ``frame``: ``curves``, else the table's numbers are
+    taken as single seeds).
+
+    Keys: ``ours`` (DiffEqFormer against GPT-2), ``shared`` (the weight-shared model against GPT-2), ``llama``
+    (DiffEqFormer's Llama variant against Llama)."""
+    versus = comparisons(frame) if frame is not None else {
+        k: compare([table.loc[k, "final ppl"]], [table.loc[b, "final ppl"]])
+        for k, b in BASELINE_OF.items() if {k, b} <= set(table.index)}
+    out = {}
+    for key, absent in (("ours", "No DiffEqFormer/GPT-2 pair is trained at this preset."),
+                        ("shared", "No weight-shared run is trained at this preset."),
+                        ("llama", "No Llama pair is trained at this preset.")):
+        row = "ours_llama" if key == "llama" else key
+        out[key] = (_versus(versus[row], ROWS[row].label, ROWS[BASELINE_OF[row]].label) if row in versus
+                    else absent)
+    return out
+
+
+def headline(table, frame=None) -> dict[str, str]:
+    """The numbers the book's prose quotes, formatted: GPT-2's and DiffEqFormer's final validation perplexity (mean
+    ± sd over seeds), the change between them, the number of seeds, the rule, and the sentences of ``sentences``.
+    Needs the rows ``gpt`` and ``ours``."""
     missing = [k for k in ("gpt", "ours") if k not in table.index]
     if missing:
         raise ValueError(f"F6 needs runs for the rows {missing} (runs={{'gpt': ..., 'ours': ...}})")
-    return {"ppl_gpt": f"{table.loc['gpt', 'final ppl']:.1f}", "ppl_ours": f"{table.loc['ours', 'final ppl']:.1f}",
+
+    def ppl(key):
+        t = table.loc[key]
+        return f"{t['final ppl']:.1f}" + (f" ± {t['sd']:.1f}" if t["seeds"] > 1 else "")
+
+    seeds = sorted(set(int(n) for n in table["seeds"]))
+    return {"ppl_gpt": ppl("gpt"), "ppl_ours": ppl("ours"),
             "change_ours": f"{table.loc['ours', 'vs baseline %']:+.1f}%",
-            "steps": str(table.loc["ours", "steps"]), **{f"{k}_sentence": v for k, v in sentences(table).items()}}
+            "steps": str(table.loc["ours", "steps"]),
+            "seeds": " or ".join(map(str, seeds)) + (" seed" if seeds == [1] else " seeds"), "rule": RULE,
+            **{f"{k}_sentence": v for k, v in sentences(table, frame).items()}}
 
 
 def plot_curves(frame, ax=None, *, log: bool = True):
-    """Validation perplexity against training step, one line per run (dashed: the training perplexity)."""
+    """Validation perplexity against training step, one line per row: the mean over its seeds, with the band from
+    the lowest to the highest seed where there are several (dashed: the mean training perplexity)."""
     import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     for key in [k for k in ROWS if k in set(frame.row)]:
-        c = frame[frame.row == key]
-        (line,) = ax.plot(c.step, c.perplexity, marker="o", ms=3, lw=1.4, label=ROWS[key].label)
-        ax.plot(c.step, c.train_perplexity, ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
+        by_step = frame[frame.row == key].groupby("step")
+        val, seeds = by_step.perplexity, by_step.seed.nunique().max()
+        label = ROWS[key].label + (f" ({seeds} seeds)" if seeds > 1 else "")
+        (line,) = ax.plot(val.mean().index, val.mean().values, marker="o", ms=3, lw=1.4, label=label)
+        if seeds > 1:
+            ax.fill_between(val.min().index, val.min().values, val.max().values, color=line.get_color(), alpha=0.2,
+                            lw=0)
+        train = by_step.train_perplexity.mean()
+        ax.plot(train.index, train.values, ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
     ax.set_ylabel("perplexity (solid: validation, dashed: training)")
     if log:
         log_perplexity_axis(ax, "perplexity (solid: validation, dashed: training)")

@@ -123,6 +123,30 @@ def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
     return Run(config, tuple(overrides))
 
 
+def seeded(run: Run, n: int) -> list[Run]:
+    """``run`` and ``n - 1`` copies of it trained with the next ``trainer.seed`` values (another initialisation, data
+    order and dropout), named ``<name>-seed<k>``: the seeds a comparison is judged over (``seeds.RULE``).
+    ``run`` itself stays the first seed, so a preset that adds seeds keeps its finished runs."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"a comparison needs a positive number of seeds, got {n!r}")
+    import yaml
+
+    overrides = list(run.overrides)
+    if "--name" in overrides:
+        i = overrides.index("--name")
+        name = overrides[i + 1]
+        del overrides[i : i + 2]
+    else:
+        name = yaml.safe_load(run.path.read_text())["name"]
+    base_seed = (yaml.safe_load(run.path.read_text()).get("trainer") or {}).get("seed", 0)
+    if "--trainer.seed" in overrides:
+        i = overrides.index("--trainer.seed")
+        base_seed = int(overrides[i + 1])
+        del overrides[i : i + 2]
+    return [run] + [Run(run.config, (*overrides, "--name", f"{name}-seed{k}", "--trainer.seed", str(base_seed + k)),
+                        run.module) for k in range(1, n)]
+
+
 def finetune_runs(preset: str) -> dict[str, Run]:
     """Every run of the Fig. 5 experiment (``finetune.finetune_grid``) as ``Run`` values, pretrainings first,
     keyed by run name."""
@@ -1022,7 +1046,8 @@ def presets_markdown() -> str:
                 scales.append(f"fine-tuning for {t.get('num_train_steps')} steps of {t.get('train_batch_size')}")
                 continue
             scales.append(f"{m.get('hidden_dim')}-d, {m.get('num_layers')} layers or steps, "
-                          f"seq {m.get('max_seq_len')}, {t.get('num_train_steps')} steps of {t.get('train_batch_size')} on {d.get('dataset')}")
+                          f"seq {m.get('max_seq_len')}, {t.get('num_train_steps')} steps of "
+                          f"{t.get('train_batch_size')} on {d.get('dataset')}")
         scale = "; ".join(dict.fromkeys(scales))
         count = len({r.key for r in runs})
         lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} | "
