@@ -1,15 +1,21 @@
 """token_lyapunov at one output position: our reverse-mode rows vs the direct method (full Jacobian per step).
 
-    python benchmarks/lyapunov.py [--run runs/cpu-diffeqformer] [--tokens 128] [--repeats 3]
+    python benchmarks/lyapunov.py [--run runs/cpu-diffeqformer] [--tokens 128] [--repeats 3] [--atol 1e-4]
 
 Uses a trained run's model if it exists (else a random model of the cpu preset's size). Both methods are compiled
 first; the printed times are medians over repeats, after compilation.
+
+It also checks that the two methods agree (lyapunov.compare_exponents): it counts each method's finite, -inf, +inf
+and NaN exponents, and compares the values only where both are finite (|-inf - -inf| is NaN). It exits non-zero if
+the methods disagree on which exponents are finite, if none is finite in both, or if the finite ones differ by more
+than --atol (default 1e-4, the tolerance of the fast-vs-direct test in tests/test_lyapunov.py).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -18,7 +24,7 @@ import jax
 import numpy as np
 
 from diffeqformer import DiffEqFormerConfig
-from diffeqformer.lyapunov import token_lyapunov
+from diffeqformer.lyapunov import VALUE_KINDS, compare_exponents, token_lyapunov
 
 
 def main():
@@ -26,6 +32,8 @@ def main():
     p.add_argument("--run", default="runs/cpu-diffeqformer")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--atol", type=float, default=1e-4,
+                   help="largest |difference| allowed between the two methods' finite exponents")
     args = p.parse_args()
 
     if (Path(args.run) / "complete.json").exists():
@@ -55,7 +63,24 @@ def main():
     for name, s in times.items():
         print(f"{name:<28} {s:8.2f} s")
     fast, direct = times.values()
-    print(f"speed-up: {direct / fast:.1f}x; max |difference| of exponents: {np.nanmax(np.abs(a - b)):.2e}")
+    print(f"speed-up: {direct / fast:.1f}x")
+
+    check = compare_exponents(a, b, names=tuple(times))
+    for name, counts in check.counts.items():
+        print(f"{name:<28} " + ", ".join(f"{counts[k]} {k}" for k in VALUE_KINDS) + f" of {a.size} exponents")
+    problems = []
+    if check.mismatched:
+        problems.append(f"the methods disagree on which exponents are finite at {check.mismatched} of {a.size}")
+    if check.compared == 0:
+        print("max |difference| of exponents: none finite in both methods")
+        problems.append("no exponent is finite in both methods: nothing was compared")
+    else:
+        print(f"max |difference| over the {check.compared} exponents finite in both: {check.max_abs_difference:.2e} "
+              f"(tolerance {args.atol:.0e})")
+        if not check.max_abs_difference <= args.atol:
+            problems.append(f"the finite exponents differ by {check.max_abs_difference:.2e} > {args.atol:.0e}")
+    if problems:
+        sys.exit("FAILED: " + "; ".join(problems))
 
 
 if __name__ == "__main__":

@@ -290,6 +290,49 @@ def lyapunov_map(
     return _dataset(exps, [o % n for o in outs], n, tokens, model)
 
 
+VALUE_KINDS = ("finite", "-inf", "+inf", "nan")
+"""The kinds of value an exponent can take, as ``compare_exponents`` counts them."""
+
+
+def _value_kind(x: np.ndarray) -> np.ndarray:
+    """Index into ``VALUE_KINDS`` of every entry of ``x``."""
+    return np.select([np.isfinite(x), np.isneginf(x), np.isposinf(x)], [0, 1, 2], default=3)
+
+
+class ExponentAgreement(NamedTuple):
+    """How two computations of the same exponents agree (``compare_exponents``)."""
+
+    counts: dict[str, dict[str, int]]
+    """Per computation (by name): how many of its values are of each kind in ``VALUE_KINDS``."""
+    mismatched: int
+    """Entries where the two differ in kind: one finite and the other not, or -inf against NaN, etc."""
+    compared: int
+    """Entries finite in both."""
+    max_abs_difference: float | None
+    """max |a - b| over the entries finite in both; None when there are none (nothing was compared)."""
+
+
+def compare_exponents(a, b, *, names: tuple[str, str] = ("a", "b")) -> ExponentAgreement:
+    """Compare two computations ``a``, ``b`` (same shape) of the same exponents where both are finite.
+
+    An exponent is -inf where a step's tangent map I + h J_{out,in} is singular (log|R_ii| = log 0), NaN where the
+    state or the Jacobian is not finite, and NaN by construction for tokens after the output position (leave those out
+    before comparing: they are not computed). |a - b| is NaN wherever either is (-inf - -inf = NaN), so a maximum
+    over all entries is NaN, and ``np.nanmax`` silently skips exactly the entries where the two may disagree. Here the
+    kinds of value are compared entry by entry (``mismatched``), and the difference is taken over the entries finite
+    in both only.
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"the two computations have different shapes: {a.shape} and {b.shape}")
+    kind_a, kind_b = _value_kind(a), _value_kind(b)
+    counts = {name: {kind: int(np.sum(k == i)) for i, kind in enumerate(VALUE_KINDS)}
+              for name, k in zip(names, (kind_a, kind_b))}
+    both = (kind_a == 0) & (kind_b == 0)
+    difference = float(np.max(np.abs(a[both] - b[both]))) if both.any() else None
+    return ExponentAgreement(counts, int(np.sum(kind_a != kind_b)), int(both.sum()), difference)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Attribution methods to compare against
 
@@ -409,7 +452,10 @@ def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> "
     """Wall-clock seconds of ``token_lyapunov`` for the last position by the fast method (D reverse-mode rows per
     step) and the direct one (the full Jacobian per step, the authors' method): one row per method with the median
     and minimum of ``repeats`` runs after a first, compiling, call (``compile_s``: that call's time). ``attrs``:
-    ``speedup`` (direct median / fast median), ``max_abs_difference`` of the two methods' exponents, ``tokens``."""
+    ``speedup`` (direct median / fast median), ``tokens``, and the two methods' agreement (``compare_exponents``):
+    ``max_abs_difference`` over the ``finite_exponents`` exponents finite in both, ``nonfinite_exponents`` (the rest,
+    of the same kind in both). Raises ValueError if the methods disagree on which exponents are finite, or if none is
+    finite in both: then there is no agreement to report."""
     import time
 
     import pandas as pd
@@ -430,8 +476,14 @@ def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> "
                      "compile_s": first, "repeats": repeats})
     df = pd.DataFrame(rows).set_index("method")
     fast, direct = results.values()
+    agreement = compare_exponents(fast, direct, names=tuple(results))
+    if agreement.mismatched or agreement.compared == 0:
+        raise ValueError(f"the fast and direct exponents cannot be compared: {agreement.mismatched} of {fast.size} "
+                         f"differ in kind (finite, -inf, +inf, NaN), {agreement.compared} are finite in both; "
+                         f"counts {agreement.counts}")
     df.attrs.update(speedup=float(df["median_s"].iloc[1] / df["median_s"].iloc[0]),
-                    max_abs_difference=float(np.nanmax(np.abs(fast - direct))), tokens=int(fast.shape[0]))
+                    max_abs_difference=agreement.max_abs_difference, finite_exponents=agreement.compared,
+                    nonfinite_exponents=int(fast.size - agreement.compared), tokens=int(fast.shape[0]))
     return df
 
 
@@ -471,7 +523,9 @@ def headline(scores: "pd.DataFrame", timing: "pd.DataFrame | None" = None, *, to
     ``output_token`` (the token at the output position), ``top_<key>`` for each method (``METHOD_KEYS``): its
     ``top`` highest-scoring earlier tokens, quoted, best first (the output position itself is left out, as in the
     attribution benchmark); with ``timing``: ``time_fast``, ``time_direct`` (median seconds), ``speedup``,
-    ``max_difference``; with ``tokenizer``: ``predicted``, the model's top next token at the output position.
+    ``max_difference`` (over the exponents finite in both methods), ``finite_exponents`` (their number) and
+    ``nonfinite_exponents`` (the others, non-finite in both); with ``tokenizer``: ``predicted``, the model's top next
+    token at the output position.
     """
     out = scores.attrs["output_position"]
     labels = list(scores["text"]) if "text" in scores else [str(i) for i in scores.index]
@@ -492,6 +546,8 @@ def headline(scores: "pd.DataFrame", timing: "pd.DataFrame | None" = None, *, to
         result["time_direct"] = f"{timing['median_s'].iloc[1]:.2g}"
         result["speedup"] = f"{timing.attrs['speedup']:.1f}"
         result["max_difference"] = f"{timing.attrs['max_abs_difference']:.1e}"
+        result["finite_exponents"] = f"{timing.attrs['finite_exponents']}"
+        result["nonfinite_exponents"] = f"{timing.attrs['nonfinite_exponents']}"
     return result
 
 
