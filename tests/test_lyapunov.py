@@ -300,3 +300,45 @@ def test_corpus_example_and_headline(model_and_ids, tmp_path):
     assert text["top_lyapunov_max"] == ", ".join(f"'w{i}'" for i in best)
     assert text["speedup"] == f"{timing.attrs['speedup']:.1f}" and "predicted" in text
     assert text["finite_exponents"] == str(ids.size * model.config.hidden_dim) and text["nonfinite_exponents"] == "0"
+    assert text["nonfinite_example"] == "0"
+
+
+def _hand_scores(column: list[float], out: int) -> "pd.DataFrame":
+    """attribution_scores' layout with hand-made values: ``column`` for both Lyapunov methods, 1..n for the others."""
+    import pandas as pd
+
+    n = len(column)
+    df = pd.DataFrame({m: column if m.startswith("lyapunov") else list(np.arange(1.0, n + 1)) for m in METHODS},
+                      index=pd.RangeIndex(n, name="token"))
+    df.insert(0, "text", [f"t{i}" for i in range(n)])
+    df.attrs.update(output_position=out, predicted_token=0)
+    return df
+
+
+def test_headline_and_figure_use_finite_scores_only():
+    """nlargest drops NaN but keeps +-inf (it put +inf first, and -inf among the 'top' tokens when fewer than three
+    were finite); a -inf made plot_scores' min-max scale infinite and the whole row blank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    df = _hand_scores([np.inf, 0.1, -np.inf, 0.3, np.nan, 9.0], out=5)
+    text = headline(df)
+    assert text["top_lyapunov_max"] == text["top_lyapunov_sum"] == "'t3', 't1'"
+    assert text["top_attention"] == "'t4', 't3', 't2'"
+    assert text["nonfinite_example"] == "6"  # three per Lyapunov method
+    image = np.ma.masked_invalid(plot_scores(df).axes[0].images[0].get_array())
+    row = image[METHODS.index("lyapunov (max exponent)")]
+    assert list(np.ma.getmaskarray(row)) == [True, False, True, False, True, True]
+    assert (row[1], row[3]) == (0.0, 1.0)
+
+
+def test_kaplan_yorke_of_nonfinite_exponents(model_and_ids):
+    """-inf exponents have a limit (D_KY of the finite ones); NaN or +inf have none (np.nan_to_num made them 0 and
+    +-max float, and D_KY a number)."""
+    model, _ = model_and_ids
+    exps = np.array([[[0.5, -1.0, -2.0], [0.5, -1.0, -np.inf], [0.5, np.nan, -2.0], [np.inf, -1.0, -2.0],
+                      [-np.inf, -np.inf, -np.inf]]])
+    ds = lyapunov._dataset(exps, [4], 5, None, model).isel(output=0)
+    np.testing.assert_allclose(ds.kaplan_yorke.values[:2], [1.5, 1.5])
+    assert np.isnan(ds.kaplan_yorke.values[2:4]).all() and ds.kaplan_yorke.values[4] == 0.0
+    assert ds.max_exponent.values[4] == ds.sum_exponents.values[1] == -np.inf and np.isnan(ds.sum_exponents.values[2])
