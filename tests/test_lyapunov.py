@@ -7,11 +7,13 @@ import numpy as np
 import pytest
 from helpers import CAUSAL, VOCAB, random_ids, tiny
 
+from diffeqformer import lyapunov
 from diffeqformer.lyapunov import (
     METHOD_KEYS,
     METHODS,
     attention_rollout,
     attribution_scores,
+    compare_exponents,
     corpus_example,
     encode_text,
     headline,
@@ -185,6 +187,66 @@ def test_timings_compare_the_two_methods(model_and_ids):
     assert table.attrs["speedup"] == pytest.approx(table.median_s.iloc[1] / table.median_s.iloc[0])
     with pytest.raises(ValueError, match="repeats"):
         timings(model, ids, repeats=0)
+    assert table.attrs["finite_exponents"] == ids.size * model.config.hidden_dim
+    assert table.attrs["nonfinite_exponents"] == 0
+
+
+def test_compare_exponents_counts_kinds_and_compares_finite_ones():
+    inf, nan = np.inf, np.nan
+    a = np.array([[1.0, -inf, nan], [0.5, 2.0, inf]])
+    b = np.array([[1.25, -inf, nan], [0.5, 1.5, inf]])
+    check = compare_exponents(a, b, names=("fast", "direct"))
+    assert check.counts == {"fast": {"finite": 3, "-inf": 1, "+inf": 1, "nan": 1},
+                            "direct": {"finite": 3, "-inf": 1, "+inf": 1, "nan": 1}}
+    assert (check.mismatched, check.compared, check.max_abs_difference) == (0, 3, 0.5)
+    # one method finite where the other is not, -inf against NaN: disagreements, not skipped
+    c = np.array([[1.0, nan, nan], [-inf, 2.0, inf]])
+    check = compare_exponents(a, c)
+    assert (check.mismatched, check.compared, check.max_abs_difference) == (2, 2, 0.0)
+    nothing = compare_exponents(np.full(3, -inf), np.full(3, -inf))
+    assert (nothing.mismatched, nothing.compared, nothing.max_abs_difference) == (0, 0, None)
+    with pytest.raises(ValueError, match="shapes"):
+        compare_exponents(a, a[0])
+
+
+def _edit_exponents(monkeypatch, edit):
+    """token_lyapunov, as timings calls it, with ``edit(exponents [token, exponent], direct)`` applied to a copy of
+    its exponents: the -inf (a singular step I + h J) and NaN (a non-finite state) that the tiny model does not
+    produce."""
+    def patched(model, token_ids, **kwargs):
+        ds = token_lyapunov(model, token_ids, **kwargs).copy(deep=True)  # the module's own, not an earlier patch
+        edit(ds["exponents"].values, kwargs.get("direct", False))
+        return ds
+
+    monkeypatch.setattr(lyapunov, "token_lyapunov", patched)
+
+
+def test_timings_compare_finite_exponents_only(model_and_ids, monkeypatch):
+    model, ids = model_and_ids
+    D = model.config.hidden_dim
+
+    def direct_nan(e, direct):
+        if direct:
+            e[4, 0] = np.nan  # the direct method fails where the fast one does not: np.nanmax skipped this
+
+    _edit_exponents(monkeypatch, direct_nan)
+    with pytest.raises(ValueError, match="1 of .* differ in kind"):
+        timings(model, ids, repeats=1)
+
+    def all_nan(e, direct):
+        e[:] = np.nan  # a non-finite state: every difference is NaN (the 'All-NaN slice' of the benchmark)
+
+    _edit_exponents(monkeypatch, all_nan)
+    with pytest.raises(ValueError, match="0 are finite in both"):
+        timings(model, ids, repeats=1)
+
+    def both_minus_inf(e, direct):
+        e[2, -3:] = -np.inf  # the same three exponents of token 2 collapse in both methods
+
+    _edit_exponents(monkeypatch, both_minus_inf)
+    table = timings(model, ids, repeats=1)
+    assert np.isfinite(table.attrs["max_abs_difference"]) and table.attrs["max_abs_difference"] < 1e-4
+    assert (table.attrs["finite_exponents"], table.attrs["nonfinite_exponents"]) == (ids.size * D - 3, 3)
 
 
 def test_encode_text_and_score_rendering(model_and_ids, tmp_path):
@@ -237,3 +299,46 @@ def test_corpus_example_and_headline(model_and_ids, tmp_path):
     best = df["lyapunov (max exponent)"].iloc[:6].nlargest(3).index
     assert text["top_lyapunov_max"] == ", ".join(f"'w{i}'" for i in best)
     assert text["speedup"] == f"{timing.attrs['speedup']:.1f}" and "predicted" in text
+    assert text["finite_exponents"] == str(ids.size * model.config.hidden_dim) and text["nonfinite_exponents"] == "0"
+    assert text["nonfinite_example"] == "0"
+
+
+def _hand_scores(column: list[float], out: int) -> "pd.DataFrame":
+    """attribution_scores' layout with hand-made values: ``column`` for both Lyapunov methods, 1..n for the others."""
+    import pandas as pd
+
+    n = len(column)
+    df = pd.DataFrame({m: column if m.startswith("lyapunov") else list(np.arange(1.0, n + 1)) for m in METHODS},
+                      index=pd.RangeIndex(n, name="token"))
+    df.insert(0, "text", [f"t{i}" for i in range(n)])
+    df.attrs.update(output_position=out, predicted_token=0)
+    return df
+
+
+def test_headline_and_figure_use_finite_scores_only():
+    """nlargest drops NaN but keeps +-inf (it put +inf first, and -inf among the 'top' tokens when fewer than three
+    were finite); a -inf made plot_scores' min-max scale infinite and the whole row blank."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    df = _hand_scores([np.inf, 0.1, -np.inf, 0.3, np.nan, 9.0], out=5)
+    text = headline(df)
+    assert text["top_lyapunov_max"] == text["top_lyapunov_sum"] == "'t3', 't1'"
+    assert text["top_attention"] == "'t4', 't3', 't2'"
+    assert text["nonfinite_example"] == "6"  # three per Lyapunov method
+    image = np.ma.masked_invalid(plot_scores(df).axes[0].images[0].get_array())
+    row = image[METHODS.index("lyapunov (max exponent)")]
+    assert list(np.ma.getmaskarray(row)) == [True, False, True, False, True, True]
+    assert (row[1], row[3]) == (0.0, 1.0)
+
+
+def test_kaplan_yorke_of_nonfinite_exponents(model_and_ids):
+    """-inf exponents have a limit (D_KY of the finite ones); NaN or +inf have none (np.nan_to_num made them 0 and
+    +-max float, and D_KY a number)."""
+    model, _ = model_and_ids
+    exps = np.array([[[0.5, -1.0, -2.0], [0.5, -1.0, -np.inf], [0.5, np.nan, -2.0], [np.inf, -1.0, -2.0],
+                      [-np.inf, -np.inf, -np.inf]]])
+    ds = lyapunov._dataset(exps, [4], 5, None, model).isel(output=0)
+    np.testing.assert_allclose(ds.kaplan_yorke.values[:2], [1.5, 1.5])
+    assert np.isnan(ds.kaplan_yorke.values[2:4]).all() and ds.kaplan_yorke.values[4] == 0.0
+    assert ds.max_exponent.values[4] == ds.sum_exponents.values[1] == -np.inf and np.isnan(ds.sum_exponents.values[2])

@@ -14,6 +14,7 @@ from diffeqformer.synthetic import (
     FEMALE,
     MALE,
     VOCABULARY,
+    Prompt,
     attribution_benchmark,
     document,
     encode,
@@ -95,11 +96,16 @@ def test_summary_hit_rates_chance_and_accuracy():
     cases = ((0, "agreement", 12, True, (1, 4)), (1, "agreement", 12, False, (2, 1)), (2, "induction", 5, True, (3, 1)))
     for prompt, task, length, correct, ranks in cases:
         for method, rank in zip(("a", "b"), ranks):
-            rows.append({"prompt": prompt, "task": task, "method": method, "rank": rank,
-                         "correct_prediction": correct, "length": length})
+            # method b's score of prompt 0's true token was not finite (ranked last: 10 of 10), 3 scores in all
+            truth_finite = not (prompt == 0 and method == "b")
+            rows.append({"prompt": prompt, "task": task, "method": method,
+                         "rank": rank if truth_finite else length - 2, "truth_finite": truth_finite,
+                         "nonfinite": 0 if truth_finite else 3, "correct_prediction": correct, "length": length})
     table = summarize(pd.DataFrame(rows)).set_index(["task", "method"])
     assert table.loc[("agreement", "a"), "hit_at_1"] == 0.5 and table.loc[("agreement", "a"), "hit_at_3"] == 1.0
     assert table.loc[("agreement", "b"), "hit_at_3"] == 0.5
+    counts = table[["nonfinite_scores", "truth_nonfinite"]]
+    assert list(counts.loc[("agreement", "b")]) == [3, 1] and list(counts.loc[("agreement", "a")]) == [0, 0]
     assert table.loc[("agreement", "a"), "chance_at_1"] == pytest.approx(0.1)
     assert table.loc[("agreement", "a"), "chance_at_3"] == pytest.approx(0.3)
     assert table.loc[("induction", "a"), "chance_at_3"] == pytest.approx(1.0)  # 3 candidates: top three is all
@@ -113,15 +119,17 @@ def test_plot_summary():
     import matplotlib
 
     matplotlib.use("Agg")
-    rows = [{"prompt": p, "task": t, "method": m, "rank": 1 + p % 3, "correct_prediction": p % 2 == 0, "length": 20}
+    rows = [{"prompt": p, "task": t, "method": m, "rank": 1 + p % 3, "truth_finite": True, "nonfinite": 0,
+             "correct_prediction": p % 2 == 0, "length": 20}
             for p, t in enumerate(("agreement", "induction") * 3) for m in METHODS]
     fig = plot_summary(summarize(pd.DataFrame(rows)))
     assert len(fig.axes) == 2 and "accuracy" in fig.axes[0].get_title()
 
 
 def test_headline_quotes_the_summary():
-    rows = [{"prompt": p, "task": t, "method": m, "rank": 1 + (p + 2 * i) % 4, "correct_prediction": p < 2,
-             "length": 20} for p, t in enumerate(("agreement", "induction") * 3) for i, m in enumerate(METHODS)]
+    rows = [{"prompt": p, "task": t, "method": m, "rank": 1 + (p + 2 * i) % 4, "truth_finite": p != 1 or i != 0,
+             "nonfinite": 2 * (p == 1 and i == 0), "correct_prediction": p < 2, "length": 20}
+            for p, t in enumerate(("agreement", "induction") * 3) for i, m in enumerate(METHODS)]
     summary = summarize(pd.DataFrame(rows))
     text = headline(summary)
     assert text["best_agreement"] == "lyapunov (max exponent), raw attention and gradient x input"
@@ -132,5 +140,75 @@ def test_headline_quotes_the_summary():
     agreement = summary[summary.task == "agreement"]
     best = list(agreement[agreement.hit_at_1 == agreement.hit_at_1.max()].method)
     assert text["best_agreement"] == (best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1])
+    assert (text["nonfinite_induction"], text["truth_nonfinite_induction"]) == ("2", "1")  # prompt 1 is induction
+    assert (text["nonfinite_agreement"], text["truth_nonfinite_agreement"]) == ("0", "0")
     tie = headline(summary.assign(hit_at_1=0.5))
     assert tie["best_induction"] == "none: all methods tie at 0.50"
+
+
+def _tiny_synthetic_model():
+    config = DiffEqFormerConfig(max_seq_len=64, hidden_dim=16, num_layers=2, num_heads=2, mlp_scale=2,
+                                time_embed_dim=4, sinusoidal_dim=4)
+    return config.build(hax.Axis("vocab", len(VOCABULARY)), key=jax.random.PRNGKey(0))
+
+
+def test_benchmark_ranks_finite_scores_only():
+    """A score that is not finite ranks below every finite one; a true token with such a score ranks last. The old
+    ranking (np.nan_to_num, then a stable sort) put +inf first and broke a tie at -inf or NaN by position."""
+    model = _tiny_synthetic_model()
+    # a hand-made prompt whose true token is the first candidate (word 0): a positional tie-break favours it
+    item = Prompt(("arthur", "finds", "the", "map", "with"), "his", 0, "agreement")
+    c = len(item.words) - 1  # candidates: the words before the output position ("with"), 4
+
+    def scores(fill):
+        def method(m, ids, out):
+            s = np.arange(ids.array.shape[0], 0, -1, dtype=float) / 100  # finite, earlier tokens higher
+            return fill(s, out)
+        return method
+
+    def plus_inf_elsewhere(s, out):
+        s[3] = np.inf  # a non-truth candidate overflows
+        return s
+
+    def all_nan(s, out):
+        return np.full_like(s, np.nan)
+
+    def minus_inf_from_truth(s, out):
+        s[1:] = -np.inf  # the truth (token 1 after BOS) and every later candidate collapse
+        return s
+
+    methods = {"+inf elsewhere": scores(plus_inf_elsewhere), "all NaN": scores(all_nan),
+               "-inf from truth": scores(minus_inf_from_truth)}
+    results = attribution_benchmark(model, [item], methods=methods, progress=False).set_index("method")
+    assert results.loc["+inf elsewhere", "rank"] == 1 and results.loc["+inf elsewhere", "truth_finite"]
+    assert results.loc["+inf elsewhere", "nonfinite"] == 1
+    for name in ("all NaN", "-inf from truth"):
+        assert results.loc[name, "rank"] == c and not results.loc[name, "truth_finite"], name
+        assert results.loc[name, "nonfinite"] == c, name
+    table = summarize(results.reset_index()).set_index("method")
+    assert table.loc["+inf elsewhere", "hit_at_1"] == 1.0
+    assert table.loc["all NaN", "hit_at_3"] == 0.0 and table.loc["all NaN", "truth_nonfinite"] == 1
+
+
+def test_benchmark_on_minus_inf_exponents(monkeypatch):
+    """The default methods, with every Lyapunov exponent -inf (what a singular tangent map gives; a trained model
+    gives none): both Lyapunov scores rank the true token last, and the other methods are unaffected."""
+    from diffeqformer import lyapunov
+
+    real = lyapunov._exponents
+
+    def collapsed(*args, **kwargs):
+        exps, n = real(*args, **kwargs)
+        return np.full_like(exps, -np.inf), n
+
+    model = _tiny_synthetic_model()
+    items = [p for p in prompts(6, seed=5, context_items=1) if p.task == "agreement"]
+    before = attribution_benchmark(model, items, progress=False)
+    monkeypatch.setattr(lyapunov, "_exponents", collapsed)
+    after = attribution_benchmark(model, items, progress=False)
+    lyap = after["method"].isin(METHODS[:2])
+    candidates = after["length"] - 2
+    assert (after.loc[lyap, "rank"] == candidates[lyap]).all() and not after.loc[lyap, "truth_finite"].any()
+    assert (after.loc[lyap, "nonfinite"] == candidates[lyap]).all()
+    pd.testing.assert_frame_equal(after[~lyap], before[~lyap])
+    assert (before["nonfinite"] == 0).all() and before["truth_finite"].all()

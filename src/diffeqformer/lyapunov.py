@@ -245,13 +245,16 @@ def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn, prepa
 def _dataset(exps: np.ndarray, outs: Sequence[int], n: int, tokens: Sequence[str] | None, model) -> xr.Dataset:
     causal = np.arange(n)[None, :] <= np.asarray(outs)[:, None]  # tokens after `out` cannot influence it
     exps = np.where(causal[..., None], exps, np.nan)
+    # D_KY has a limit when exponents are -inf (a direction collapsed: lambda_{k+1} = -inf adds nothing), none when
+    # one is NaN or +inf; np.nan_to_num made those finite (NaN -> 0, +-inf -> +-max float) and D_KY a number.
+    defined = causal & ~np.any(np.isnan(exps) | np.isposinf(exps), axis=-1)
+    kaplan_yorke = np.asarray(kaplan_yorke_dimension(np.where(defined[..., None], exps, 0.0)))
     ds = xr.Dataset(
         {
             "exponents": (("output", "token", "exponent"), exps),
             "max_exponent": (("output", "token"), exps[..., 0]),
             "sum_exponents": (("output", "token"), exps.sum(axis=-1)),
-            "kaplan_yorke": (("output", "token"), np.where(causal, np.asarray(kaplan_yorke_dimension(
-                np.nan_to_num(exps))), np.nan)),
+            "kaplan_yorke": (("output", "token"), np.where(defined, kaplan_yorke, np.nan)),
         },
         coords={"output": list(outs), "token": np.arange(n), "exponent": np.arange(exps.shape[-1])},
         attrs={"model_config": repr(model.config), "steps": model.config.num_layers,
@@ -273,7 +276,9 @@ def token_lyapunov(
     """Lyapunov spectrum of every input token's influence on ``output_position``.
 
     Returns a Dataset over (token, exponent) with ``exponents`` (sorted decreasing), and the per-token scores
-    ``max_exponent``, ``sum_exponents`` and ``kaplan_yorke`` (NaN for tokens after the output: causality).
+    ``max_exponent``, ``sum_exponents`` and ``kaplan_yorke`` (NaN for tokens after the output: causality). An exponent
+    is -inf where a step's tangent map I + h J_{out,in} is singular, NaN where the trajectory is not finite; the
+    scores follow (the sum is -inf if any exponent is; ``kaplan_yorke`` is NaN if any is NaN or +inf).
     ``direct=True`` computes the same with the full Jacobian per step (the reference, for tests and benchmarks).
     """
     exps, n = _exponents(model, token_ids, [output_position], _rows_direct if direct else _rows_fast)
@@ -288,6 +293,49 @@ def lyapunov_map(
     outs = list(range(n)) if outputs is None else list(outputs)
     exps, n = _exponents(model, token_ids, outs, _rows_fast)
     return _dataset(exps, [o % n for o in outs], n, tokens, model)
+
+
+VALUE_KINDS = ("finite", "-inf", "+inf", "nan")
+"""The kinds of value an exponent can take, as ``compare_exponents`` counts them."""
+
+
+def _value_kind(x: np.ndarray) -> np.ndarray:
+    """Index into ``VALUE_KINDS`` of every entry of ``x``."""
+    return np.select([np.isfinite(x), np.isneginf(x), np.isposinf(x)], [0, 1, 2], default=3)
+
+
+class ExponentAgreement(NamedTuple):
+    """How two computations of the same exponents agree (``compare_exponents``)."""
+
+    counts: dict[str, dict[str, int]]
+    """Per computation (by name): how many of its values are of each kind in ``VALUE_KINDS``."""
+    mismatched: int
+    """Entries where the two differ in kind: one finite and the other not, or -inf against NaN, etc."""
+    compared: int
+    """Entries finite in both."""
+    max_abs_difference: float | None
+    """max |a - b| over the entries finite in both; None when there are none (nothing was compared)."""
+
+
+def compare_exponents(a, b, *, names: tuple[str, str] = ("a", "b")) -> ExponentAgreement:
+    """Compare two computations ``a``, ``b`` (same shape) of the same exponents where both are finite.
+
+    An exponent is -inf where a step's tangent map I + h J_{out,in} is singular (log|R_ii| = log 0), NaN where the
+    state or the Jacobian is not finite, and NaN by construction for tokens after the output position (leave those out
+    before comparing: they are not computed). |a - b| is NaN wherever either is (-inf - -inf = NaN), so a maximum
+    over all entries is NaN, and ``np.nanmax`` silently skips exactly the entries where the two may disagree. Here the
+    kinds of value are compared entry by entry (``mismatched``), and the difference is taken over the entries finite
+    in both only.
+    """
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape:
+        raise ValueError(f"the two computations have different shapes: {a.shape} and {b.shape}")
+    kind_a, kind_b = _value_kind(a), _value_kind(b)
+    counts = {name: {kind: int(np.sum(k == i)) for i, kind in enumerate(VALUE_KINDS)}
+              for name, k in zip(names, (kind_a, kind_b))}
+    both = (kind_a == 0) & (kind_b == 0)
+    difference = float(np.max(np.abs(a[both] - b[both]))) if both.any() else None
+    return ExponentAgreement(counts, int(np.sum(kind_a != kind_b)), int(both.sum()), difference)
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -409,7 +457,10 @@ def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> "
     """Wall-clock seconds of ``token_lyapunov`` for the last position by the fast method (D reverse-mode rows per
     step) and the direct one (the full Jacobian per step, the authors' method): one row per method with the median
     and minimum of ``repeats`` runs after a first, compiling, call (``compile_s``: that call's time). ``attrs``:
-    ``speedup`` (direct median / fast median), ``max_abs_difference`` of the two methods' exponents, ``tokens``."""
+    ``speedup`` (direct median / fast median), ``tokens``, and the two methods' agreement (``compare_exponents``):
+    ``max_abs_difference`` over the ``finite_exponents`` exponents finite in both, ``nonfinite_exponents`` (the rest,
+    of the same kind in both). Raises ValueError if the methods disagree on which exponents are finite, or if none is
+    finite in both: then there is no agreement to report."""
     import time
 
     import pandas as pd
@@ -430,8 +481,14 @@ def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> "
                      "compile_s": first, "repeats": repeats})
     df = pd.DataFrame(rows).set_index("method")
     fast, direct = results.values()
+    agreement = compare_exponents(fast, direct, names=tuple(results))
+    if agreement.mismatched or agreement.compared == 0:
+        raise ValueError(f"the fast and direct exponents cannot be compared: {agreement.mismatched} of {fast.size} "
+                         f"differ in kind (finite, -inf, +inf, NaN), {agreement.compared} are finite in both; "
+                         f"counts {agreement.counts}")
     df.attrs.update(speedup=float(df["median_s"].iloc[1] / df["median_s"].iloc[0]),
-                    max_abs_difference=float(np.nanmax(np.abs(fast - direct))), tokens=int(fast.shape[0]))
+                    max_abs_difference=agreement.max_abs_difference, finite_exponents=agreement.compared,
+                    nonfinite_exponents=int(fast.size - agreement.compared), tokens=int(fast.shape[0]))
     return df
 
 
@@ -470,8 +527,11 @@ def headline(scores: "pd.DataFrame", timing: "pd.DataFrame | None" = None, *, to
     ``scores``: ``attribution_scores`` (with ``text``); ``timing``: ``timings``. Keys: ``tokens`` (their number),
     ``output_token`` (the token at the output position), ``top_<key>`` for each method (``METHOD_KEYS``): its
     ``top`` highest-scoring earlier tokens, quoted, best first (the output position itself is left out, as in the
-    attribution benchmark); with ``timing``: ``time_fast``, ``time_direct`` (median seconds), ``speedup``,
-    ``max_difference``; with ``tokenizer``: ``predicted``, the model's top next token at the output position.
+    attribution benchmark; only finite scores are ranked, so fewer than ``top`` when fewer are finite);
+    ``nonfinite_example``, how many earlier tokens' scores are not finite, summed over the methods; with ``timing``:
+    ``time_fast``, ``time_direct`` (median seconds), ``speedup``, ``max_difference`` (over the exponents finite in
+    both methods), ``finite_exponents`` (their number) and ``nonfinite_exponents`` (the others, non-finite in both);
+    with ``tokenizer``: ``predicted``, the model's top next token at the output position.
     """
     out = scores.attrs["output_position"]
     labels = list(scores["text"]) if "text" in scores else [str(i) for i in scores.index]
@@ -484,14 +544,21 @@ def headline(scores: "pd.DataFrame", timing: "pd.DataFrame | None" = None, *, to
         word = _display(tokenizer.decode([scores.attrs["predicted_token"]]))
         result["predicted"] = repr(word.strip() or word)
     earlier = scores.iloc[:out]
+    nonfinite = 0
     for method, key in METHOD_KEYS.items():
-        best = earlier[method].astype(float).nlargest(top).index
+        values = earlier[method].astype(float)
+        finite = np.isfinite(values)
+        nonfinite += int((~finite).sum())
+        best = values[finite].nlargest(top).index  # nlargest keeps +-inf: +inf would come first
         result[f"top_{key}"] = ", ".join(quoted(i) for i in best)
+    result["nonfinite_example"] = f"{nonfinite}"
     if timing is not None:
         result["time_fast"] = f"{timing['median_s'].iloc[0]:.2g}"
         result["time_direct"] = f"{timing['median_s'].iloc[1]:.2g}"
         result["speedup"] = f"{timing.attrs['speedup']:.1f}"
         result["max_difference"] = f"{timing.attrs['max_abs_difference']:.1e}"
+        result["finite_exponents"] = f"{timing.attrs['finite_exponents']}"
+        result["nonfinite_exponents"] = f"{timing.attrs['nonfinite_exponents']}"
     return result
 
 
@@ -555,9 +622,11 @@ def plot_lyapunov_map(ds: xr.Dataset, score: str = "max_exponent", ax=None):
 
 def _earlier_only(scores: "pd.DataFrame") -> tuple[list[str], np.ndarray]:
     """Methods and their scores [method, token] with the output position itself set to NaN: its own score (the
-    token's influence on itself) dwarfs every other, and the question is which earlier token matters."""
+    token's influence on itself) dwarfs every other, and the question is which earlier token matters. Scores that
+    are not finite are NaN too (left uncoloured): one -inf made a row's min-max scale infinite and the row blank."""
     methods = [c for c in scores.columns if c != "text"]
     values = scores[methods].to_numpy(dtype=float).T.copy()
+    values[~np.isfinite(values)] = np.nan
     out = scores.attrs.get("output_position")
     if out is not None:
         values[:, out] = np.nan
@@ -580,12 +649,15 @@ def scores_html(scores: "pd.DataFrame", *, cmap: str = "Reds") -> str:
 
 def plot_scores(scores: "pd.DataFrame", *, cmap: str = "Reds"):
     """The same as a figure: rows are methods, columns input tokens, each row min-max scaled to [0, 1] over the
-    earlier tokens (NaN, later tokens and the outlined output position itself: white); token labels as x ticks."""
+    earlier tokens' finite scores (scores that are not finite, later tokens and the outlined output position itself:
+    white); token labels as x ticks."""
     import matplotlib.pyplot as plt
     from matplotlib.patches import Rectangle
 
     methods, values = _earlier_only(scores)  # [method, token]
-    lo, hi = np.nanmin(values, axis=1, keepdims=True), np.nanmax(values, axis=1, keepdims=True)
+    finite = np.isfinite(values)  # a row without any finite score stays blank (lo = inf, hi = -inf)
+    lo = np.min(np.where(finite, values, np.inf), axis=1, keepdims=True)
+    hi = np.max(np.where(finite, values, -np.inf), axis=1, keepdims=True)
     scaled = (values - lo) / np.where(hi > lo, hi - lo, 1.0)
     n = values.shape[1]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.24 * n + 2.5), 0.45 * len(methods) + 1.6), layout="constrained")

@@ -142,13 +142,18 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir
     """Per prompt: the model's prediction, and for each attribution method the rank of the true token.
 
     Scores are computed for the last position (which predicts the answer); the output position itself and the BOS
-    token are excluded from the ranking, since the question is which *earlier* token drives the prediction.
+    token are excluded from the ranking, since the question is which *earlier* token drives the prediction. The
+    ranking uses finite scores only (``_rank``): a score that is not finite (NaN, or +-inf: a Lyapunov exponent is
+    -inf where a step's tangent map I + h J is singular) ranks below every finite one, and a true token whose own
+    score is not finite ranks last, whatever the other scores; each row says how often this happened.
     ``methods``: ``{name: fn(model, ids, out) -> scores [n]}``; by default every method of
     ``lyapunov.attribution_scores`` (``lyapunov.METHODS``), computed together per prompt. With ``cache_dir`` (default
     methods only) the table is read from / written to ``cache_dir/attribution-<hash>.csv``, the hash covering the
     model's configuration and weights and the prompts. ``progress``: show a progress bar (a notebook executed by
     Papermill would store every update of it).
-    Returns a DataFrame with one row per (prompt, method); ``summarize`` turns it into hit rates.
+    Returns a DataFrame with one row per (prompt, method): ``rank`` of the true token among the candidates,
+    ``truth_finite`` (whether its score is finite), ``nonfinite`` (how many candidates' scores are not), ``task``,
+    ``correct_prediction``, ``length``; ``summarize`` turns it into hit rates.
     """
     import haliax as hax
     import jax.numpy as jnp
@@ -189,15 +194,33 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir
         for name in [c for c in table.columns if c != "text"]:
             scores = table[name].to_numpy(dtype=float)[: out + 1]
             candidates = scores[1:-1]  # drop BOS and the output position
-            order = np.argsort(-np.nan_to_num(candidates, nan=-np.inf), kind="stable")
-            rank = int(np.where(order == truth - 1)[0][0]) + 1
-            rows.append({"prompt": p_i, "task": item.task, "method": name, "rank": rank,
+            finite = np.isfinite(candidates)
+            rows.append({"prompt": p_i, "task": item.task, "method": name, "rank": _rank(candidates, truth - 1),
+                         "truth_finite": bool(finite[truth - 1]), "nonfinite": int(np.sum(~finite)),
                          "correct_prediction": predicted == item.answer, "length": len(ids)})
     results = pd.DataFrame(rows)
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         results.to_csv(path, index=False)
     return results
+
+
+def _rank(candidates: np.ndarray, truth: int) -> int:
+    """The 1-based rank of ``candidates[truth]`` when the candidates are sorted by score, highest first.
+
+    Only finite scores are ranked. A score that is not finite is no measurement of influence: NaN compares False
+    with everything, and a sort or argmax places it by accident (``np.argmax`` returns the first NaN's index;
+    ``np.nan_to_num`` turned +inf into the largest float and -inf and NaN into a tie broken by position, so a true
+    token tied at -inf with the tokens after it was ranked first among them). So: a finite truth's rank is counted
+    among the finite scores (every non-finite one ranks below it), and a truth whose score is not finite ranks last
+    (``len(candidates)``). Ties between finite scores go to the earlier token (a stable sort).
+    """
+    candidates = np.asarray(candidates, dtype=float)
+    if not np.isfinite(candidates[truth]):
+        return len(candidates)
+    keyed = np.where(np.isfinite(candidates), candidates, -np.inf)
+    order = np.argsort(-keyed, kind="stable")
+    return int(np.where(order == truth)[0][0]) + 1
 
 
 def _logits(model, ids):
@@ -218,7 +241,8 @@ def _benchmark_key(model, items: list[Prompt]) -> str:
     """Hash of the model (configuration and weights) and of the prompts: the benchmark's cache key."""
     from .spectra import fingerprint
 
-    text = json.dumps({"model": fingerprint(model), "prompts": [dataclasses.asdict(p) for p in items], "version": 1},
+    # version 2: ranks over finite scores only, and the truth_finite and nonfinite columns
+    text = json.dumps({"model": fingerprint(model), "prompts": [dataclasses.asdict(p) for p in items], "version": 2},
                       sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -229,16 +253,21 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     Columns: ``hit_at_1``, ``hit_at_3`` (fraction of prompts whose true token the method ranks first / in its top
     three), ``chance_at_1``, ``chance_at_3`` (the same for a uniformly random ranking of the c = length - 2 candidate
     tokens: the mean of min(k, c) / c), ``model_accuracy`` (fraction of prompts whose answer is the model's top
-    prediction), ``hit_at_1_correct`` (hit@1 over the prompts the model gets right; NaN if none), ``prompts``.
+    prediction), ``hit_at_1_correct`` (hit@1 over the prompts the model gets right; NaN if none), ``prompts``, and
+    how often a score was not finite (ranked below every finite one; ``attribution_benchmark``): ``nonfinite_scores``
+    (candidate scores, summed over prompts) and ``truth_nonfinite`` (prompts whose true token's score was not finite,
+    ranked last).
     """
     candidates = (results["length"] - 2).clip(lower=1)
     table = results.assign(hit1=results["rank"] <= 1, hit3=results["rank"] <= 3,
                            chance1=1.0 / candidates, chance3=np.minimum(3, candidates) / candidates,
-                           hit1_correct=(results["rank"] <= 1).where(results["correct_prediction"].astype(bool)))
+                           hit1_correct=(results["rank"] <= 1).where(results["correct_prediction"].astype(bool)),
+                           truth_nonfinite=~results["truth_finite"].astype(bool))
     summary = table.groupby(["task", "method"], sort=False).agg(
         hit_at_1=("hit1", "mean"), hit_at_3=("hit3", "mean"), chance_at_1=("chance1", "mean"),
         chance_at_3=("chance3", "mean"), model_accuracy=("correct_prediction", "mean"),
-        hit_at_1_correct=("hit1_correct", "mean"), prompts=("prompt", "nunique"))
+        hit_at_1_correct=("hit1_correct", "mean"), prompts=("prompt", "nunique"), nonfinite_scores=("nonfinite", "sum"),
+        truth_nonfinite=("truth_nonfinite", "sum"))
     return summary.reset_index()
 
 
@@ -272,8 +301,9 @@ def headline(summary: pd.DataFrame) -> dict[str, str]:
 
     For each task t and method (short key k of ``lyapunov.METHOD_KEYS``): ``hit1_t_k``, ``hit3_t_k``,
     ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none); per task: ``accuracy_t``,
-    ``chance1_t``, ``chance3_t``, ``prompts_t`` and ``best_t`` (the method with the highest hit@1, ties listed; "none"
-    when every method ties).
+    ``chance1_t``, ``chance3_t``, ``prompts_t``, ``best_t`` (the method with the highest hit@1, ties listed; "none"
+    when every method ties), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of scores that were
+    not finite, summed over the methods: the hit rates rank finite scores only).
     """
     from .lyapunov import METHOD_KEYS
 
@@ -289,6 +319,8 @@ def headline(summary: pd.DataFrame) -> dict[str, str]:
         out[f"chance1_{task}"] = f"{sub['chance_at_1'].iloc[0]:.2f}"
         out[f"chance3_{task}"] = f"{sub['chance_at_3'].iloc[0]:.2f}"
         out[f"prompts_{task}"] = f"{int(sub['prompts'].iloc[0])}"
+        out[f"nonfinite_{task}"] = f"{int(sub['nonfinite_scores'].sum())}"
+        out[f"truth_nonfinite_{task}"] = f"{int(sub['truth_nonfinite'].sum())}"
         best = list(sub[sub["hit_at_1"] == sub["hit_at_1"].max()]["method"])
         if len(best) == len(sub):
             out[f"best_{task}"] = f"none: all methods tie at {sub['hit_at_1'].max():.2f}"
