@@ -306,3 +306,15 @@ def test_random_step_offset_trains_with_levanter(tmp_path):
     losses, _ = _train(tmp_path, lambda: config.build(VOCAB, key=jax.random.PRNGKey(1)), config.Pos, steps=15)
     assert len(losses) == 15 and np.all(np.isfinite(losses))
     assert losses[-3:].mean() < 0.8 * losses[0], losses
+
+
+def test_a_sequence_longer_than_the_learned_positions_is_refused():
+    """The GPT variant learns max_seq_len positions: a longer input names the limit instead of reading positions
+    that do not exist (the lookup past the table's end would repeat its last row)."""
+    config = tiny()
+    model = config.build(VOCAB, key=jax.random.PRNGKey(0))
+    ids = hax.named(jnp.zeros(config.max_seq_len + 1, dtype=jnp.int32), "position")
+    with pytest.raises(ValueError, match="longer than model.max_seq_len"):
+        model(ids, CAUSAL)
+    llama = tiny(variant="llama").build(VOCAB, key=jax.random.PRNGKey(0))  # rotary positions: any length
+    assert llama(ids, CAUSAL).axes[0].size == config.max_seq_len + 1

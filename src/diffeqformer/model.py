@@ -247,6 +247,12 @@ class _LmBase(LmHeadModel[DiffEqFormerConfig]):
         return dataclasses.replace(self, embeddings=dataclasses.replace(self.embeddings, token_embeddings=tok))
 
     def _embed(self, input_ids, key, pos_ids):
+        length = input_ids.resolve_axis("position").size
+        if self.embeddings.position_embeddings is not None and length > self.config.max_seq_len:
+            # The learned position table has max_seq_len rows; a lookup past its end does not fail (JAX 0.7 gave
+            # NaN, JAX 0.11 repeats the last row), so the model would silently read a sequence it cannot represent.
+            raise ValueError(f"a sequence of {length} tokens is longer than model.max_seq_len "
+                             f"({self.config.max_seq_len}), the number of learned positions")
         if pos_ids is None:
             pos_ids = hax.arange(input_ids.resolve_axis("position"), dtype=jnp.int32)
         return self.embeddings.embed(input_ids, pos_ids, key=key), pos_ids
