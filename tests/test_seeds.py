@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from diffeqformer.seeds import NOISE, RESULT, UNTESTED, compare, spread
+from diffeqformer.seeds import NOISE, RESULT, UNTESTED, all_runs, as_list, compare, spread
 
 
 def test_spread_is_mean_and_sample_deviation():
@@ -30,3 +30,8 @@ def test_no_verdict_on_nan_or_nothing():
         spread([])
     with pytest.raises(ValueError, match="non-finite"):
         compare([1.0, float("-inf")], [1.0, 2.0])
+
+
+def test_runs_of_a_parameter():
+    assert as_list("a") == ["a"] and as_list(["a", "b"]) == ["a", "b"]
+    assert all_runs({"ours": [["a0", "a1"], ["b0", "b1"]], "gpt": ["c0"]}) == ["a0", "a1", "b0", "b1", "c0"]

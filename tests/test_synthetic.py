@@ -19,6 +19,7 @@ from diffeqformer.synthetic import (
     document,
     encode,
     headline,
+    over_seeds,
     plot_summary,
     prepare,
     prompts,
@@ -144,6 +145,31 @@ def test_headline_quotes_the_summary():
     assert (text["nonfinite_agreement"], text["truth_nonfinite_agreement"]) == ("0", "0")
     tie = headline(summary.assign(hit_at_1=0.5))
     assert tie["best_induction"] == "none: all methods tie at 0.50"
+
+
+def test_hit_rates_over_seeds_and_the_claim():
+    """Three seeds' benchmarks: the table averages each rate over the seeds' models, the headline quotes mean ± sd,
+    and the largest exponent against attention is a result only beyond the seeds' spread."""
+    rows = []
+    for seed, (lyap, attn) in enumerate([(4, 1), (4, 2), (3, 1)]):  # prompts (of 4) each method puts first
+        for p in range(4):
+            for method, hits in (("lyapunov (max exponent)", lyap), ("raw attention", attn)):
+                rows.append({"seed": seed, "prompt": p, "task": "agreement", "method": method,
+                             "rank": 1 if p < hits else 2, "truth_finite": True, "nonfinite": 0,
+                             "correct_prediction": True, "length": 12})
+    summary = summarize(pd.DataFrame(rows))
+    assert len(summary) == 2 * 3  # a row per method and seed
+    mean = over_seeds(summary).set_index("method")
+    assert mean.loc["raw attention", "hit_at_1"] == pytest.approx(np.mean([0.25, 0.5, 0.25]))
+    assert mean.loc["raw attention", "hit_at_1_sd"] == pytest.approx(np.std([0.25, 0.5, 0.25], ddof=1))
+    assert mean.loc["raw attention", "seeds"] == 3
+    text = headline(summary)
+    assert text["seeds_agreement"] == "3 seeds" and " ± " in text["hit1_agreement_attention"]
+    assert text["claim_agreement"].startswith("the largest exponent's hit@1 is above attention's by 0.58 (a result)")
+    close = summary.assign(hit_at_1=[0.5, 0.75, 0.25, 0.5, 0.5, 0.25])  # lyap, attn alternate by row
+    assert "(within noise)" in headline(close)["claim_agreement"]
+    one = summarize(pd.DataFrame([r for r in rows if r["seed"] == 0]))
+    assert headline(one)["claim_agreement"].endswith("(one seed only)")
 
 
 def _tiny_synthetic_model():

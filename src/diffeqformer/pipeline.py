@@ -166,25 +166,29 @@ INFERENCE_SWEEP = dict(euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 
 
 
 def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure_batch: int,
-                     num_sequences: int, prefix: str = "ablation_") -> dict[str, dict[str, Any]]:
+                     num_sequences: int, prefix: str = "ablation_", seeds: int = 1) -> dict[str, dict[str, Any]]:
     """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset whose base models are
     ``config/<preset>/<prefix>{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``;
     ``measure_batch`` sequences per measured training step; ``num_sequences`` evaluated at inference). The variants
     are named after the base: ``gpu-ablation-diffeqformer-dt4`` (prefix ``ablation_``), ``cpu-diffeqformer-dt2``
-    (prefix ``""``: the ablations vary the F1-F6 models themselves)."""
+    (prefix ``""``: the ablations vary the F1-F6 models themselves). Every setting F8-F10 compare is trained with
+    ``seeds`` seeds (``seeded``)."""
     ours, gpt = f"{preset}/{prefix}diffeqformer", f"{preset}/{prefix}gpt2"
     stem = f"{preset}-{prefix.replace('_', '-')}"
 
     def dt(d: int) -> Run:
         return Run(ours) if d == base_dt else variant(ours, f"{stem}diffeqformer-dt{d}", {"model.time_embed_dim": d})
 
+    def s(run: Run) -> list[Run]:
+        return seeded(run, seeds)
+
     return {
         "f8_beta2": dict(runs={
-            "ours": [Run(ours), variant(ours, f"{stem}diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95})],
-            "gpt": [Run(gpt), variant(gpt, f"{stem}gpt2-beta2-0.95", {"optimizer.beta2": 0.95})]}),
-        "f9_time_embedding": dict(runs=[dt(d) for d in dts], measure_batch=measure_batch, measure_steps=10),
-        "f10_hypernetwork": dict(runs=[Run(ours), variant(ours, f"{stem}diffeqformer-shared-mlp",
-                                                          {"model.hypernet": "shared_mlp"})]),
+            "ours": [s(Run(ours)), s(variant(ours, f"{stem}diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95}))],
+            "gpt": [s(Run(gpt)), s(variant(gpt, f"{stem}gpt2-beta2-0.95", {"optimizer.beta2": 0.95}))]}),
+        "f9_time_embedding": dict(runs=[s(dt(d)) for d in dts], measure_batch=measure_batch, measure_steps=10),
+        "f10_hypernetwork": dict(runs=[s(Run(ours)), s(variant(ours, f"{stem}diffeqformer-shared-mlp",
+                                                               {"model.hypernet": "shared_mlp"}))]),
         "x1_adaptive_steps": dict(run=Run(ours), random_run=variant(
             ours, f"{stem}diffeqformer-random-steps", {"model.random_step_offset": True}),
             num_sequences=num_sequences, **INFERENCE_SWEEP),
@@ -198,15 +202,19 @@ SMOKE_VARIANT = variant("smoke/diffeqformer", "smoke-diffeqformer-variant", {
     "model.random_step_offset": True})
 """The smoke preset's one ablation run (see its registry entries)."""
 
+CPU_SEEDS = 3
+"""Seeds of every setting that F5, F6 and F8-F10 compare in the cpu preset (``seeds.RULE`` needs at least two)."""
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # CI: seconds of training per run; checks that every notebook executes and the book builds.
     "smoke": {
         "f1_model": dict(run=Run("smoke/diffeqformer"), num_times=401),
         "f2_spectra": dict(run=Run("smoke/diffeqformer"), baselines={"gpt": Run("smoke/gpt2")}),
         "f3_trajectories": dict(runs={"ours": Run("smoke/diffeqformer"), "shared": Run("smoke/shared")}),
-        "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_run=Run("smoke/synthetic_diffeqformer")),
-        "f6_perplexity": dict(runs={"gpt": Run("smoke/gpt2"), "shared": Run("smoke/shared"),
-                                    "ours": Run("smoke/diffeqformer")}),
+        "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_runs=[Run("smoke/synthetic_diffeqformer")]),
+        # Two seeds of GPT-2 and DiffEqFormer: CI goes through the verdicts over seeds (seeds.RULE) once.
+        "f6_perplexity": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2), "shared": Run("smoke/shared"),
+                                    "ours": seeded(Run("smoke/diffeqformer"), 2)}),
         "f7_finetuning": dict(runs={
             "smoke-diffeqformer": Run("smoke/diffeqformer"), "smoke-gpt2": Run("smoke/gpt2"),
             "smoke-finetune-diffeqformer-lora": Run("smoke/finetune_diffeqformer_lora", module="finetune"),
@@ -236,13 +244,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f3_trajectories": dict(runs={"ours": Run("cpu/diffeqformer"), "shared": Run("cpu/shared")}, num_seeds=3,
                                 num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
                                 model_saves=200),
-        "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_run=Run("cpu/synthetic_diffeqformer"),
+        "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_runs=seeded(Run("cpu/synthetic_diffeqformer"),
+                                                                                CPU_SEEDS),
                             max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
-        "f6_perplexity": dict(runs={"gpt": Run("cpu/gpt2"), "shared": Run("cpu/shared"),
-                                    "ours": Run("cpu/diffeqformer"), "llama": Run("cpu/llama"),
-                                    "ours_llama": Run("cpu/diffeqformer_llama")}),
+        "f6_perplexity": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS) for key, config in (
+            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
+            ("ours_llama", "diffeqformer_llama"))}),
         "f7_finetuning": dict(runs=finetune_runs("cpu")),
-        **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix=""),
+        **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix="", seeds=CPU_SEEDS),
         "f11_downstream": dict(run=Run("cpu/diffeqformer")),
     },
     # One Colab-class GPU, WikiText-103 (needs the internet).
@@ -251,7 +260,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f2_spectra": dict(run=Run("gpu/diffeqformer"), num_times=101, baselines={"gpt": Run("gpu/gpt2")}),
         "f3_trajectories": dict(runs={"ours": Run("gpu/diffeqformer")}, num_seeds=3, num_tokens=40, horizon=10.0,
                                 num_saves=200, model_tokens=40, model_horizon=10.0, model_saves=200),
-        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_run=Run("gpu/synthetic_diffeqformer"),
+        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_runs=[Run("gpu/synthetic_diffeqformer")],
                             max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
         "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
         "f7_finetuning": dict(runs=finetune_runs("gpu")),
@@ -267,7 +276,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                                 num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
                                 model_saves=200),
         "f5_lyapunov": dict(run=Run("paper/wikitext103_small_diffeqformer"),
-                            synthetic_run=Run("paper/synthetic_diffeqformer"), max_tokens=128, map_tokens=48,
+                            synthetic_runs=[Run("paper/synthetic_diffeqformer")], max_tokens=128, map_tokens=48,
                             timing_repeats=3, num_prompts=1000),
         "f6_perplexity": dict(runs={
             "gpt": Run("paper/wikitext103_small_gpt2"), "shared": Run("paper/wikitext103_small_shared"),

@@ -30,6 +30,15 @@ def as_list(runs) -> list:
     return list(runs) if isinstance(runs, (list, tuple)) else [runs]
 
 
+def all_runs(value) -> list:
+    """Every run named in a notebook parameter: a run, or dicts and lists of them (seed lists included), in order."""
+    if isinstance(value, dict):
+        return [r for v in value.values() for r in all_runs(v)]
+    if isinstance(value, (list, tuple)):
+        return [r for v in value for r in all_runs(v)]
+    return [value]
+
+
 @dataclass(frozen=True)
 class Spread:
     """Values of one quantity over seeds."""

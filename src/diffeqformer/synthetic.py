@@ -248,7 +248,8 @@ def _benchmark_key(model, items: list[Prompt]) -> str:
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """Hit rates per task and method, with the model's accuracy on the task and what a random ranking would score.
+    """Hit rates per task and method (and per seed, where ``results`` has a ``seed`` column: the benchmark of each
+    seed's model, concatenated), with the model's accuracy on the task and what a random ranking would score.
 
     Columns: ``hit_at_1``, ``hit_at_3`` (fraction of prompts whose true token the method ranks first / in its top
     three), ``chance_at_1``, ``chance_at_3`` (the same for a uniformly random ranking of the c = length - 2 candidate
@@ -258,12 +259,13 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     (candidate scores, summed over prompts) and ``truth_nonfinite`` (prompts whose true token's score was not finite,
     ranked last).
     """
+    results = results if "seed" in results else results.assign(seed=0)
     candidates = (results["length"] - 2).clip(lower=1)
     table = results.assign(hit1=results["rank"] <= 1, hit3=results["rank"] <= 3,
                            chance1=1.0 / candidates, chance3=np.minimum(3, candidates) / candidates,
                            hit1_correct=(results["rank"] <= 1).where(results["correct_prediction"].astype(bool)),
                            truth_nonfinite=~results["truth_finite"].astype(bool))
-    summary = table.groupby(["task", "method"], sort=False).agg(
+    summary = table.groupby(["task", "method", "seed"], sort=False).agg(
         hit_at_1=("hit1", "mean"), hit_at_3=("hit3", "mean"), chance_at_1=("chance1", "mean"),
         chance_at_3=("chance3", "mean"), model_accuracy=("correct_prediction", "mean"),
         hit_at_1_correct=("hit1_correct", "mean"), prompts=("prompt", "nunique"), nonfinite_scores=("nonfinite", "sum"),
@@ -271,47 +273,79 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
     return summary.reset_index()
 
 
+def over_seeds(summary: pd.DataFrame) -> pd.DataFrame:
+    """``summarize``'s rows averaged over seeds, per task and method: every rate is the mean over the seeds' models,
+    ``hit_at_1_sd`` its standard deviation (NaN with one seed), ``seeds`` their number; the counts of scores that
+    were not finite are summed."""
+    grouped = summary.groupby(["task", "method"], sort=False)
+    out = grouped[["hit_at_1", "hit_at_3", "chance_at_1", "chance_at_3", "model_accuracy",
+                   "hit_at_1_correct"]].mean()
+    out.insert(1, "hit_at_1_sd", grouped["hit_at_1"].std())
+    out["prompts"] = grouped["prompts"].first()
+    out["seeds"] = grouped["seed"].nunique()
+    out[["nonfinite_scores", "truth_nonfinite"]] = grouped[["nonfinite_scores", "truth_nonfinite"]].sum()
+    return out.reset_index()
+
+
 def plot_summary(summary: pd.DataFrame):
-    """Hit@1 (dark) and hit@3 (light) of every method, one panel per task, with a random ranking's hit@1 and hit@3
-    as dashed and dotted lines; the model's accuracy on the task is in the panel's title."""
+    """Hit@1 (dark) and hit@3 (light) of every method, one panel per task (means over seeds, each seed's hit@1 as a
+    dot where there are several), with a random ranking's hit@1 and hit@3 as dashed and dotted lines; the model's
+    accuracy on the task is in the panel's title."""
     import matplotlib.pyplot as plt
 
-    tasks = list(dict.fromkeys(summary["task"]))
+    mean = over_seeds(summary)
+    tasks = list(dict.fromkeys(mean["task"]))
     fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.8), sharey=True, squeeze=False,
                              layout="constrained")
     for ax, task in zip(axes[0], tasks):
-        sub = summary[summary["task"] == task]
+        sub = mean[mean["task"] == task]
         x = np.arange(len(sub))
         ax.bar(x - 0.2, sub["hit_at_1"], width=0.4, color="C0", label="hit@1")
         ax.bar(x + 0.2, sub["hit_at_3"], width=0.4, color="C0", alpha=0.4, label="hit@3")
+        if sub["seeds"].max() > 1:
+            for i, method in enumerate(sub["method"]):
+                per_seed = summary[(summary["task"] == task) & (summary["method"] == method)]["hit_at_1"]
+                ax.plot(np.full(len(per_seed), i - 0.2), per_seed, "o", ms=3, color="k",
+                        label="hit@1 of each seed" if i == 0 else None)
         ax.axhline(sub["chance_at_1"].mean(), color="0.3", ls="--", lw=1, label="random ranking, hit@1")
         ax.axhline(sub["chance_at_3"].mean(), color="0.3", ls=":", lw=1, label="random ranking, hit@3")
         ax.set_xticks(x, sub["method"], rotation=30, ha="right", fontsize=8)
         ax.set_ylim(0, 1)
+        seeds = int(sub["seeds"].max())
         ax.set_title(f"{task}: model accuracy {sub['model_accuracy'].iloc[0]:.2f}, "
-                     f"{int(sub['prompts'].iloc[0])} prompts", fontsize=9)
+                     f"{int(sub['prompts'].iloc[0])} prompts" + (f", {seeds} seeds" if seeds > 1 else ""),
+                     fontsize=9)
     axes[0, 0].set_ylabel("fraction of prompts")
     axes[0, 0].legend(fontsize=7, frameon=False)
     fig.suptitle("Does the top-ranked input token match the ground truth?", fontsize=10)
     return fig
 
 
+CLAIM = ("lyapunov (max exponent)", "raw attention")
+"""The paper's claim, compared per task: the largest Lyapunov exponent attributes better than attention weights."""
+
+
 def headline(summary: pd.DataFrame) -> dict[str, str]:
     """The numbers (as text) the book's prose quotes about the benchmark, keyed for ``figures.glue``.
 
-    For each task t and method (short key k of ``lyapunov.METHOD_KEYS``): ``hit1_t_k``, ``hit3_t_k``,
-    ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none); per task: ``accuracy_t``,
-    ``chance1_t``, ``chance3_t``, ``prompts_t``, ``best_t`` (the method with the highest hit@1, ties listed; "none"
-    when every method ties), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of scores that were
-    not finite, summed over the methods: the hit rates rank finite scores only).
+    For each task t and method (short key k of ``lyapunov.METHOD_KEYS``): ``hit1_t_k`` (mean over seeds, ``± sd``
+    with several), ``hit3_t_k``, ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none);
+    per task: ``accuracy_t``, ``chance1_t``, ``chance3_t``, ``prompts_t``, ``seeds_t``, ``best_t`` (the method with
+    the highest mean hit@1, ties listed; "none" when every method ties), ``claim_t`` (the largest exponent's hit@1
+    against attention's over seeds, a result or within noise: ``seeds.RULE``), ``nonfinite_t`` and
+    ``truth_nonfinite_t`` (``summarize``'s counts of scores that were not finite, summed over the methods and seeds:
+    the hit rates rank finite scores only).
     """
     from .lyapunov import METHOD_KEYS
+    from .seeds import compare
 
+    mean = over_seeds(summary)
     out = {}
-    for task, sub in summary.groupby("task", sort=False):
+    for task, sub in mean.groupby("task", sort=False):
         for row in sub.itertuples():
             key = METHOD_KEYS.get(row.method, row.method.replace(" ", "_"))
-            out[f"hit1_{task}_{key}"] = f"{row.hit_at_1:.2f}"
+            sd = "" if pd.isna(row.hit_at_1_sd) else f" ± {row.hit_at_1_sd:.2f}"
+            out[f"hit1_{task}_{key}"] = f"{row.hit_at_1:.2f}{sd}"
             out[f"hit3_{task}_{key}"] = f"{row.hit_at_3:.2f}"
             correct = row.hit_at_1_correct
             out[f"hit1_correct_{task}_{key}"] = "n/a" if pd.isna(correct) else f"{correct:.2f}"
@@ -319,6 +353,8 @@ def headline(summary: pd.DataFrame) -> dict[str, str]:
         out[f"chance1_{task}"] = f"{sub['chance_at_1'].iloc[0]:.2f}"
         out[f"chance3_{task}"] = f"{sub['chance_at_3'].iloc[0]:.2f}"
         out[f"prompts_{task}"] = f"{int(sub['prompts'].iloc[0])}"
+        seeds = int(sub["seeds"].max())
+        out[f"seeds_{task}"] = f"{seeds} seed" + ("s" if seeds > 1 else "")
         out[f"nonfinite_{task}"] = f"{int(sub['nonfinite_scores'].sum())}"
         out[f"truth_nonfinite_{task}"] = f"{int(sub['truth_nonfinite'].sum())}"
         best = list(sub[sub["hit_at_1"] == sub["hit_at_1"].max()]["method"])
@@ -326,4 +362,12 @@ def headline(summary: pd.DataFrame) -> dict[str, str]:
             out[f"best_{task}"] = f"none: all methods tie at {sub['hit_at_1'].max():.2f}"
         else:
             out[f"best_{task}"] = best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1]
+        per_seed = summary[summary["task"] == task]
+        lyap, attn = (per_seed[per_seed["method"] == m].sort_values("seed")["hit_at_1"] for m in CLAIM)
+        if len(lyap) and len(attn):
+            c = compare(lyap, attn)
+            words = {"result": "a result", "within noise": "within noise", "untested (one seed)": "one seed only"}
+            side = "above" if c.difference > 0 else "below" if c.difference < 0 else "equal to"
+            out[f"claim_{task}"] = (f"the largest exponent's hit@1 is {side} attention's by {abs(c.difference):.2f} "
+                                    f"({words[c.verdict]})")
     return out
