@@ -84,3 +84,15 @@ def test_provenance_records_runs_relative_to_the_home(tmp_path, monkeypatch, sho
     record = json.loads((out / "nb_test_line.json").read_text())
     assert record["runs"] == {"runs/test-run": "abc123"}
     assert paths.home_relative(tmp_path.parent / "elsewhere") == str((tmp_path.parent / "elsewhere").resolve())
+
+
+def test_scale_of_seed_runs_counts_each_model_once():
+    """A run's seed copies (``<name>-seed<k>``) are one model in a caption's scale, with their number of seeds."""
+    runs = ["runs/cpu-gpt2", "runs/cpu-gpt2-seed1", "runs/cpu-shared", "runs/cpu-diffeqformer",
+            "runs/cpu-diffeqformer-seed1", "runs/cpu-diffeqformer-seed2"]
+    scales = [f"{kind}, 6 layers, 64-d" for kind in ("gpt2", "gpt2", "shared", "diffeqformer", "diffeqformer",
+                                                      "diffeqformer")]
+    assert figures._models_and_seeds(runs, scales) == (
+        "6 runs of 3 models (gpt2, 2 seeds; shared; diffeqformer, 3 seeds)")
+    assert figures._models_and_seeds(runs[2:4], scales[2:4]) == "2 models (shared, diffeqformer)"
+    assert figures._models_and_seeds(runs[3:], scales[3:]) == "3 runs of 1 model (diffeqformer, 3 seeds)"

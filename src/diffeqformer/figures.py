@@ -92,8 +92,21 @@ def _common_scale(runs) -> str:
     # "6 steps" (the ODE) and "6 layers" (a baseline) are the same depth
     rest = {re.sub(r"^(\d+) (steps|layers), ", r"\1 layers or steps, ", sc.split(", ", 1)[1]) for sc in scales}
     if len(rest) == 1:
-        return f"{len(runs)} models ({', '.join(sc.split(', ', 1)[0] for sc in scales)}), each {rest.pop()}"
+        return f"{_models_and_seeds(runs, scales)}, each {rest.pop()}"
     return "; ".join(f"{run_path(r).name}: {sc}" for r, sc in zip(runs, scales))
+
+
+def _models_and_seeds(runs, scales) -> str:
+    """``5 runs of 3 models (gpt2, 2 seeds; diffeqformer; diffeqformer, 2 seeds)``: the seed copies of a run
+    (``<name>-seed<k>``, ``pipeline.seeded``) count as one model."""
+    models: dict[str, list] = {}
+    for r, sc in zip(runs, scales):
+        entry = models.setdefault(re.sub(r"-seed\d+$", "", run_path(r).name), [sc.split(", ", 1)[0], 0])
+        entry[1] += 1
+    kinds = "; ".join(kind if n == 1 else f"{kind}, {n} seeds" for kind, n in models.values())
+    if len(models) == len(runs):
+        return f"{len(runs)} models ({kinds.replace('; ', ', ')})"
+    return f"{len(runs)} runs of {len(models)} model{'s' if len(models) > 1 else ''} ({kinds})"
 
 
 @dataclass
