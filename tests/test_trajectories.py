@@ -13,7 +13,7 @@ import pytest
 import xarray as xr
 from helpers import TINY, VOCAB, tiny
 
-from diffeqformer import DiffEqFormerLMHeadModel
+from diffeqformer import DiffEqFormerLMHeadModel, trajectories
 from diffeqformer.trajectories import (
     ModelTrajectoryConfig,
     SolverConfig,
@@ -386,8 +386,18 @@ def test_headline(identity_run, tiny_model):
     assert text["fraction_ode_p0"] == f"{table['fraction_mean'].iloc[0]:.2f}"
     assert text["clusters_ode_p4"] == f"{table['clusters_mean'].iloc[-1]:.1f}"
     assert text["seeds_ode"] == "2" and text["failed_ode"] == "0" and text["num_tokens"] == "40"
-    assert text["fraction_trend_ode"] in ("rises", "falls", "is not monotone", "is constant")
+    # the trend of the clustered fraction the table shows (every value of _monotone is one of its words: checked
+    # on hand-made sequences below)
+    assert text["fraction_trend_ode"] == trajectories._monotone(table["fraction_mean"].to_numpy())
     final = clustering_metrics(driven.isel(time=[-1])).isel(time=0)
     assert text["model_fraction_ours"] == f"{float(final['fraction'].mean()):.2f}"
     assert text["model_heads_ours"] == "2" and text["model_horizon"] == "1"
     assert text["model_fraction_at1_ours"] == text["model_fraction_ours"]  # t1 = 1: the end is t = 1
+
+
+@pytest.mark.parametrize("values, trend", [
+    ([0.1, 0.2, 0.2, 0.9], "rises"), ([0.9, 0.5, 0.5, 0.1], "falls"), ([0.4, 0.4, 0.4], "is constant"),
+    ([0.1, 0.5, 0.3], "is not monotone"), ([0.94, 0.42, 0.17, 0.10, 0.06], "falls"),
+])
+def test_monotone_words(values, trend):
+    assert trajectories._monotone(values) == trend
