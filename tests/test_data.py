@@ -136,6 +136,7 @@ def test_bad_arguments_name_the_parameter(corpus):
         data.main(["prepare", "--vocab-size", "100", "--root", str(corpus.layout.root)])
 
 
+@pytest.mark.slow  # a wall-clock bound: in the slow set, not in the unit tests a loaded machine runs
 @pytest.mark.parametrize("dataset", ["wikitext103", "openwebtext"])
 def test_online_corpora_fail_fast_offline(dataset, offline):
     start = time.perf_counter()
@@ -144,6 +145,7 @@ def test_online_corpora_fail_fast_offline(dataset, offline):
     assert time.perf_counter() - start < 1.0
 
 
+@pytest.mark.slow  # a wall-clock bound: in the slow set, not in the unit tests a loaded machine runs
 def test_unreachable_hub_is_detected_within_the_timeout(monkeypatch):
     for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
         monkeypatch.delenv(variable, raising=False)
