@@ -48,7 +48,7 @@ def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
     words = perplexity.headline(table)
     assert words["ppl_ours"] == f"{math.exp(4.5):.1f}" and words["steps"] == "20" and words["seeds"] == "1 seed"
     assert words["llama_sentence"] == "No Llama pair is trained at this preset."
-    assert words["shared_sentence"].startswith("weight-shared against GPT-2: +")
+    assert words["shared_sentence"].startswith("Weight-shared against GPT-2: +")
     assert "no spread to judge it by" in words["shared_sentence"]
 
 

@@ -150,9 +150,9 @@ def _versus(comparison: Comparison, name: str, base: str) -> str:
     word = {RESULT: "a result", NOISE: "within noise", UNTESTED: "one seed: no spread to judge it by"}
     change = f"{100 * comparison.relative:+.1f}%"
     if comparison.verdict == UNTESTED:
-        return f"{name} against {base}: {change} ({word[UNTESTED]})."
+        return f"{name[:1].upper()}{name[1:]} against {base}: {change} ({word[UNTESTED]})."
     side = "below" if comparison.difference < 0 else "above"
-    return (f"{name} ends {side} {base} by {abs(100 * comparison.relative):.1f}% ({change}), "
+    return (f"{name[:1].upper()}{name[1:]} ends {side} {base} by {abs(100 * comparison.relative):.1f}%, "
             f"{'more' if comparison.is_result else 'less'} than twice the standard error of the difference "
             f"({2 * comparison.se:.1f}): {word[comparison.verdict]}.")
 
