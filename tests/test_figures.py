@@ -96,3 +96,14 @@ def test_scale_of_seed_runs_counts_each_model_once():
         "6 runs of 3 models (gpt2, 2 seeds; shared; diffeqformer, 3 seeds)")
     assert figures._models_and_seeds(runs[2:4], scales[2:4]) == "2 models (shared, diffeqformer)"
     assert figures._models_and_seeds(runs[3:], scales[3:]) == "3 runs of 1 model (diffeqformer, 3 seeds)"
+
+
+def test_scale_of_runs_of_several_scales_names_each_model_once(monkeypatch):
+    """Runs of different scales are listed one by one, a run's seed copies once with their number."""
+    scales = {"cpu-diffeqformer": "diffeqformer, 6 steps, 64-d, seq 64; shakespeare (all), 250 training steps"}
+    synthetic = "diffeqformer, 6 steps, 64-d, seq 64; synthetic (all), 5000 training steps"
+    monkeypatch.setattr(figures, "scale_of", lambda r: scales.get(figures.run_path(r).name, synthetic))
+    runs = ["runs/cpu-diffeqformer", "runs/cpu-synthetic-diffeqformer", "runs/cpu-synthetic-diffeqformer-seed1",
+            "runs/cpu-synthetic-diffeqformer-seed2"]
+    assert figures._common_scale(runs) == (
+        f"cpu-diffeqformer: {scales['cpu-diffeqformer']}; cpu-synthetic-diffeqformer (3 seeds): {synthetic}")

@@ -93,7 +93,11 @@ def _common_scale(runs) -> str:
     rest = {re.sub(r"^(\d+) (steps|layers), ", r"\1 layers or steps, ", sc.split(", ", 1)[1]) for sc in scales}
     if len(rest) == 1:
         return f"{_models_and_seeds(runs, scales)}, each {rest.pop()}"
-    return "; ".join(f"{run_path(r).name}: {sc}" for r, sc in zip(runs, scales))
+    groups: dict[tuple[str, str], int] = {}  # (run without its -seed<k>, scale) -> number of seeds
+    for r, sc in zip(runs, scales):
+        key = (re.sub(r"-seed\d+$", "", run_path(r).name), sc)
+        groups[key] = groups.get(key, 0) + 1
+    return "; ".join(f"{name}{f' ({n} seeds)' if n > 1 else ''}: {sc}" for (name, sc), n in groups.items())
 
 
 def _models_and_seeds(runs, scales) -> str:
