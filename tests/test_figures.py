@@ -62,6 +62,21 @@ def test_a_table_shows_missing_values_as_a_dash(shown):
     assert "<NA>" not in html and "nan" not in html and html.count("–") == 2
 
 
+def test_a_table_column_can_have_its_own_format(shown):
+    """F8's beta2 column at the tables' one decimal read 0.9 and 1.0 for 0.95 and 0.999."""
+    import pandas as pd
+
+    out, displayed, _ = shown
+    frame = pd.DataFrame({"beta2": [0.95, 0.999], "ppl": [481.83, 530.51]})
+    figures.save_table(frame, "nb_test_table", caption="A table.", formats={"beta2": "{:g}"})
+    html = format_display_data(displayed[0])[0]["text/html"]
+    assert all(f"<td>{v}</td>" in html for v in ("0.95", "0.999", "481.8", "530.5"))
+    assert "<td>0.9</td>" not in html and "<td>1.0</td>" not in html
+    with pytest.raises(ValueError, match="beta"):
+        figures.save_table(frame, "nb_test_other", caption="A table.", formats={"beta": "{:g}"})
+    assert not (out / "nb_test_other.csv").exists()  # nothing written for a bad call
+
+
 def test_a_record_as_a_cells_last_value_displays_nothing(shown):
     import pandas as pd
 

@@ -22,6 +22,7 @@ import os
 import re
 import struct
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -226,9 +227,13 @@ def saved_image(png: Path):
 
 
 def save_table(frame, name: str, *, caption: str, paper: str | None = None, show: bool = True,
-               floatfmt: str = "{:.1f}") -> Record:
+               floatfmt: str = "{:.1f}", formats: Mapping[str, str] | None = None) -> Record:
     """Save a pandas DataFrame as ``<name>.csv`` with ``<name>.json`` (provenance) beside the figures, and show it
-    (numbers formatted with ``floatfmt``, missing values as a dash) with its caption."""
+    (numbers formatted with ``floatfmt``, or ``formats[column]`` for the columns it names, e.g. ``{"beta2": "{:g}"}``
+    where one decimal would show 0.95 as 0.9; missing values as a dash) with its caption."""
+    unknown = set(formats or ()) - set(frame.columns)
+    if unknown:
+        raise ValueError(f"save_table({name!r}): formats names columns the table does not have: {sorted(unknown)}")
     out = _check_name(name)
     frame.to_csv(out / f"{name}.csv")
     record = _record(name, [f"{name}.csv"], caption, paper)
@@ -237,12 +242,14 @@ def save_table(frame, name: str, *, caption: str, paper: str | None = None, show
 
         import pandas as pd
 
-        def fmt(x):
+        def fmt(x, spec):
             if x is None or x is pd.NA or (isinstance(x, float) and x != x):  # X1's tsit5 row had steps <NA>
                 return "–"
-            return floatfmt.format(x) if isinstance(x, float) else str(x)
+            return spec.format(x) if isinstance(x, float) else str(x)
 
-        display(HTML(frame.map(fmt).to_html(escape=True)))
+        specs = {**dict.fromkeys(frame.columns, floatfmt), **(formats or {})}
+        shown = frame.apply(lambda column: column.map(lambda x: fmt(x, specs[column.name])))
+        display(HTML(shown.to_html(escape=True)))
         display(Markdown(f"**{name}.** {record['caption']}"))
     return record
 
