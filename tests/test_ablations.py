@@ -198,3 +198,15 @@ def test_measure_training_step_rejects_bad_input(tmp_path):
         ablations.measure_training_step(tmp_path, batch=0)
     with pytest.raises(FileNotFoundError, match="no finished run"):
         ablations.measure_training_step(tmp_path / "nothing")
+
+
+def test_time_embedding_figure_shows_each_seed():
+    """F9's perplexity panel shows the spread: a dot per seed beside the mean."""
+    import pandas as pd
+
+    table = pd.DataFrame({"d_t": [2, 8, 32], "final ppl": [487.5, 481.8, 490.8], "params": [1, 2, 3],
+                          "tokens/s": [5.0, 5.0, 5.0], "finals": [(470.0, 490.0, 502.5), (470.0, 481.0, 494.4),
+                                                                  (482.0, 491.0, 499.4)]})
+    fig = ablations.plot_time_embedding(table)
+    dots = fig.axes[0].collections[0].get_offsets()
+    assert len(dots) == 9 and sorted(dots[:, 1].tolist()) == sorted(v for f in table.finals for v in f)

@@ -573,8 +573,8 @@ def time_embedding_table(runs: Sequence[str], measured: Sequence[Mapping] | None
 
 
 def plot_time_embedding(table):
-    """Figs. 14-16 in one figure: perplexity, parameter count, training throughput and measured memory against d_t,
-    each relative quantity also as a ratio to the smallest d_t."""
+    """Figs. 14-16 in one figure: perplexity (the mean over seeds, and each seed's as a dot), parameter count,
+    training throughput and measured memory against d_t."""
     import matplotlib.pyplot as plt
 
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
@@ -584,7 +584,12 @@ def plot_time_embedding(table):
         panels.append((memory, "measured peak memory (MiB)"))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2))
     for ax, (column, title) in zip(axes, panels):
-        ax.plot(table.d_t, table[column], marker="o")
+        ax.plot(table.d_t, table[column], marker="o", label="mean over seeds" if column == "final ppl" else None)
+        if column == "final ppl" and "finals" in table:  # the spread: each seed's final perplexity as a dot
+            xs = [d for d, finals in zip(table.d_t, table.finals) for _ in finals]
+            ax.scatter(xs, [v for finals in table.finals for v in finals], s=12, color="black", zorder=3,
+                       label="each seed")
+            ax.legend(fontsize=7)
         ax.set_xscale("log", base=2)
         ax.set_xticks(list(table.d_t), [str(v) for v in table.d_t])
         ax.set_xlabel("time-embedding size $d_t$")
