@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import json
+import re
 
 import pytest
 import yaml
@@ -122,3 +123,13 @@ def test_scale_of_runs_of_several_scales_names_each_model_once(monkeypatch):
             "runs/cpu-synthetic-diffeqformer-seed2"]
     assert figures._common_scale(runs) == (
         f"cpu-diffeqformer: {scales['cpu-diffeqformer']}; cpu-synthetic-diffeqformer (3 seeds): {synthetic}")
+
+
+def test_a_figure_saved_twice_makes_the_same_svg(shown):
+    """matplotlib salts SVG element ids at random unless told otherwise: the same figure gave different files."""
+    out, _, _ = shown
+    figures.save_figure(_line_figure(), "nb_test_line", caption="A line.")
+    first = (out / "nb_test_line.svg").read_bytes()
+    figures.save_figure(_line_figure(), "nb_test_line", caption="A line.")
+    strip = lambda b: re.sub(rb"<dc:date>[^<]*</dc:date>", b"", b)  # noqa: E731
+    assert strip((out / "nb_test_line.svg").read_bytes()) == strip(first)

@@ -7,7 +7,9 @@ a seeded generator (``DIFFEQFORMER_KILL_SEED`` replays them, see ``interrupt.py`
 
 from __future__ import annotations
 
+import csv
 import hashlib
+import io
 import json
 import os
 import random
@@ -28,6 +30,10 @@ pytestmark = pytest.mark.slow
 
 COMMAND = [sys.executable, "-m", "diffeqformer.pipeline", "--preset", "smoke"]
 VOLATILE = {"date", "seconds", "wall_s", "finished", "time", "tokens_per_second", "wall_time_s", "elapsed"}
+MEASURED_COLUMN = re.compile(r"tokens/s|MiB|_s$")
+"""Table columns that measure the machine (throughput, memory, seconds): two runs never agree on them."""
+MEASURED_FIGURES = {"f5_timings", "f9_time_embedding"}
+"""Figures that are measurements of the machine (F5's timings, F9's throughput and memory panels)."""
 """Fields of the figure records that measure the machine, not the result."""
 
 
@@ -92,13 +98,20 @@ def _glued(cache: Path) -> dict[str, str]:
 
 def _figure_data(home: Path) -> dict:
     """The figures' records without what measures the machine (dates, durations) and with the home folder as
-    ``<home>``, and the bytes of every data file (tables, images; an SVG without its creation date)."""
+    ``<home>``, the tables without their columns that measure the machine (``MEASURED_COLUMN``), and the bytes of
+    every other data file (images; an SVG without its creation date), ``MEASURED_FIGURES`` aside."""
     figures = home / "figures"
     records, files = {}, {}
     for p in sorted(figures.iterdir()):
         if p.suffix == ".json":
             record = json.loads(p.read_text().replace(str(home), "<home>"))
             records[p.name] = {k: v for k, v in record.items() if k not in VOLATILE}
+        elif p.stem in MEASURED_FIGURES:
+            continue
+        elif p.suffix == ".csv":
+            rows = list(csv.reader(io.StringIO(p.read_text())))
+            keep = [i for i, name in enumerate(rows[0]) if not MEASURED_COLUMN.search(name)] if rows else []
+            files[p.name] = [[row[i] for i in keep if i < len(row)] for row in rows]
         else:
             data = p.read_bytes()
             if p.suffix == ".svg":

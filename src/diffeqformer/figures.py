@@ -200,9 +200,13 @@ def save_figure(fig, name: str, *, caption: str, paper: str | None = None, show:
     with ``matplotlib.figure.Figure`` in a notebook that never draws through pyplot (F2 and X1 once did) was shown
     as its text, ``<Figure size 1300x340 with 5 Axes>``, and the book had no image.
     """
+    import matplotlib
+
     out = _check_name(name)
-    for fmt in FORMATS:
-        fig.savefig(out / f"{name}.{fmt}", dpi=PNG_DPI if fmt == "png" else None, bbox_inches="tight")
+    # the SVG's element ids from the figure's name, not a random salt: the same figure makes the same file
+    with matplotlib.rc_context({"svg.hashsalt": name}):
+        for fmt in FORMATS:
+            fig.savefig(out / f"{name}.{fmt}", dpi=PNG_DPI if fmt == "png" else None, bbox_inches="tight")
     record = _record(name, [f"{name}.{fmt}" for fmt in FORMATS], caption, paper)
     if show:
         import matplotlib.pyplot as plt
