@@ -96,9 +96,14 @@ def _common_scale(runs) -> str:
         return f"{_models_and_seeds(runs, scales)}, each {rest.pop()}"
     groups: dict[tuple[str, str], int] = {}  # (run without its -seed<k>, scale) -> number of seeds
     for r, sc in zip(runs, scales):
-        key = (re.sub(r"-seed\d+$", "", run_path(r).name), sc)
+        key = (_model_name(r), sc)
         groups[key] = groups.get(key, 0) + 1
     return "; ".join(f"{name}{f' ({n} seeds)' if n > 1 else ''}: {sc}" for (name, sc), n in groups.items())
+
+
+def _model_name(run_dir) -> str:
+    """A run's name without the ``-seed<k>`` of its seed copies (``pipeline.seeded``): the model it trains."""
+    return re.sub(r"-seed\d+$", "", run_path(run_dir).name)
 
 
 def _models_and_seeds(runs, scales) -> str:
@@ -106,7 +111,7 @@ def _models_and_seeds(runs, scales) -> str:
     (``<name>-seed<k>``, ``pipeline.seeded``) count as one model."""
     models: dict[str, list] = {}
     for r, sc in zip(runs, scales):
-        entry = models.setdefault(re.sub(r"-seed\d+$", "", run_path(r).name), [sc.split(", ", 1)[0], 0])
+        entry = models.setdefault(_model_name(r), [sc.split(", ", 1)[0], 0])
         entry[1] += 1
     kinds = "; ".join(kind if n == 1 else f"{kind}, {n} seeds" for kind, n in models.values())
     if len(models) == len(runs):
