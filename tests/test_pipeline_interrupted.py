@@ -30,11 +30,14 @@ pytestmark = pytest.mark.slow
 
 COMMAND = [sys.executable, "-m", "diffeqformer.pipeline", "--preset", "smoke"]
 VOLATILE = {"date", "seconds", "wall_s", "finished", "time", "tokens_per_second", "wall_time_s", "elapsed"}
+"""Fields of the figure records that measure the machine, not the result."""
 MEASURED_COLUMN = re.compile(r"tokens/s|MiB|_s$")
 """Table columns that measure the machine (throughput, memory, seconds): two runs never agree on them."""
 MEASURED_FIGURES = {"f5_timings", "f9_time_embedding"}
 """Figures that are measurements of the machine (F5's timings, F9's throughput and memory panels)."""
-"""Fields of the figure records that measure the machine, not the result."""
+MEASURED_GLUE = {"f5_time_fast", "f5_time_direct", "f5_speedup", "f9_throughput", "f9_memory", *MEASURED_FIGURES}
+"""Glued values that measure the machine: F5's Lyapunov timings and speed-up, F9's throughput and memory ratios,
+and the measured figures' glued images."""
 
 
 def _home(tmp_path_factory, name: str) -> Path:
@@ -84,13 +87,13 @@ def _kill_when(home: Path, ready, seed: int, what: str, *extra: str) -> None:
 
 def _glued(cache: Path) -> dict[str, str]:
     """Every glued value of the executed notebooks in the pipeline's ``cache`` (MyST-NB ``glue``), by notebook
-    and name."""
+    and name, but those that measure the machine (``MEASURED_GLUE``)."""
     values = {}
     for nb in sorted(cache.glob("*/notebook.ipynb")):
         for cell in json.loads(nb.read_text())["cells"]:
             for output in cell.get("outputs", []):
                 meta = output.get("metadata", {}).get("scrapbook", {})
-                if meta.get("name"):  # the cache folder is <notebook>-<key>
+                if meta.get("name") and meta["name"] not in MEASURED_GLUE:  # the cache folder is <notebook>-<key>
                     values[f"{nb.parent.name.rsplit('-', 1)[0]}:{meta['name']}"] = json.dumps(output.get("data"),
                                                                                                sort_keys=True)
     return values
