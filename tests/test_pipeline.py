@@ -6,7 +6,9 @@ from __future__ import annotations
 import io
 import json
 import os
+import time
 import typing
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -298,6 +300,7 @@ class _FakeWorker:
     log: list = []
     fail: str | None = None
     started = 0
+    seconds: dict = {}
 
     def __init__(self, log, env):
         type(self).started += 1
@@ -315,9 +318,13 @@ class _FakeWorker:
 
         name = spec["overrides"][1] if spec["overrides"] else spec["config"]
         type(self).log.append(("start", name, spec["prepare"]))
-        _time.sleep(0.05)
+        _time.sleep(type(self).seconds.get(name, 0.05) if not spec["prepare"] else 0.01)
         if name == type(self).fail and not spec["prepare"]:
             raise PipelineError(f"training failed: {name}")
+        if not spec["prepare"]:  # what a training leaves: its complete.json, for the config hash "h"
+            run_dir = Path(spec["config"]).with_suffix("")
+            run_dir.mkdir(parents=True, exist_ok=True)
+            (run_dir / "complete.json").write_text(json.dumps({"config_hash": "h"}))
         self.runs += 1
         type(self).log.append(("done", name, spec["prepare"]))
 
@@ -363,6 +370,67 @@ def test_a_failed_run_stops_the_other_lanes_with_its_error(tmp_path, monkeypatch
     with pytest.raises(PipelineError, match="training failed: pre"):
         pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2)
     assert ("start", "ft", False) not in _FakeWorker.log  # its pretraining failed: never started
+
+
+def test_notebooks_execute_in_the_lanes_as_soon_as_their_runs_are_complete(tmp_path, monkeypatch):
+    """A notebook whose runs are complete executes while a long run still trains (before the runs that wait), a
+    notebook that measures the machine (``RUNS_ALONE``) only when nothing else is left or running."""
+    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline, "RUNS_ALONE", frozenset({"nb_alone"}))
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started = [], None, 0
+    _FakeWorker.seconds = {"long": 0.6}
+    trainings = _fake_trainings(tmp_path, [("long", (), "a"), ("short", (), "a"), ("more1", (), "a"),
+                                           ("more2", (), "a")])
+    trainings[0].steps = 100  # trained first
+    jobs = [pipeline.NotebookJob(name, tmp_path / f"{name}.ipynb", {}, runs)
+            for name, runs in (("nb_alone", ["short"]), ("nb_long", ["long"]), ("nb_short", ["short"]))]
+
+    def execute(job):
+        _FakeWorker.log.append(("start", job.name, False))
+        time.sleep(0.05)
+        _FakeWorker.log.append(("done", job.name, False))
+        return 0.05
+
+    progress = pipeline.Progress([(t.config, 1.0) for t in trainings] + [(j.name, 1.0) for j in jobs],
+                                 io.StringIO())
+    seconds = pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2,
+                                  notebooks=[(4 + i, j) for i, j in enumerate(jobs)], execute=execute)
+    events = [(what, name) for what, name, prep in _FakeWorker.log if not prep]
+    assert events.index(("done", "short")) < events.index(("start", "nb_short")) < events.index(("done", "long"))
+    assert events.index(("start", "nb_short")) < events.index(("start", "more2"))  # before the runs still waiting
+    assert events.index(("done", "long")) < events.index(("start", "nb_long"))
+    assert events[-2:] == [("start", "nb_alone"), ("done", "nb_alone")]  # alone, after everything else
+    assert {"notebook:nb_alone", "notebook:nb_long", "notebook:nb_short", "long", "short"} <= set(seconds)
+
+
+def test_a_failed_notebook_stops_the_lanes_and_keeps_what_was_measured(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started, _FakeWorker.seconds = [], None, 0, {}
+    trainings = _fake_trainings(tmp_path, [("a", (), "a"), ("b", (), "a"), ("c", (), "a")])
+    job = pipeline.NotebookJob("nb", tmp_path / "nb.ipynb", {}, ["a"])
+
+    def execute(job):
+        raise PipelineError("notebook nb failed in cell 2: ValueError: no")
+
+    seconds: dict = {}
+    progress = pipeline.Progress([(t.config, 1.0) for t in trainings] + [("nb", 1.0)], io.StringIO())
+    with pytest.raises(PipelineError, match="notebook nb failed in cell 2"):
+        pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=1, notebooks=[(3, job)],
+                            execute=execute, seconds=seconds)
+    assert list(seconds) == ["a"]  # the run trained before the notebook failed, measured
+    assert ("start", "b", False) not in _FakeWorker.log  # nothing started after the failure
+
+
+def test_a_training_that_leaves_no_complete_run_stops_before_its_notebooks(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started, _FakeWorker.seconds = [], None, 0, {}
+    trainings = _fake_trainings(tmp_path, [("a", (), "a")])
+    trainings[0].config_hash = "another"  # the fake worker writes hash "h"
+    job = pipeline.NotebookJob("nb", tmp_path / "nb.ipynb", {}, ["a"])
+    progress = pipeline.Progress([("a", 1.0), ("nb", 1.0)], io.StringIO())
+    with pytest.raises(PipelineError, match="did not finish for config a"):
+        pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2, notebooks=[(1, job)],
+                            execute=lambda job: pytest.fail("the notebook ran on an unfinished run"))
 
 
 def test_the_prepare_step_leaves_finished_token_caches(tmp_path):

@@ -17,7 +17,9 @@ entry per preset plus its line in ``_toc.yml``::
 
 Runs are trained ``TRAIN_LANES`` (2) at a time in child processes of at most ``RUNS_PER_WORKER`` runs each, those with
 the most training steps first (else in the order the registry first names them); a fine-tuning waits for its
-pretraining.
+pretraining. The same lanes execute the notebooks, each in a child process as soon as every run it reads is
+finished (before any training that is still waiting), so the notebooks of the early runs are executed while later
+runs train and no lane idles at the end; a notebook that measures the machine (``RUNS_ALONE``) runs last, alone.
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
 or is not in ``_toc.yml`` (or the reverse), a Colab cell that clones another repository than ``_config.yml``'s
@@ -42,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import hashlib
 import importlib.metadata
 import json
@@ -755,15 +756,31 @@ def _spec(t: Training, prepare: bool = False) -> dict[str, Any]:
             "module": t.run.module if t.run else "train", "prepare": prepare}
 
 
+RUNS_ALONE = frozenset({"f9_time_embedding"})
+"""Notebooks that measure the machine (F9 times and sizes training steps in fresh processes): ``train_runs`` runs
+them after everything else, with the other lane idle, so that no other work shares the two cores while they
+measure."""
+
+
 def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path,
-               lanes: int | None = None) -> dict[str, float]:
+               lanes: int | None = None, *, notebooks: list[tuple[int, NotebookJob]] = (),
+               execute: typing.Callable[[NotebookJob], float] | None = None,
+               seconds: dict[str, float] | None = None) -> dict[str, float]:
     """Train the runs that are not complete in ``lanes`` (default ``TRAIN_LANES``) child processes side by side,
     each taking the next run whose pretraining (``Training.after``) has finished, ``RUNS_PER_WORKER`` runs per
     process (``train.main`` or ``finetune.main`` called in turn: one JAX/Levanter start-up per process instead of one
     per run; the pipeline's own process never starts JAX). First one process builds the token caches of every
     dataset the runs read, so that no two processes build one at once. Output goes to ``log`` (lane k > 0:
-    ``<log>-k``). A failed run stops the others (they resume from their checkpoints next time). Returns the measured
-    seconds per config.
+    ``<log>-k``). A failed run stops the others (they resume from their checkpoints next time).
+
+    ``notebooks`` (pairs of progress index and job) are executed by the same lanes with ``execute(job)``: a lane
+    takes a notebook as soon as every run it reads (``NotebookJob.runs``) is complete, before any run still to
+    train, so that notebooks fill the time in which a lane would otherwise wait for the last long run, and two
+    notebooks execute side by side after the last run; one in ``RUNS_ALONE`` waits until nothing else is left or
+    running, and the other lanes wait while it runs. A failed notebook stops the lanes like a failed run.
+    Returns the measured seconds per config, and per notebook under ``notebook:<name>`` (also filled into
+    ``seconds`` as they are measured, so that a caller keeps them when a later run or notebook fails). Every run a
+    lane trains must have its ``complete.json`` for its configuration before a notebook reads it.
 
     Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time with one process for
     several runs than with one process per run (110 s against 126 s). The saved parameters (``model.eqx``) were
@@ -771,54 +788,85 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     import threading
 
     todo = [t for t in trainings if not t.done]
-    if not todo:
-        return {}
-    lanes = max(1, min(TRAIN_LANES if lanes is None else lanes, len(todo)))
-    seconds: dict[str, float] = {}
+    notebooks = list(notebooks)
+    seconds = {} if seconds is None else seconds
+    if not todo and not notebooks:
+        return seconds
+    if notebooks and execute is None:
+        raise ValueError("train_runs: notebooks need an execute function")
+    lanes = max(1, min(TRAIN_LANES if lanes is None else lanes, len(todo) + len(notebooks)))
     index = {id(t): first_step + i for i, t in enumerate(trainings)}
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
     logs = [log] + [log.with_name(f"{log.stem}-{k}{log.suffix}") for k in range(1, lanes)]
 
-    workers: list[_Worker | None] = [_Worker(logs[0], env)] + [None] * (lanes - 1)
+    workers: list[_Worker | None] = [None] * lanes
     first_of: dict[str, Training] = {}  # the first run of each distinct dataset
     for t in todo:
         first_of.setdefault(t.data, t)
-    try:
-        for t in first_of.values():
-            workers[0].do(_spec(t, prepare=True))
-    except PipelineError:
-        workers[0].close(kill=True)
-        raise
+    if first_of:
+        workers[0] = _Worker(logs[0], env)
+        try:
+            for t in first_of.values():
+                workers[0].do(_spec(t, prepare=True))
+        except PipelineError:
+            workers[0].close(kill=True)
+            raise
 
-    pending = sorted(todo, key=lambda t: -t.steps)  # longest first (a stable sort: else the registry's order)
+    pending: list = sorted(todo, key=lambda t: -t.steps)  # longest first (a stable sort: else the registry's order)
+    pending_notebooks = list(notebooks)
     finished = {t.config for t in trainings if t.done}
     errors: list[PipelineError] = []
+    running = [0, False]  # items being worked on; whether one of them runs alone
     cond = threading.Condition()
 
-    def take() -> Training | None:
+    def take():
         with cond:
-            while not errors and pending:
-                ready = next((t for t in pending if all(a in finished for a in t.after)), None)
-                if ready is not None:
-                    pending.remove(ready)
-                    return ready
+            while not errors and (pending or pending_notebooks):
+                if not running[1]:
+                    ready = next(((i, j) for i, j in pending_notebooks
+                                  if j.name not in RUNS_ALONE and all(r in finished for r in j.runs)), None)
+                    if ready is None:
+                        ready = next((t for t in pending if all(a in finished for a in t.after)), None)
+                    if ready is None and not pending and running[0] == 0:
+                        ready = next(((i, j) for i, j in pending_notebooks if all(r in finished for r in j.runs)),
+                                     None)
+                        running[1] = ready is not None
+                    if ready is not None:
+                        (pending_notebooks if isinstance(ready, tuple) else pending).remove(ready)
+                        running[0] += 1
+                        return ready
                 cond.wait()
             return None
 
+    def train(k: int, t: Training) -> None:
+        if workers[k] is not None and workers[k].runs >= RUNS_PER_WORKER:
+            workers[k].close()
+            workers[k] = None
+        if workers[k] is None:
+            workers[k] = _Worker(logs[k], env)
+        started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
+        workers[k].do(_spec(t))
+        complete = t.run_dir / "complete.json"
+        if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
+            raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
+        seconds[t.config] = progress.end(index[id(t)], started)
+
     def lane(k: int) -> None:
         try:
-            while (t := take()) is not None:
-                if workers[k] is not None and workers[k].runs >= RUNS_PER_WORKER:
-                    workers[k].close()
-                    workers[k] = None
-                if workers[k] is None:
-                    workers[k] = _Worker(logs[k], env)
-                started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
-                workers[k].do(_spec(t))
-                seconds[t.config] = progress.end(index[id(t)], started)
+            while (item := take()) is not None:
+                if isinstance(item, tuple):
+                    i, job = item
+                    started = progress.begin(i, f"execute {job.name}")
+                    execute(job)
+                    seconds[f"notebook:{job.name}"] = progress.end(i, started)
+                else:
+                    train(k, item)
                 with cond:
-                    finished.add(t.config)
+                    if not isinstance(item, tuple):
+                        finished.add(item.config)
+                    running[0] -= 1
+                    running[1] = False
                     cond.notify_all()
         except PipelineError as err:
             with cond:
@@ -827,6 +875,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
             for w in workers:  # stop the other lanes' runs too
                 if w is not None and w.proc.poll() is None:
                     w.proc.terminate()
+            _stop_notebooks()
         finally:
             if workers[k] is not None:
                 workers[k].close()
@@ -897,57 +946,53 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-@contextlib.contextmanager
-def _stderr_to(log: Path):
-    """Send this process's standard error, and so the kernels' (which inherit it), to ``log`` for a while: the
-    kernels' start-up chatter would drown the progress lines."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with log.open("a") as f:
-        os.dup2(f.fileno(), 2)
-        try:
-            yield
-        finally:
-            sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+_NOTEBOOK_CHILDREN: set[subprocess.Popen] = set()
+"""The notebook executions running now (``execute_notebook``), for ``_stop_notebooks``."""
+
+
+def _stop_notebooks() -> None:
+    """End every notebook execution still running (another lane failed)."""
+    for proc in list(_NOTEBOOK_CHILDREN):
+        if proc.poll() is None:
+            proc.terminate()
 
 
 def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
     """Run one notebook with Papermill into ``staging``, then move the result into its cache entry. Returns the
-    seconds it took. The kernel's own standard error goes to ``log``. On error, keeps the executed copy in
-    ``_build/pipeline/failed/`` and raises ``PipelineError`` with the notebook's own exception and the end of its
-    traceback."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
+    seconds it took. Papermill runs in a child process (``--execute-notebook``) with the notebook's own environment
+    (its figures folder), so that two lanes can execute notebooks at once; its standard error, and the kernel's,
+    goes to ``log``. On error, keeps the executed copy in ``_build/pipeline/failed/`` and raises ``PipelineError``
+    with the notebook's own exception and the end of its traceback."""
     work = staging / "execute" / job.name
     shutil.rmtree(work, ignore_errors=True)
     (work / "figures").mkdir(parents=True)
     output = work / "notebook.ipynb"
-    saved = {k: os.environ.get(k) for k in ("DIFFEQFORMER_FIGURES", "PYDEVD_DISABLE_FILE_VALIDATION")}
-    os.environ["DIFFEQFORMER_FIGURES"] = str(work / "figures")
-    os.environ["PYDEVD_DISABLE_FILE_VALIDATION"] = "1"
+    env = {**os.environ, "DIFFEQFORMER_FIGURES": str(work / "figures"), "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+           "PYTHONUNBUFFERED": "1"}
+    spec = {"input": str(job.path), "output": str(output), "parameters": job.parameters,
+            "error": str(work / "error.json")}
+    log.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    try:
-        with _stderr_to(log):
-            papermill.execute_notebook(str(job.path), str(output), parameters=job.parameters, kernel_name="python3",
-                                       progress_bar=False, log_output=False, cwd=str(paths.HOME))
-    except PapermillExecutionError as err:
+    with log.open("a") as err_log:
+        proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--execute-notebook", json.dumps(spec)],
+                                stdin=subprocess.DEVNULL, stdout=err_log, stderr=err_log, env=env, cwd=paths.REPO)
+        _NOTEBOOK_CHILDREN.add(proc)
+        try:
+            rc = proc.wait()
+        finally:
+            _NOTEBOOK_CHILDREN.discard(proc)
+    if rc != 0:
         failed = work_dir() / "failed" / f"{job.name}.ipynb"
         failed.parent.mkdir(parents=True, exist_ok=True)
         if output.exists():
             shutil.copy(output, failed)
-        trace = "\n".join(_strip_ansi(line) for line in err.traceback[-12:])
-        raise PipelineError(f"notebook {job.name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
-                            f"{trace}\n(the executed notebook, with the error, is in {failed})") from None
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        if (work / "error.json").exists():
+            error = json.loads((work / "error.json").read_text())
+            trace = "\n".join(_strip_ansi(line) for line in error["traceback"][-12:])
+            raise PipelineError(f"notebook {job.name} failed in cell {error['exec_count']}: {error['ename']}: "
+                                f"{error['evalue']}\n{trace}\n(the executed notebook, with the error, is in {failed})")
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise PipelineError(f"notebook {job.name}: its execution ended with exit code {rc}; the end of {log}:\n{tail}")
     seconds = time.time() - start
     check_outputs(output, job.name)
     check_figures(work / "figures", job.name)
@@ -958,6 +1003,23 @@ def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
     shutil.rmtree(job.cache_dir, ignore_errors=True)
     os.replace(work, job.cache_dir)
     return seconds
+
+
+def _execute_notebook_child(spec: Mapping[str, Any]) -> None:
+    """The ``--execute-notebook`` child of ``execute_notebook``: Papermill on ``spec['input']`` with its
+    ``parameters`` into ``spec['output']``; a failing cell's exception is written to ``spec['error']`` (JSON) and
+    the process exits with 3."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    _exit_with_parent()
+    try:
+        papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
+                                   kernel_name="python3", progress_bar=False, log_output=False, cwd=str(paths.HOME))
+    except PapermillExecutionError as err:
+        Path(spec["error"]).write_text(json.dumps({"exec_count": err.exec_count, "ename": err.ename,
+                                                   "evalue": err.evalue, "traceback": list(err.traceback)}))
+        sys.exit(3)
 
 
 def check_outputs(path: Path, notebook: str) -> None:
@@ -1145,26 +1207,28 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     measured = state.setdefault("seconds", {})  # step -> seconds, last measured here (estimates, timings page)
     guess = DEFAULT_SECONDS.get(preset, DEFAULT_SECONDS["cpu"])
     steps: list[tuple[str, float]] = []
-    lanes = max(1, min(TRAIN_LANES, sum(not t.done for t in result.trainings)))
+    to_execute = [(len(result.trainings) + i, job) for i, job in enumerate(result.notebooks)
+                  if force or not job.cached]
+    lanes = max(1, min(TRAIN_LANES, sum(not t.done for t in result.trainings) + len(to_execute)))
     for t in result.trainings:  # runs trained side by side: each counts for its share of the wall-clock time
         steps.append((f"train {t.config}",
                        0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
-    for job in result.notebooks:
+    for job in result.notebooks:  # and so do notebooks, but those that run alone
         cached = job.cached and not force
+        share = 1 if job.name in RUNS_ALONE else lanes
         steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
-                                                                              guess["notebook"])))
+                                                                              guess["notebook"]) / share))
     steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
     progress = Progress(steps, stream)
     print(f"pipeline --preset {preset}: {len(result.trainings)} runs "
           f"({sum(not t.done for t in result.trainings)} to train), {len(result.notebooks)} notebooks "
-          f"({sum(force or not j.cached for j in result.notebooks)} to execute), then the book; "
-          f"output below {paths.HOME}", file=stream, flush=True)
+          f"({len(to_execute)} to execute), then the book; output below {paths.HOME}", file=stream, flush=True)
 
     staging = WORK / f"staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        # 1. trainings
+        # 1. trainings, and each notebook as soon as the runs it reads are complete
         for t in result.trainings:
             if t.stale:
                 aside = t.run_dir.parent / ".stale" / f"{t.run_dir.name}-{t.stale}"
@@ -1175,25 +1239,25 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
         for i, t in enumerate(result.trainings):
             if t.done:
                 progress.end(i, progress.begin(i, f"train {t.config}"), "(complete, not retrained)")
-        measured.update({f"train:{c}": s for c, s in train_runs(
-            result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log", lanes).items()})
-        for t in result.trainings:
-            complete = t.run_dir / "complete.json"
-            if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
-                raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
-            t.done = True
-        _save_state(state)  # the training times, even if a notebook fails below
-
-        # 2. notebooks
-        offset = len(result.trainings)
-        seen_figures: dict[str, str] = {}
         for i, job in enumerate(result.notebooks):
-            started = progress.begin(offset + i, f"execute {job.name}")
             if job.cached and not force:
-                progress.end(offset + i, started, "(cached)")
-            else:
-                execute_notebook(job, staging, WORK / "logs" / f"notebooks-{preset}.log")
-                measured[f"notebook:{job.name}"] = progress.end(offset + i, started)
+                progress.end(len(result.trainings) + i, progress.begin(len(result.trainings) + i,
+                                                                       f"execute {job.name}"), "(cached)")
+        seconds: dict[str, float] = {}
+        notebook_log = WORK / "logs" / f"notebooks-{preset}.log"
+        try:
+            train_runs(result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log", lanes,
+                       notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
+                       seconds=seconds)
+        finally:  # what was measured, even if a run or a notebook failed
+            measured.update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
+            _save_state(state)
+        for t in result.trainings:
+            t.done = True  # train_runs checked each complete.json
+
+        # 2. no figure saved twice
+        seen_figures: dict[str, str] = {}
+        for job in result.notebooks:
             for name in check_figures(job.cache_dir / "figures", job.name):
                 if name in seen_figures:
                     raise PipelineError(f"figure {name!r} is saved by both {seen_figures[name]} and {job.name}")
@@ -1251,6 +1315,9 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--train-worker"]:
         _train_worker()
+        return
+    if argv[:1] == ["--execute-notebook"]:
+        _execute_notebook_child(json.loads(argv[1]))
         return
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline", description=__doc__.split("\n\n")[1],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
