@@ -301,6 +301,7 @@ class _FakeWorker:
     fail: str | None = None
     started = 0
     seconds: dict = {}
+    sent: list = []
 
     def __init__(self, log, env):
         type(self).started += 1
@@ -314,6 +315,12 @@ class _FakeWorker:
         pass
 
     def do(self, spec):
+        type(self).sent.append(spec)
+        for one in spec.get("members", [spec]):  # a population's members, trained together
+            self.do_one(one)
+        self.runs += 1
+
+    def do_one(self, spec):
         import time as _time
 
         name = spec["overrides"][1] if spec["overrides"] else spec["config"]
@@ -325,7 +332,6 @@ class _FakeWorker:
             run_dir = Path(spec["config"]).with_suffix("")
             run_dir.mkdir(parents=True, exist_ok=True)
             (run_dir / "complete.json").write_text(json.dumps({"config_hash": "h"}))
-        self.runs += 1
         type(self).log.append(("done", name, spec["prepare"]))
 
     def close(self, kill=False):
@@ -431,6 +437,60 @@ def test_a_training_that_leaves_no_complete_run_stops_before_its_notebooks(tmp_p
     with pytest.raises(PipelineError, match="did not finish for config a"):
         pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2, notebooks=[(1, job)],
                             execute=lambda job: pytest.fail("the notebook ran on an unfinished run"))
+
+
+def test_a_population_trains_in_one_lane_as_one_spec(tmp_path, monkeypatch):
+    """The members of a population go to one worker as one spec (``module: population``), with every member; each
+    member is checked complete and counted for its share of the time."""
+    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started, _FakeWorker.seconds = [], None, 0, {}
+    _FakeWorker.sent = sent = []
+    trainings = _fake_trainings(tmp_path, [("p0", (), "a"), ("p1", (), "a"), ("solo", (), "a")])
+    for t in trainings[:2]:
+        t.run = Run("x", ("--name", t.config), population=(0, 1))
+    out = io.StringIO()
+    progress = pipeline.Progress([(t.config, 1.0) for t in trainings], out)
+    seconds = pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2)
+    units = [s for s in sent if not s["prepare"]]
+    assert sorted(len(s.get("members", [s])) for s in units) == [1, 2]
+    population = next(s for s in units if "members" in s)
+    assert population["module"] == "population" and [m["overrides"][1] for m in population["members"]] == ["p0", "p1"]
+    assert set(seconds) == {"p0", "p1", "solo"} and seconds["p0"] == seconds["p1"]
+    assert out.getvalue().count("one of a population of 2, trained together") == 2
+
+
+def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
+    """F1's ``Run("cpu/diffeqformer")`` is the first seed of F6's population: one training, one run directory."""
+    plan = pipeline.plan("cpu")
+    by_dir = {}
+    for t in plan.trainings:
+        assert t.run_dir not in by_dir, (t.config, by_dir.get(t.run_dir))
+        by_dir[t.run_dir] = t
+    ours = by_dir[paths.RUNS / "cpu-diffeqformer"]
+    assert ours.run.population == (0, 1, 2)
+    f1 = next(j for j in plan.notebooks if j.name == "f1_model")
+    assert f1.runs == [ours.config]
+    units = pipeline._units(plan.trainings)
+    synthetic = next(u for u in units if u[0].name == "cpu-synthetic-diffeqformer")
+    assert [t.name for t in synthetic] == [f"cpu-synthetic-diffeqformer{s}" for s in ("", "-seed1", "-seed2")]
+    assert sum(len(u) == 3 for u in units) == 11  # every compared setting of F5, F6, F8-F10
+
+
+def test_two_trainings_into_one_run_directory_are_refused(tmp_path):
+    nbdir = tmp_path / "notebooks"
+    nbdir.mkdir()
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    params = nbformat.v4.new_code_cell('preset: str = "x"\nruns: list = []')
+    params.metadata["tags"] = ["parameters"]
+    nb.cells = [params]
+    nbformat.write(nb, nbdir / "nb.ipynb")
+    toc = tmp_path / "_toc.yml"
+    toc.write_text("format: jb-book\nroot: book/intro\nchapters:\n- file: notebooks/nb\n")
+    alone = Run("smoke/gpt2", ("--trainer.seed", "1"))
+    member = Run("smoke/gpt2", ("--trainer.seed", "1", "--name", "smoke-gpt2"), population=(0, 1))
+    with pytest.raises(PipelineError, match="would both train into"):
+        pipeline.plan("t", registry={"t": {"nb": dict(runs=[alone, member])}}, notebooks_dir=nbdir, toc=toc)
 
 
 def test_the_prepare_step_leaves_finished_token_caches(tmp_path):

@@ -68,7 +68,9 @@ def describe(run) -> dict:
         "final_ppl": done.get("final_eval_perplexity"), "best_ppl": float(curve.perplexity.min()),
         "initial_ppl": float(curve.perplexity.iloc[0]) if finetune else None,
         "trainable_params": done.get("trainable_params"), "total_params": done.get("total_params"),
-        "tokens_per_second": median_throughput(metrics), "wall_time_s": done.get("wall_time_s"),
+        # a population's member (diffeqformer.population) records its share of the population's throughput
+        "tokens_per_second": done["tokens_per_second"] if "tokens_per_second" in done else median_throughput(metrics),
+        "wall_time_s": done.get("wall_time_s"),
         "train_steps": done.get("steps"), "config": config, "config_hash": done.get("config_hash"),
         "pretrain_config_hash": done.get("pretrain_config_hash"),
     }

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
 import hashlib
 import importlib.metadata
 import json
@@ -76,6 +77,9 @@ class Run:
     overrides: tuple[str, ...] = ()
     """draccus-style overrides, e.g. ``("--name", "cpu-x-dt4", "--model.time_embed_dim", "4")``."""
     module: str = "train"
+    population: tuple[int, ...] = ()
+    """The trainer seeds of the population this run is a member of (``seeded(..., population=True)``): the
+    pipeline trains the members together, as one vmapped model (``diffeqformer.population``)."""
 
     @property
     def path(self) -> Path:
@@ -83,8 +87,22 @@ class Run:
 
     @property
     def key(self) -> str:
-        """How the pipeline's records and messages name the run: the config, then its overrides."""
-        return " ".join((self.config, *self.overrides))
+        """How the pipeline's records and messages name the run: the config, then its overrides (and the population
+        it is trained in)."""
+        key = " ".join((self.config, *self.overrides))
+        return key + f" [population of seeds {', '.join(map(str, self.population))}]" if self.population else key
+
+    @property
+    def population_key(self) -> tuple:
+        """What the members of one population share: the config, the overrides but name and seed, the seeds."""
+        rest, i = [], 0
+        while i < len(self.overrides):
+            if self.overrides[i] in ("--name", "--trainer.seed"):
+                i += 2
+                continue
+            rest.append(self.overrides[i])
+            i += 1
+        return self.config, tuple(rest), self.population
 
     def load(self):
         """The resolved configuration (``TrainConfig``, or ``FinetuneConfig`` for a fine-tuning)."""
@@ -110,9 +128,13 @@ class Run:
         if self.module == "finetune":
             from .finetune import config_hash, pretraining_of
 
+            if self.population:
+                raise ValueError("fine-tunings are not trained in populations")
             pretraining, pretraining_dir = pretraining_of(cfg)
             return cfg, config_hash(cfg, train.config_hash(pretraining)), train.run_dir_of(cfg), pretraining_dir
-        return cfg, train.config_hash(cfg), train.run_dir_of(cfg), None
+        if self.population and cfg.trainer.seed not in self.population:
+            raise ValueError(f"its trainer.seed {cfg.trainer.seed} is not one of its population's {self.population}")
+        return cfg, train.config_hash(cfg, population=list(self.population) or None), train.run_dir_of(cfg), None
 
 
 def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
@@ -124,10 +146,13 @@ def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
     return Run(config, tuple(overrides))
 
 
-def seeded(run: Run, n: int) -> list[Run]:
+def seeded(run: Run, n: int, *, population: bool = False) -> list[Run]:
     """``run`` and ``n - 1`` copies of it trained with the next ``trainer.seed`` values (another initialisation, data
     order and dropout), named ``<name>-seed<k>``: the seeds a comparison is judged over (``seeds.RULE``).
-    ``run`` itself stays the first seed, so a preset that adds seeds keeps its finished runs."""
+    ``run`` itself stays the first seed, so a preset that adds seeds keeps its finished runs. ``population``: the
+    copies are trained together, as one vmapped model (``diffeqformer.population``; each member reads its own seed's
+    data and starts from its own seed's initialisation), which is faster on a small model than one after the
+    other."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"a comparison needs a positive number of seeds, got {n!r}")
     import yaml
@@ -144,8 +169,10 @@ def seeded(run: Run, n: int) -> list[Run]:
         i = overrides.index("--trainer.seed")
         base_seed = int(overrides[i + 1])
         del overrides[i : i + 2]
-    return [run] + [Run(run.config, (*overrides, "--name", f"{name}-seed{k}", "--trainer.seed", str(base_seed + k)),
-                        run.module) for k in range(1, n)]
+    seeds = tuple(base_seed + k for k in range(n)) if population and n > 1 else ()
+    first = dataclasses.replace(run, population=seeds)
+    return [first] + [Run(run.config, (*overrides, "--name", f"{name}-seed{k}", "--trainer.seed", str(base_seed + k)),
+                          run.module, seeds) for k in range(1, n)]
 
 
 def finetune_runs(preset: str) -> dict[str, Run]:
@@ -167,13 +194,14 @@ INFERENCE_SWEEP = dict(euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 
 
 
 def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure_batch: int,
-                     num_sequences: int, prefix: str = "ablation_", seeds: int = 1) -> dict[str, dict[str, Any]]:
+                     num_sequences: int, prefix: str = "ablation_", seeds: int = 1,
+                     population: bool = False) -> dict[str, dict[str, Any]]:
     """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset whose base models are
     ``config/<preset>/<prefix>{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``;
     ``measure_batch`` sequences per measured training step; ``num_sequences`` evaluated at inference). The variants
     are named after the base: ``gpu-ablation-diffeqformer-dt4`` (prefix ``ablation_``), ``cpu-diffeqformer-dt2``
     (prefix ``""``: the ablations vary the F1-F6 models themselves). Every setting F8-F10 compare is trained with
-    ``seeds`` seeds (``seeded``)."""
+    ``seeds`` seeds (``seeded``; with ``population``, each setting's seeds as one population)."""
     ours, gpt = f"{preset}/{prefix}diffeqformer", f"{preset}/{prefix}gpt2"
     stem = f"{preset}-{prefix.replace('_', '-')}"
 
@@ -181,7 +209,7 @@ def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure
         return Run(ours) if d == base_dt else variant(ours, f"{stem}diffeqformer-dt{d}", {"model.time_embed_dim": d})
 
     def s(run: Run) -> list[Run]:
-        return seeded(run, seeds)
+        return seeded(run, seeds, population=population)
 
     return {
         "f8_beta2": dict(runs={
@@ -246,13 +274,14 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
                                 num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
                                 model_saves=200),
         "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_runs=seeded(Run("cpu/synthetic_diffeqformer"),
-                                                                                CPU_SEEDS),
+                                                                                CPU_SEEDS, population=True),
                             max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
-        "f6_perplexity": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS) for key, config in (
+        "f6_perplexity": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
             ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
             ("ours_llama", "diffeqformer_llama"))}),
         "f7_finetuning": dict(runs=finetune_runs("cpu")),
-        **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix="", seeds=CPU_SEEDS),
+        **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix="", seeds=CPU_SEEDS,
+                           population=True),
         "f11_downstream": dict(run=Run("cpu/diffeqformer")),
     },
     # One Colab-class GPU, WikiText-103 (needs the internet).
@@ -475,6 +504,11 @@ class Training:
     steps: int = 0
     """Training steps: the lanes start the longest runs first, so that no long run is left alone at the end."""
 
+    @property
+    def population_key(self) -> tuple | None:
+        """The population it is trained in (``Run.population_key``), None for a run trained alone."""
+        return self.run.population_key if self.run is not None and self.run.population else None
+
 
 @dataclass
 class NotebookJob:
@@ -515,6 +549,34 @@ def _collect_runs(value, found: list[Run]):
             _collect_runs(v, found)
 
 
+def _map_runs(value, fn):
+    """``value`` (a notebook's parameters) with every ``Run`` in it replaced by ``fn(run)``."""
+    if isinstance(value, Run):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_runs(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_runs(v, fn) for v in value)
+    return value
+
+
+def _join_populations(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The registry's entries with every ``Run`` that is also a member of a population (``seeded(...,
+    population=True)`` elsewhere in the preset) replaced by that member: F1 reading ``Run("cpu/diffeqformer")``
+    reads the first seed of F6's population, trained once."""
+    members: dict[tuple, Run] = {}
+
+    def collect(run: Run) -> Run:
+        if run.population:
+            members.setdefault((run.config, run.overrides, run.module), run)
+        return run
+
+    for values in entries.values():
+        _map_runs(values, collect)
+    return {nb: _map_runs(values, lambda r: members.get((r.config, r.overrides, r.module), r))
+            for nb, values in entries.items()}
+
+
 def _resolve(value, run_dirs: Mapping[str, Path]):
     if isinstance(value, Run):
         # Relative to DIFFEQFORMER_HOME (the notebooks' working directory) where possible: the book then shows
@@ -545,6 +607,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             raise PipelineError(f"--set names notebook {nb!r}, which preset {preset!r} does not run "
                                 f"(it runs: {', '.join(entries)})")
         entries[nb].update(values)
+    entries = _join_populations(entries)
     in_toc = toc_notebooks(TOC if toc is None else toc)
     for nb in in_toc:
         if nb not in entries:
@@ -598,7 +661,12 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
                                          data=repr(cfg.data), steps=cfg.trainer.num_train_steps))
         if pretraining_dir is not None:
             pretrainings[r.key] = pretraining_dir
-    by_dir = {t.run_dir.resolve(): t for t in result.trainings}
+    by_dir: dict[Path, Training] = {}
+    for t in result.trainings:
+        other = by_dir.setdefault(t.run_dir.resolve(), t)
+        if other is not t:
+            raise PipelineError(f"{t.config!r} and {other.config!r} would both train into {t.run_dir}: name one of "
+                                f"them otherwise (a run trained in a population and alone are two runs)")
     for t in result.trainings:
         if t.config not in pretrainings:
             continue
@@ -751,9 +819,21 @@ class _Worker:
         self.out.close()
 
 
-def _spec(t: Training, prepare: bool = False) -> dict[str, Any]:
+def _spec(t: Training | list[Training], prepare: bool = False) -> dict[str, Any]:
+    """What a worker is sent: one run, or a population's members (``module: "population"``)."""
+    if isinstance(t, list):
+        return {**_spec(t[0], prepare), "module": "population", "members": [_spec(m) for m in t]}
     return {"config": str(t.path), "overrides": list(t.run.overrides) if t.run else [],
             "module": t.run.module if t.run else "train", "prepare": prepare}
+
+
+def _units(trainings: list[Training]) -> list[list[Training]]:
+    """The trainings still to do, as what one lane trains at once: a run alone, or every member of a population
+    (all of them, the complete ones too, if any is not complete: the population trains as a whole)."""
+    groups: dict[Any, list[Training]] = {}
+    for t in trainings:
+        groups.setdefault(t.population_key or ("alone", t.config), []).append(t)
+    return [group for group in groups.values() if not all(t.done for t in group)]
 
 
 RUNS_ALONE = frozenset({"f9_time_embedding"})
@@ -787,14 +867,15 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     bit-identical either way."""
     import threading
 
-    todo = [t for t in trainings if not t.done]
+    units = _units(trainings)  # a run, or a population's members
+    todo = [t for unit in units for t in unit]
     notebooks = list(notebooks)
     seconds = {} if seconds is None else seconds
-    if not todo and not notebooks:
+    if not units and not notebooks:
         return seconds
     if notebooks and execute is None:
         raise ValueError("train_runs: notebooks need an execute function")
-    lanes = max(1, min(TRAIN_LANES if lanes is None else lanes, len(todo) + len(notebooks)))
+    lanes = max(1, min(TRAIN_LANES if lanes is None else lanes, len(units) + len(notebooks)))
     index = {id(t): first_step + i for i, t in enumerate(trainings)}
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -813,7 +894,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
             workers[0].close(kill=True)
             raise
 
-    pending: list = sorted(todo, key=lambda t: -t.steps)  # longest first (a stable sort: else the registry's order)
+    pending: list = sorted(units, key=lambda u: -u[0].steps)  # longest first (stable: else the registry's order)
     pending_notebooks = list(notebooks)
     finished = {t.config for t in trainings if t.done}
     errors: list[PipelineError] = []
@@ -827,7 +908,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
                     ready = next(((i, j) for i, j in pending_notebooks
                                   if j.name not in RUNS_ALONE and all(r in finished for r in j.runs)), None)
                     if ready is None:
-                        ready = next((t for t in pending if all(a in finished for a in t.after)), None)
+                        ready = next((u for u in pending if all(a in finished for t in u for a in t.after)), None)
                     if ready is None and not pending and running[0] == 0:
                         ready = next(((i, j) for i, j in pending_notebooks if all(r in finished for r in j.runs)),
                                      None)
@@ -839,18 +920,23 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
                 cond.wait()
             return None
 
-    def train(k: int, t: Training) -> None:
+    def train(k: int, unit: list[Training]) -> None:
         if workers[k] is not None and workers[k].runs >= RUNS_PER_WORKER:
             workers[k].close()
             workers[k] = None
         if workers[k] is None:
             workers[k] = _Worker(logs[k], env)
-        started = progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}")
-        workers[k].do(_spec(t))
-        complete = t.run_dir / "complete.json"
-        if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
-            raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
-        seconds[t.config] = progress.end(index[id(t)], started)
+        together = f" (one of a population of {len(unit)}, trained together)" if len(unit) > 1 else ""
+        started = [progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}{together}") for t in unit]
+        workers[k].do(_spec(unit if len(unit) > 1 else unit[0]))
+        took = time.time() - started[0]
+        for t, begun in zip(unit, started):
+            complete = t.run_dir / "complete.json"
+            if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
+                raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
+            progress.end(index[id(t)], begun)
+            # a population's time is shared by its members, as two lanes' time is by the runs side by side
+            seconds[t.config] = took / len(unit)
 
     def lane(k: int) -> None:
         try:
@@ -864,7 +950,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
                     train(k, item)
                 with cond:
                     if not isinstance(item, tuple):
-                        finished.add(item.config)
+                        finished.update(t.config for t in item)
                     running[0] -= 1
                     running[1] = False
                     cond.notify_all()
@@ -900,8 +986,9 @@ def _prepare_data(config) -> None:
 
 def _train_worker() -> None:
     """Child process of ``train_runs``: for each spec (JSON, one per line on standard input) ``train.main``,
-    ``finetune.main`` (or, with ``"prepare": true``, ``_prepare_data``), then ``@pipeline done`` on standard output. A
-    spec is ``{"config": path, "overrides": [...], "module": "train" | "finetune", "prepare": bool}``."""
+    ``finetune.main``, ``population.main`` (or, with ``"prepare": true``, ``_prepare_data``), then ``@pipeline done``
+    on standard output. A spec is ``{"config": path, "overrides": [...], "module": "train" | "finetune" |
+    "population", "prepare": bool}``, a population's with ``"members"``: a spec of each member."""
     import gc
 
     import jax
@@ -917,6 +1004,11 @@ def _train_worker() -> None:
 
             config = train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig)
             main = finetune.main
+        elif spec["module"] == "population" and not spec.get("prepare"):
+            from . import population
+
+            config = [train.load_config(m["config"], m["overrides"]) for m in spec["members"]]
+            main = population.main
         else:
             config = train.load_config(spec["config"], spec["overrides"])
             main = train.main

@@ -163,8 +163,11 @@ def dump_config(config) -> str:
     return yaml.safe_dump(plain_tree(config), sort_keys=False)
 
 
-def config_hash(config: TrainConfig) -> str:
+def config_hash(config: TrainConfig, *, population: Optional[list[int]] = None) -> str:
     """Hash of what determines the trained parameters (not where the run is written, nor logging).
+
+    ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, so
+    that a member of a population and the solo run of the same config never share a hash.
 
     Model fields left at their class default are not hashed, so that adding a model option whose default keeps the
     old behaviour (e.g. ``random_step_offset``) does not invalidate finished runs. Any value that differs from the
@@ -175,6 +178,8 @@ def config_hash(config: TrainConfig) -> str:
     defaults = plain_tree(type(config.model)())
     tree["model"] = {k: v for k, v in tree["model"].items() if k not in defaults or defaults[k] != v}
     tree["training_loop"] = LOOP_VERSION
+    if population is not None:
+        tree["population"] = [int(seed) for seed in population]
     return hashlib.sha256(yaml.safe_dump(tree, sort_keys=False).encode()).hexdigest()[:16]
 
 
@@ -367,7 +372,7 @@ def start_run(config, run_dir: Path, digest: str) -> Optional[dict]:
 
 
 def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per_token: Optional[float],
-        run_dir: Path, evaluate_first: bool = False):
+        run_dir: Path, evaluate_first: bool = False, train_set=None, eval_hook=None):
     """Run Levanter's training loop from ``state`` (fresh or resumed) to ``trainer.num_train_steps``; return the state.
 
     Hooks: validation loss every ``trainer.steps_per_eval`` steps and at the end, throughput every step.
@@ -376,23 +381,27 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
     the last good checkpoint. ``config`` supplies the run's ``name``.
 
     Levanter's training mixture restarts a corpus when it is used up, with the same permutation, so a small corpus is
-    read for as many passes as ``num_train_steps`` takes."""
+    read for as many passes as ``num_train_steps`` takes. ``train_set`` and ``eval_hook`` replace the training data
+    (``data.train_set`` with ``data_key``) and the evaluation (Levanter's ``cb_tagged_lm_evaluate``): a population
+    (``diffeqformer.population``) passes its members' data and evaluations."""
     import levanter.callbacks
     import levanter.eval
     from levanter.callbacks import StepInfo
 
     trainer_config = trainer.config
-    train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key)
+    if train_set is None:
+        train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key)
     eval_sets = data.tagged_eval_sets(Pos)
     _check_validation_length(eval_sets, Pos)
     if int(state.step) > 0:
         print(f"{config.name}: resuming from step {int(state.step)}", file=sys.stderr)
     max_eval = trainer_config.max_eval_batches
     max_eval = max_eval * trainer_config.eval_batch_size if max_eval is not None else None
-    eval_hook = levanter.eval.cb_tagged_lm_evaluate(
-        trainer_config.EvalBatch, eval_sets, data.the_tokenizer, trainer.device_mesh, trainer.compute_axis_mapping,
-        max_eval, mp=trainer_config.mp,
-    )
+    if eval_hook is None:
+        eval_hook = levanter.eval.cb_tagged_lm_evaluate(
+            trainer_config.EvalBatch, eval_sets, data.the_tokenizer, trainer.device_mesh,
+            trainer.compute_axis_mapping, max_eval, mp=trainer_config.mp,
+        )
     if evaluate_first and int(state.step) == 0:
         eval_hook(StepInfo(state, loss=float("nan"), step_duration=0.0))
     trainer.add_hook(eval_hook, every=trainer_config.steps_per_eval)

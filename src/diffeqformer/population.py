@@ -1,0 +1,339 @@
+"""Seed copies of one configuration trained together: one vmapped population under one Levanter trainer.
+
+Every comparison of F5, F6 and F8-F10 is judged over seeds (``seeds.RULE``), so the cpu preset trains each compared
+setting several times, the copies differing only in ``trainer.seed`` (``pipeline.seeded``). Trained one after the
+other, each copy pays its own start-up and runs a program too small to keep two cores busy. Here the copies train as
+one model whose every weight has a leading ``seed`` axis (``haliax.vmap``):
+
+- member k starts from the initialisation of its own seed and reads the batches its own run would read (the
+  trainer's batch is the members' batches side by side, ``Interleaved``), so without dropout a member follows its
+  solo run up to floating-point rounding (``tests/test_population.py``);
+- each member has its own Adam state and its own gradient clipping (``population_optimizer`` vmaps the optimiser), and
+  the loss is the sum of the members' losses, whose gradient with respect to a member's weights is its own loss's:
+  no member's update depends on another's;
+- dropout draws from one key per member, split from the trainer's key of the step (not the solo run's keys);
+- checkpoints (Levanter's, of the whole population) live in the first member's run directory; each member's metrics
+  go to its own ``metrics.jsonl`` (``PopulationTracker``), and each member ends as an ordinary run: its own
+  ``config.yaml``, ``model.eqx`` and ``complete.json``, read by ``train.load_model`` like any other.
+
+A member's config hash covers the population (``train.config_hash(config, population=seeds)``): a run trained in a
+population is not taken for the solo run of the same config, nor the reverse.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import re
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Sequence
+
+import equinox as eqx
+import haliax as hax
+import jax
+import jax.numpy as jnp
+import jax.random as jrandom
+import optax
+from haliax import Axis, NamedArray
+from levanter.data.dataset import AsyncDataset
+from levanter.tracker import Tracker, TrackerConfig
+
+from . import paths, train
+
+SEED = "seed"
+"""The name of the population's axis."""
+_MEMBER_METRIC = re.compile(r"(train|eval)/member(\d+)/(.+)")
+
+
+def check_members(configs: Sequence[train.TrainConfig]) -> list[int]:
+    """The members' seeds, after checking that the configs differ in name, run directory and ``trainer.seed`` only
+    (and in all three)."""
+    if len(configs) < 2:
+        raise ValueError(f"a population needs at least two members, got {len(configs)}")
+
+    def rest(config):
+        tree = train.plain_tree(dataclasses.replace(config, name="", run_dir=None))
+        tree["trainer"].pop("seed")
+        return tree
+
+    first = rest(configs[0])
+    for config in configs[1:]:
+        if rest(config) != first:
+            raise ValueError(f"population member {config.name!r} differs from {configs[0].name!r} in more than its "
+                             f"name and trainer.seed")
+    seeds = [c.trainer.seed for c in configs]
+    names = [c.name for c in configs]
+    dirs = [train.run_dir_of(c) for c in configs]
+    for what, values in (("trainer.seed", seeds), ("name", names), ("run directory", dirs)):
+        if len(set(values)) != len(values):
+            raise ValueError(f"population members must differ in {what}, got {values}")
+    if configs[0].wandb:
+        raise ValueError("a population logs to its members' metrics.jsonl only: set wandb false")
+    if not isinstance(configs[0].trainer.train_batch_size, int):
+        raise ValueError("a population needs a fixed trainer.train_batch_size (not a schedule)")
+    return seeds
+
+
+# ----------------------------------------------------------------------------------------------- the pieces
+
+
+class Interleaved(AsyncDataset):
+    """The members' data streams as one: the population's batch of ``n * batch`` examples is member 0's batch of
+    the step, then member 1's, ... (global index i belongs to member ``(i // batch) % n``, at its own index
+    ``(i // (n * batch)) * batch + i % batch``)."""
+
+    def __init__(self, members: Sequence[AsyncDataset], batch: int):
+        super().__init__()
+        self.members = list(members)
+        self.batch = batch
+
+    def _where(self, i: int) -> tuple[int, int]:
+        n, b = len(self.members), self.batch
+        return (i // b) % n, (i // (n * b)) * b + i % b
+
+    async def async_len(self) -> int:
+        lengths = [await m.async_len() for m in self.members]
+        return len(self.members) * min(lengths)
+
+    async def final_length_is_known(self) -> bool:
+        return all([await m.final_length_is_known() for m in self.members])
+
+    def is_finite(self) -> bool:
+        return all(m.is_finite() for m in self.members)
+
+    async def current_len(self) -> Optional[int]:
+        lengths = [await m.current_len() for m in self.members]
+        return None if any(x is None for x in lengths) else len(self.members) * min(lengths)
+
+    async def get_batch(self, indices: Sequence[int]):
+        wanted: dict[int, list[tuple[int, int]]] = defaultdict(list)  # member -> (position, own index)
+        for position, i in enumerate(indices):
+            member, own = self._where(int(i))
+            wanted[member].append((position, own))
+        out: list[Any] = [None] * len(indices)
+        for member, pairs in wanted.items():
+            examples = await self.members[member].get_batch([own for _, own in pairs])
+            for (position, _), example in zip(pairs, examples):
+                out[position] = example
+        return out
+
+
+class PopulationOptState(eqx.Module):
+    """The members' optimiser states, each leaf with the population's leading axis. (A wrapper without
+    ``hyperparams``: Levanter logs those of a single optimiser as scalars.)"""
+
+    members: Any
+
+
+def population_optimizer(inner: optax.GradientTransformation, Seed: Axis) -> optax.GradientTransformationExtraArgs:
+    """``inner`` applied to each member on its own (``haliax.vmap`` over the population's axis): its own moments,
+    step count and gradient clipping."""
+
+    def init(params):
+        return PopulationOptState(hax.vmap(inner.init, Seed)(params))
+
+    def update(updates, state, params=None, **extra):
+        new, members = hax.vmap(lambda g, s, p: inner.update(g, s, p), Seed)(updates, state.members, params)
+        return new, PopulationOptState(members)
+
+    return optax.GradientTransformationExtraArgs(init, update)
+
+
+def population_loss(Seed: Axis):
+    """The trainer's loss: the sum over the members of each one's next-token loss on its part of the batch, and each
+    member's loss as the metric ``member<k>/loss`` (logged ``train/member<k>/loss``)."""
+
+    def loss(model, example, *, key=None):
+        Batch = example.tokens.resolve_axis("batch")
+        Member = Axis("batch", Batch.size // Seed.size)
+
+        def split(x):
+            if isinstance(x, NamedArray) and "batch" in x.axis_names:
+                return hax.unflatten_axis(x, "batch", (Seed, Member))
+            return x
+
+        example = jax.tree.map(split, example, is_leaf=lambda x: isinstance(x, NamedArray))
+        keys = None if key is None else jrandom.split(key, Seed.size)
+        losses = hax.vmap(lambda m, e, k: m.compute_next_token_loss(e, key=k), Seed)(model, example, keys)
+        return losses.sum(), {f"member{k}/loss": losses.array[k] for k in range(Seed.size)}
+
+    return loss
+
+
+def member(tree, k: int):
+    """Member ``k`` of a population's pytree (a model, a state): every leaf with the population's axis, indexed."""
+
+    def take(x):
+        if isinstance(x, NamedArray):
+            return x[SEED, k] if SEED in x.axis_names else x
+        return x
+
+    return jax.tree.map(take, tree, is_leaf=lambda x: isinstance(x, NamedArray))
+
+
+class PopulationTracker(Tracker):
+    """Writes each member's metrics to its own ``metrics.jsonl``: ``train/member<k>/...`` and ``eval/member<k>/...``
+    go to member k without the ``member<k>`` part, the trainer's ``train/loss`` (the members' sum) to nobody, and
+    every other metric (throughput, progress) to every member."""
+
+    name = "population"
+
+    def __init__(self, paths: Sequence[Path]):
+        self.members = [train.JsonlTracker(p) for p in paths]
+
+    def log_hyperparameters(self, hparams: dict[str, Any]):
+        pass
+
+    def log(self, metrics: Mapping[str, Any], *, step: Optional[int], commit: Optional[bool] = None):
+        own: list[dict[str, Any]] = [{} for _ in self.members]
+        shared: dict[str, Any] = {}
+        for key, value in metrics.items():
+            match = _MEMBER_METRIC.fullmatch(key)
+            if match:
+                own[int(match[2])][f"{match[1]}/{match[3]}"] = value
+            elif key != "train/loss":
+                shared[key] = value
+        for tracker, values in zip(self.members, own):
+            if values or shared:
+                tracker.log({**shared, **values}, step=step, commit=commit)
+
+    def log_summary(self, metrics: dict[str, Any]):
+        self.log(metrics, step=None)
+
+    def log_artifact(self, artifact_path, *, name: Optional[str] = None, type: Optional[str] = None):
+        pass
+
+    def finish(self):
+        pass
+
+
+@TrackerConfig.register_subclass("population")
+@dataclass(frozen=True)
+class PopulationTrackerConfig(TrackerConfig):
+    """Config of ``PopulationTracker``."""
+
+    paths: tuple[str, ...] = ()
+
+    def init(self, run_id: Optional[str]) -> Tracker:
+        return PopulationTracker([Path(p) for p in self.paths])
+
+
+def member_evaluations(trainer, eval_sets, tokenizer, n: int):
+    """A trainer hook that evaluates each member with Levanter's own evaluator (``cb_tagged_lm_evaluate``, the
+    solo runs' ``eval/loss``), logged as ``eval/member<k>/...``."""
+    import levanter.eval
+    from levanter.callbacks import StepInfo
+
+    config = trainer.config
+    max_eval = config.max_eval_batches * config.eval_batch_size if config.max_eval_batches is not None else None
+    hooks = [levanter.eval.cb_tagged_lm_evaluate(config.EvalBatch, eval_sets, tokenizer, trainer.device_mesh,
+                                                 trainer.compute_axis_mapping, max_eval, prefix=f"eval/member{k}",
+                                                 mp=config.mp)
+             for k in range(n)]
+
+    def evaluate(info: StepInfo):
+        for k, hook in enumerate(hooks):
+            state = eqx.tree_at(lambda s: s.model, info.state, member(info.state.model, k))
+            hook(StepInfo(state, info.loss, info.step_duration))
+
+    return evaluate
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
+    """Train the members of a population (or resume it, or skip it when every member is complete) and return each
+    member's ``complete.json``."""
+    import levanter.trainer
+    from haliax.partitioning import round_axis_for_partitioning
+    from levanter.trainer import Trainer
+
+    for config in configs:
+        train.validate(config)
+    seeds = check_members(configs)
+    run_dirs = [train.run_dir_of(c) for c in configs]
+    with contextlib.ExitStack() as locks:
+        for run_dir in run_dirs:
+            locks.enter_context(train.run_lock(run_dir))
+        digests = [train.config_hash(c, population=seeds) for c in configs]
+        finished = [train.start_run(c, d, h) for c, d, h in zip(configs, run_dirs, digests)]
+        if all(f is not None for f in finished):
+            return finished
+
+        base, n = configs[0], len(configs)
+        Seed = Axis(SEED, n)
+        batch = base.trainer.train_batch_size
+        data = base.data.levanter_config()
+        trainer_config = dataclasses.replace(
+            train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population", train_batch_size=n * batch,
+            tracker=(PopulationTrackerConfig(tuple(str(d / "metrics.jsonl") for d in run_dirs)),))
+        inner = train.with_paper_weight_decay(base.optimizer, base.model).build(trainer_config.num_train_steps)
+        levanter.trainer.initialize(trainer_config)
+
+        start = time.time()
+        with Trainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
+            keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model, training: as train.main
+            model_keys = jnp.stack([k[1] for k in keys])
+            Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
+            state = trainer.initial_state(
+                keys[0][2], model_init=lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
+            Pos = base.model.max_Pos
+            member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
+            train_set = Interleaved([data.train_set(Pos, member_schedule, key=k[0]) for k in keys], batch)
+            flops = base.model.flops_per_token(Vocab.size, base.model.max_seq_len)
+            state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
+                              run_dir=run_dirs[0], train_set=train_set,
+                              eval_hook=member_evaluations(trainer, data.tagged_eval_sets(Pos), data.the_tokenizer, n))
+            models = [member(state.model, k) for k in range(n)]
+            summaries = []
+            for k, (config, run_dir, digest, model) in enumerate(zip(configs, run_dirs, digests, models)):
+                throughput = train.median_throughput(train.read_metrics(run_dir))
+                summaries.append(train.finish_run(
+                    config, run_dir, model, digest, start, vocab_size=Vocab.size,
+                    tokens_per_second=throughput / n if throughput is not None else None,
+                    population={"seeds": seeds, "member": k,
+                                "checkpoints": paths.home_relative(run_dirs[0] / "checkpoints")}))
+            return summaries
+
+
+def members_of(config: train.TrainConfig, n: int) -> list[train.TrainConfig]:
+    """``config`` and ``n - 1`` copies with the next ``trainer.seed`` values, named as ``pipeline.seeded`` names
+    them: ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` when the config sets ``run_dir``)."""
+    if not isinstance(n, int) or n < 2:
+        raise ValueError(f"--seeds must be an integer of at least 2, got {n!r}")
+    out = []
+    for k in range(n):
+        suffix = f"-seed{k}" if k else ""
+        out.append(dataclasses.replace(
+            config, name=config.name + suffix, run_dir=config.run_dir + suffix if config.run_dir else None,
+            trainer=dataclasses.replace(config.trainer, seed=config.trainer.seed + k)))
+    return out
+
+
+def cli(argv: list[str] | None = None) -> None:
+    """``python -m diffeqformer.population --config file.yaml --seeds 3 [overrides]``: the config and its next seeds
+    as one population (``members_of``)."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--seeds" not in argv or argv.index("--seeds") + 1 >= len(argv):
+        raise SystemExit("usage: python -m diffeqformer.population --config config/<preset>/<name>.yaml --seeds N "
+                         "[overrides]")
+    i = argv.index("--seeds")
+    try:
+        n = int(argv[i + 1])
+    except ValueError:
+        raise SystemExit(f"error: --seeds must be an integer, got {argv[i + 1]!r}") from None
+    del argv[i : i + 2]
+    train.cli(argv, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
+
+
+if __name__ == "__main__":
+    import os
+
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    cli()

@@ -1,0 +1,118 @@
+"""diffeqformer.population at smoke size: a member trains like its solo run, ends as an ordinary run, is not trained
+again, resumes bit-identically after SIGKILLs, and members that differ in more than their seed are refused."""
+
+import json
+import os
+import subprocess
+import sys
+
+import equinox as eqx
+import jax
+import numpy as np
+import pytest
+
+from interrupt import kill_seed, run_with_kills
+
+from diffeqformer import paths, population, train
+from diffeqformer.train import load_model, read_metrics
+
+SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"  # no dropout: a member's arithmetic is its solo run's
+
+
+def _env(run_dir):
+    return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(run_dir.parent / "jax-cache")}
+
+
+def _population_cmd(run_dir, seeds=2):
+    return [sys.executable, "-m", "diffeqformer.population", "--config", str(SMOKE), "--seeds", str(seeds),
+            "--run_dir", str(run_dir)]
+
+
+def _run(cmd, run_dir):
+    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out
+
+
+def _leaves(run_dir):
+    return [np.asarray(x) for x in jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A population of seeds 0 and 1, and the solo run of seed 1."""
+    root = tmp_path_factory.mktemp("population")
+    _run(_population_cmd(root / "pop"), root / "pop")
+    solo = root / "solo"
+    _run([sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir", str(solo),
+          "--trainer.seed", "1"], solo)
+    return root / "pop", root / "pop-seed1", solo
+
+
+def test_a_member_trains_like_its_solo_run(trained):
+    """Member 1 starts from seed 1's initialisation, reads seed 1's batches and has its own Adam state and clipping:
+    after 20 steps its parameters are the solo run's up to float32 rounding (the population's program sums and
+    fuses differently), and so are its losses."""
+    _, member, solo = trained
+    a, b = _leaves(member), _leaves(solo)
+    assert len(a) == len(b) > 10
+    worst = max(float(np.max(np.abs(x - y))) for x, y in zip(a, b))
+    assert worst < 1e-4, worst  # measured: 2.6e-06 after 12 steps
+    mine, its = read_metrics(member), read_metrics(solo)
+    for column in ("train/loss", "eval/loss"):
+        x, y = mine[column].dropna(), its[column].dropna()
+        assert list(x.index) == list(y.index) and len(x) >= 2
+        np.testing.assert_allclose(x.to_numpy(), y.to_numpy(), rtol=1e-5, err_msg=column)
+
+
+def test_members_end_as_ordinary_runs_of_their_own(trained):
+    first, second, solo = trained
+    summaries = [json.loads((d / "complete.json").read_text()) for d in (first, second)]
+    assert [s["population"]["member"] for s in summaries] == [0, 1]
+    assert all(s["population"]["seeds"] == [0, 1] for s in summaries)
+    assert (first / "checkpoints").is_dir() and not (second / "checkpoints").exists()
+    assert load_model(first).config.time_embed_dim == 4
+    # the same config trained alone is another run: another hash
+    same = train.load_config(SMOKE, ["--name", "smoke-diffeqformer-seed1", "--trainer.seed", "1"])
+    assert summaries[1]["config_hash"] == train.config_hash(same, population=[0, 1]) != train.config_hash(same)
+    # each member's own metrics: its own loss, not the population's sum
+    assert not read_metrics(first)["train/loss"].equals(read_metrics(second)["train/loss"])
+    assert float(read_metrics(second)["train/loss"].dropna().iloc[-1]) == pytest.approx(
+        summaries[1]["final_train_loss"])
+
+
+def test_a_complete_population_is_not_trained_again(trained):
+    first, second, _ = trained
+    before = [(d / "metrics.jsonl").read_text() for d in (first, second)]
+    out = _run(_population_cmd(first), first)
+    assert out.stderr.count("already complete") == 2
+    assert [(d / "metrics.jsonl").read_text() for d in (first, second)] == before
+
+
+def test_population_resume_after_sigkill_equals_uninterrupted(trained, tmp_path):
+    """Killed before its first checkpoint, while writing it, and between checkpoints, then rerun: every member's
+    parameters bit for bit those of the population that was never interrupted."""
+    first, second, _ = trained
+    run_dir = tmp_path / "pop"
+    seed = kill_seed()
+    kills, stderr = run_with_kills(_population_cmd(run_dir), _env(run_dir), run_dir, seed)
+    print(f"kill seed {seed}: " + "; ".join(f"{k.what} (committed: {k.committed})" for k in kills))
+    assert kills[0].committed is False and kills[2].committed is True, (seed, kills)
+    assert "resuming from step 11" in stderr, (seed, stderr[-2000:])
+    for resumed, full in ((run_dir, first), (tmp_path / "pop-seed1", second)):
+        for a, b in zip(_leaves(resumed), _leaves(full), strict=True):
+            np.testing.assert_array_equal(a, b, err_msg=f"kill seed {seed}: {kills}")
+        assert read_metrics(resumed)["train/loss"].equals(read_metrics(full)["train/loss"])
+
+
+def test_members_that_differ_in_more_than_their_seed_are_refused(tmp_path):
+    configs = population.members_of(train.load_config(SMOKE, ["--run_dir", str(tmp_path / "p")]), 2)
+    other = train.load_config(SMOKE, ["--run_dir", str(tmp_path / "q"), "--trainer.seed", "1",
+                                      "--optimizer.learning_rate", "0.01"])
+    with pytest.raises(ValueError, match="differs from .* in more than its name and trainer.seed"):
+        population.main([configs[0], other])
+    with pytest.raises(ValueError, match="must differ in trainer.seed"):
+        population.check_members([configs[0], configs[0]])
+    with pytest.raises(ValueError, match="at least 2"):
+        population.members_of(configs[0], 1)
+    assert not (tmp_path / "p").exists() and not (tmp_path / "q").exists()  # refused before anything was written
