@@ -232,7 +232,8 @@ SMOKE_VARIANT = variant("smoke/diffeqformer", "smoke-diffeqformer-variant", {
 """The smoke preset's one ablation run (see its registry entries)."""
 
 CPU_SEEDS = 3
-"""Seeds of every setting that F5, F6 and F8-F10 compare in the cpu preset (``seeds.RULE`` needs at least two)."""
+"""Seeds of every setting that F5, F6 and F8-F10 compare in the cpu preset (``seeds.RULE`` needs at least two),
+each setting's seeds trained together as one population (``seeded(..., population=True)``)."""
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # CI: seconds of training per run; checks that every notebook executes and the book builds.
@@ -241,9 +242,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f2_spectra": dict(run=Run("smoke/diffeqformer"), baselines={"gpt": Run("smoke/gpt2")}),
         "f3_trajectories": dict(runs={"ours": Run("smoke/diffeqformer"), "shared": Run("smoke/shared")}),
         "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_runs=[Run("smoke/synthetic_diffeqformer")]),
-        # Two seeds of GPT-2 and DiffEqFormer: CI goes through the verdicts over seeds (seeds.RULE) once.
-        "f6_perplexity": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2), "shared": Run("smoke/shared"),
-                                    "ours": seeded(Run("smoke/diffeqformer"), 2)}),
+        # Two seeds of GPT-2 and DiffEqFormer, each pair trained as one population as in the cpu preset: CI goes
+        # through the verdicts over seeds (seeds.RULE) and through populations once.
+        "f6_perplexity": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2, population=True), "shared": Run("smoke/shared"),
+                                    "ours": seeded(Run("smoke/diffeqformer"), 2, population=True)}),
         "f7_finetuning": dict(runs={
             "smoke-diffeqformer": Run("smoke/diffeqformer"), "smoke-gpt2": Run("smoke/gpt2"),
             "smoke-finetune-diffeqformer-lora": Run("smoke/finetune_diffeqformer_lora", module="finetune"),
