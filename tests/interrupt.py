@@ -92,3 +92,11 @@ def run_with_kills(cmd: list[str], env: dict, run_dir: Path, seed: int, *, check
     out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, f"(kill seed {seed}) the last rerun failed:\n{out.stderr[-3000:]}"
     return kills, out.stderr
+
+
+def check_kills(kills: list[Kill], stderr: str, seed: int, *, resumed_at: int = 11) -> None:
+    """Print where the attempts were killed; check that the first was killed before its checkpoint was committed and
+    the third after, and that the last rerun resumed at step ``resumed_at``."""
+    print(f"kill seed {seed}: " + "; ".join(f"{k.what} (committed: {k.committed})" for k in kills))
+    assert kills[0].committed is False and kills[2].committed is True, (seed, kills)
+    assert f"resuming from step {resumed_at}" in stderr, (seed, stderr[-2000:])

@@ -270,9 +270,8 @@ def test_a_finetuning_waits_for_its_pretraining_in_the_plan(tmp_path, monkeypatc
     assert len({t.data for t in cpu}) == 4  # all, plays, prose, synthetic: four token caches to prepare
 
 
-def test_a_finetuning_waits_for_the_run_its_pretrain_run_dir_names(tmp_path, monkeypatch):
-    """``pretrain.run_dir`` overrides where the pretraining is read from: the dependency follows it."""
-    monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
+def _runs_notebook(tmp_path):
+    """A notebook 'nb' that declares ``runs: list`` and nothing else, and its table of contents: (folder, toc)."""
     nbdir = tmp_path / "notebooks"
     nbdir.mkdir()
     nb = nbformat.v4.new_notebook()
@@ -283,6 +282,13 @@ def test_a_finetuning_waits_for_the_run_its_pretrain_run_dir_names(tmp_path, mon
     nbformat.write(nb, nbdir / "nb.ipynb")
     toc = tmp_path / "_toc.yml"
     toc.write_text("format: jb-book\nroot: book/intro\nchapters:\n- file: notebooks/nb\n")
+    return nbdir, toc
+
+
+def test_a_finetuning_waits_for_the_run_its_pretrain_run_dir_names(tmp_path, monkeypatch):
+    """``pretrain.run_dir`` overrides where the pretraining is read from: the dependency follows it."""
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
+    nbdir, toc = _runs_notebook(tmp_path)
     other = pipeline.variant("smoke/gpt2", "smoke-gpt2-other", {"optimizer.beta2": 0.95})
     lora = Run("smoke/finetune_gpt2_lora", ("--pretrain.run_dir", str(tmp_path / "runs" / "smoke-gpt2-other")),
                module="finetune")
@@ -477,16 +483,7 @@ def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
 
 
 def test_two_trainings_into_one_run_directory_are_refused(tmp_path):
-    nbdir = tmp_path / "notebooks"
-    nbdir.mkdir()
-    nb = nbformat.v4.new_notebook()
-    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
-    params = nbformat.v4.new_code_cell('preset: str = "x"\nruns: list = []')
-    params.metadata["tags"] = ["parameters"]
-    nb.cells = [params]
-    nbformat.write(nb, nbdir / "nb.ipynb")
-    toc = tmp_path / "_toc.yml"
-    toc.write_text("format: jb-book\nroot: book/intro\nchapters:\n- file: notebooks/nb\n")
+    nbdir, toc = _runs_notebook(tmp_path)
     alone = Run("smoke/gpt2", ("--trainer.seed", "1"))
     member = Run("smoke/gpt2", ("--trainer.seed", "1", "--name", "smoke-gpt2"), population=(0, 1))
     with pytest.raises(PipelineError, match="would both train into"):

@@ -174,7 +174,7 @@ def member(tree, k: int):
     return jax.tree.map(take, tree, is_leaf=lambda x: isinstance(x, NamedArray))
 
 
-class PopulationTracker(Tracker):
+class PopulationTracker(train.MetricsOnlyTracker):
     """Writes each member's metrics to its own ``metrics.jsonl``: ``train/member<k>/...`` and ``eval/member<k>/...``
     go to member k without the ``member<k>`` part, the trainer's ``train/loss`` (the members' sum) to nobody, and
     every other metric (throughput, progress) to every member."""
@@ -183,9 +183,6 @@ class PopulationTracker(Tracker):
 
     def __init__(self, paths: Sequence[Path]):
         self.members = [train.JsonlTracker(p) for p in paths]
-
-    def log_hyperparameters(self, hparams: dict[str, Any]):
-        pass
 
     def log(self, metrics: Mapping[str, Any], *, step: Optional[int], commit: Optional[bool] = None):
         own: list[dict[str, Any]] = [{} for _ in self.members]
@@ -199,15 +196,6 @@ class PopulationTracker(Tracker):
         for tracker, values in zip(self.members, own):
             if values or shared:
                 tracker.log({**shared, **values}, step=step, commit=commit)
-
-    def log_summary(self, metrics: dict[str, Any]):
-        self.log(metrics, step=None)
-
-    def log_artifact(self, artifact_path, *, name: Optional[str] = None, type: Optional[str] = None):
-        pass
-
-    def finish(self):
-        pass
 
 
 @TrackerConfig.register_subclass("population")

@@ -202,7 +202,24 @@ def with_weight_decay(optimizer: OptimizerConfig, modules: str) -> OptimizerConf
     return dataclasses.replace(optimizer, weight_decay_modules=modules, default_weight_decay_mask=False)
 
 
-class JsonlTracker(Tracker):
+class MetricsOnlyTracker(Tracker):
+    """A Levanter tracker that keeps metrics only (``log``, for subclasses): no hyperparameters, no artifacts, a
+    summary logged as metrics without a step."""
+
+    def log_hyperparameters(self, hparams: dict[str, Any]):
+        pass
+
+    def log_summary(self, metrics: dict[str, Any]):
+        self.log(metrics, step=None)
+
+    def log_artifact(self, artifact_path, *, name: Optional[str] = None, type: Optional[str] = None):
+        pass
+
+    def finish(self):
+        pass
+
+
+class JsonlTracker(MetricsOnlyTracker):
     """A Levanter tracker that appends every logged metric to a JSON-lines file (read by ``read_metrics``)."""
 
     name = "jsonl"
@@ -216,9 +233,6 @@ class JsonlTracker(Tracker):
         with self.path.open("a") as f:
             f.write(json.dumps(record) + "\n")
 
-    def log_hyperparameters(self, hparams: dict[str, Any]):
-        pass
-
     def log(self, metrics: Mapping[str, Any], *, step: Optional[int], commit: Optional[bool] = None):
         scalars = {}
         for key, value in metrics.items():
@@ -228,15 +242,6 @@ class JsonlTracker(Tracker):
                 continue  # histograms, strings: not for this file
         if scalars:
             self._write({"step": step, "time": time.time(), **scalars})
-
-    def log_summary(self, metrics: dict[str, Any]):
-        self.log(metrics, step=None)
-
-    def log_artifact(self, artifact_path, *, name: Optional[str] = None, type: Optional[str] = None):
-        pass
-
-    def finish(self):
-        pass
 
 
 def _drop_partial_last_line(path: Path) -> None:
