@@ -482,6 +482,14 @@ def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
     assert sum(len(u) == 3 for u in units) == 11  # every compared setting of F5, F6, F8-F10
 
 
+def test_a_finetuning_of_a_population_member_is_refused_before_training(tmp_path):
+    nbdir, toc = _runs_notebook(tmp_path)
+    member = pipeline.seeded(Run("smoke/diffeqformer"), 2, population=True)
+    lora = Run("smoke/finetune_diffeqformer_lora", module="finetune")  # pretrains on smoke-diffeqformer
+    with pytest.raises(PipelineError, match="trained in a population"):
+        pipeline.plan("t", registry={"t": {"nb": dict(runs=[*member, lora])}}, notebooks_dir=nbdir, toc=toc)
+
+
 def test_two_trainings_into_one_run_directory_are_refused(tmp_path):
     nbdir, toc = _runs_notebook(tmp_path)
     alone = Run("smoke/gpt2", ("--trainer.seed", "1"))
