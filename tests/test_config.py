@@ -1,5 +1,6 @@
 """Every YAML file in config/ parses into its dataclass; bad input is rejected before any compute."""
 
+import re
 
 import pytest
 from levanter.models.gpt2 import Gpt2Config
@@ -37,6 +38,39 @@ def test_yaml_parses_into_train_config(path):
 def test_overrides_in_draccus_style():
     config = load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml", ["--model.time_embed_dim", "32"])
     assert config.model.time_embed_dim == 32
+
+
+# Overrides of every kind the pipeline's registry passes: a name, ints, floats, bools, a string choice, the form
+# with "=", and a list.
+OVERRIDES = ["--name", "cpu-x", "--trainer.seed", "2", "--optimizer.beta2", "0.95", "--model.time_embed_dim=4",
+             "--model.hypernet", "shared_mlp", "--model.random_step_offset", "True",
+             "--trainer.checkpointer.keep", "[{every: 50}]"]
+
+
+@pytest.mark.parametrize("name", ["cpu/diffeqformer.yaml", "cpu/gpt2.yaml", "smoke/synthetic_diffeqformer.yaml"])
+def test_load_config_is_what_draccus_parses(name):
+    """load_config skips draccus's command-line parser (1.6 s a call): the result must be draccus.parse's."""
+    import draccus
+
+    from diffeqformer.train import config_hash, dump_config
+
+    overrides = OVERRIDES if "diffeqformer" in name else OVERRIDES[:6] + OVERRIDES[-2:]  # no DiffEqFormer fields
+    expected = draccus.parse(TrainConfig, config_path=str(paths.CONFIG / name), args=list(overrides))
+    config = load_config(paths.CONFIG / name, overrides)
+    assert config == expected
+    assert dump_config(config) == dump_config(expected)
+    assert config_hash(config) == config_hash(expected)
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["--model.time_embed_dimx", "4"], "time_embed_dimx"),
+    (["--trainer.seed"], "--trainer.seed has no value"),
+    (["trainer.seed", "1"], "trainer.seed"),
+    (["--trainer.seed", "x"], "trainer"),
+])
+def test_a_bad_override_is_refused_by_name(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml", overrides)
 
 
 SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
