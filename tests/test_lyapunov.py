@@ -114,6 +114,21 @@ def test_token_lyapunov_matches_direct_method(model_and_ids, output_position):
     assert fast.sizes["exponent"] == model.config.hidden_dim
 
 
+@pytest.mark.parametrize("variant", ["gpt", "llama"])
+def test_row_field_is_the_fields_row(variant):
+    """The fast method differentiates f_out computed alone (one query, one token's MLP): it must be the row of the
+    whole field f, for the gpt variant (learned positions) and llama's (RoPE, RMSNorm, SwiGLU), at any state."""
+    model = tiny(variant=variant).build(VOCAB, key=jax.random.PRNGKey(5))
+    _, _, x0, blocks, pos_ids = lyapunov._prepare(model, random_ids(jax.random.PRNGKey(6)))
+    x = x0.array + 0.5 * jax.random.normal(jax.random.PRNGKey(7), x0.array.shape)
+    for k in (0, model.config.num_layers - 1):
+        block = lyapunov._layer(blocks, k)
+        full = lyapunov._field(block, x0.axes, pos_ids)(x)
+        for out in (0, 5, x.shape[0] - 1):
+            row = jax.jit(lambda x, o: lyapunov._row_field(block, x0.axes, pos_ids, o)(x))(x, out)
+            np.testing.assert_allclose(np.asarray(row), np.asarray(full[out]), atol=1e-5)
+
+
 def test_lyapunov_map_rows_equal_single_output(model_and_ids):
     model, ids = model_and_ids
     full = lyapunov_map(model, ids)

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 from haliax import NamedArray
-from levanter.layers.attention import AttentionMask
+from levanter.layers.attention import AttentionMask, dot_product_attention
 from levanter.utils.tree_utils import inference_mode
 
 from .model import DiffEqFormerLMHeadModel, time_grid
@@ -187,16 +187,61 @@ def _states(blocks, x, pos_ids, axes, num_steps: int):
     return jnp.stack(xs)
 
 
-def _rows_fast(f, x, out):
-    """J_{out, in} for every in: [n_in, D_out, D_in], from D reverse-mode products of f_out."""
-    _, vjp = jax.vjp(lambda v: f(v)[out], x)
+def _row_field(block, axes, pos_ids, out):
+    """f_out: the row ``out`` of the field f_k, as a function of the raw [n, D] state: [D].
+
+    The same as ``_field(block, axes, pos_ids)(x)[out]``, computed for that row alone: the query, the attention and
+    the MLP of token ``out``, the keys and values of every token (the attention of ``Attention.__call__`` for one
+    query, from its public parts). The rows' reverse-mode products (``_rows_fast``, D of them per output and step)
+    then differentiate through one token's MLP instead of all n tokens', which made them about 4x cheaper at the
+    cpu preset's n = 64, D = 64 (``tests/test_lyapunov.py`` checks the row against the full field)."""
+    attn = block.attn
+    config = attn.config
+    if config.sliding_window is not None:
+        raise NotImplementedError("the token-level Lyapunov rows assume full causal attention (no sliding window)")
+    if pos_ids is not None and attn.rot_embs is not None:
+        pos_ids = pos_ids.astype(jnp.float32)  # as ParallelBlock hands them to RoPE
+
+    def f(x):
+        X = hax.named(x, axes)
+        Pos = X.resolve_axis("position")
+        one = hax.dslice(out, 1)
+        xa = block.attn_norm(X)
+        q = attn.q_proj(xa["position", one])
+        k, v = attn.k_proj(xa), attn.v_proj(xa)
+        if config.qk_norm is not None:
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        if attn.rot_embs is not None:
+            positions = pos_ids if pos_ids is not None else hax.arange(Pos, dtype=jnp.float32)
+            q = attn.rot_embs(q, positions["position", one]).astype(q.dtype)
+            k = attn.rot_embs(k, positions).astype(k.dtype)
+        q = q.rearrange((..., "kv_head", "q_heads_per_group", "position", "head_size"))
+        k = k.rearrange((..., "kv_head", "position", "head_size")).rename({"position": "key_position"})
+        v = v.rearrange((..., "kv_head", "position", "head_size")).rename({"position": "key_position"})
+        causal = hax.arange(Pos.alias("key_position")) <= out  # the keys the query at `out` sees
+        a = dot_product_attention(
+            "position", "key_position", "head_size", q, k, v, causal,
+            attention_dtype=jnp.float32 if config.upcast_attn else x.dtype, attn_backend=config.attn_backend,
+            flash_block_size=config.flash_attention_block_size, scaling_factor=config.scaling_factor,
+            logits_soft_cap=config.logits_soft_cap, inference=True, prng=None,
+        )
+        a = attn.o_proj(a.flatten_axes(("kv_head", "q_heads_per_group"), "heads").astype(x.dtype))
+        m = block.mlp(block.mlp_norm(X["position", one]))
+        return (a + m)["position", 0].rearrange((axes[1],)).array
+
+    return f
+
+
+def _rows_fast(block, x, out, pos_ids, axes):
+    """J_{out, in} for every in: [n_in, D_out, D_in], from D reverse-mode products of f_out alone."""
+    _, vjp = jax.vjp(_row_field(block, axes, pos_ids, out), x)
     (rows,) = jax.vmap(vjp)(jnp.eye(x.shape[1], dtype=x.dtype))  # [D_out, n, D_in]
     return jnp.transpose(rows, (1, 0, 2))
 
 
-def _rows_direct(f, x, out):
-    """The same from the full Jacobian [n, D, n, D] (the authors' direct method)."""
-    return jnp.transpose(jax.jacrev(f)(x)[out], (1, 0, 2))
+def _rows_direct(block, x, out, pos_ids, axes):
+    """The same from the full Jacobian [n, D, n, D] of the whole field (the authors' direct method)."""
+    return jnp.transpose(jax.jacrev(_field(block, axes, pos_ids))(x)[out], (1, 0, 2))
 
 
 def _qr_step(phi, rows, h):
@@ -208,15 +253,17 @@ def _qr_step(phi, rows, h):
 
 
 @eqx.filter_jit
-def _tangent_step(block, x, phis, outs, pos_ids, axes, h: float, rows_fn):
-    """One Euler step of the state and of every (output, input) tangent matrix; compiled once per shape."""
-    f = _field(block, axes, pos_ids)
+def _tangent_step(blocks, k, x, phis, outs, pos_ids, axes, h: float, rows_fn):
+    """Euler step ``k`` (a traced index into the stacked weights ``blocks``) of the state and of every (output, input)
+    tangent matrix; compiled once per shape. (Taking step k's weights out of the stack outside the compiled step,
+    op by op, cost more than the step itself: 70 ms of a 140 ms prompt of the attribution benchmark.)"""
+    block = _layer(blocks, k)
 
     def one_out(out, phi):
-        return _qr_step(phi, rows_fn(f, x, out), h)
+        return _qr_step(phi, rows_fn(block, x, out, pos_ids, axes), h)
 
     phis, logs = jax.vmap(one_out)(outs, phis)
-    return x + h * f(x), phis, logs
+    return x + h * _field(block, axes, pos_ids)(x), phis, logs
 
 
 def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn, prepared=None) -> tuple[np.ndarray, int]:
@@ -236,7 +283,8 @@ def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn, prepa
     # spectra._one_blas_thread. The result is read (np.asarray) inside the block, so every step runs under it.
     with _one_blas_thread():
         for k in range(L):
-            x, phis, logs = _tangent_step(_layer(blocks, k), x, phis, out_ids, pos_ids, x0.axes, h, rows_fn)
+            x, phis, logs = _tangent_step(blocks, jnp.asarray(k, jnp.int32), x, phis, out_ids, pos_ids, x0.axes, h,
+                                          rows_fn)
             total = total + logs
         exps = np.asarray(-jnp.sort(-total / (L * h), axis=-1))  # the horizon is t = 1
     return exps, n
