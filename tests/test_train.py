@@ -61,6 +61,16 @@ def test_smoke_run_writes_metrics_and_summary(full_run):
     print(f"smoke run: {wall:.1f} s wall, final eval loss {evals.iloc[-1]:.3f}")
 
 
+def test_each_evaluation_runs_once(full_run):
+    """The last step's evaluation is not repeated by the trainer's forced hooks at the end (train.once_per_step):
+    every step has at most one eval/loss record, and the last step has one (20 steps, an evaluation every 10)."""
+    run_dir, _ = full_run
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    steps = [r["step"] for r in records if "eval/loss" in r]
+    assert len(steps) == len(set(steps)), steps
+    assert max(steps) == 19
+
+
 def test_complete_run_is_not_retrained(full_run):
     run_dir, _ = full_run
     before = (run_dir / "metrics.jsonl").read_text()

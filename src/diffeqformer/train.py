@@ -409,7 +409,7 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
         )
     if evaluate_first and int(state.step) == 0:
         eval_hook(StepInfo(state, loss=float("nan"), step_duration=0.0))
-    trainer.add_hook(eval_hook, every=trainer_config.steps_per_eval)
+    trainer.add_hook(once_per_step(eval_hook), every=trainer_config.steps_per_eval)
     trainer.add_hook(
         levanter.callbacks.log_performance_stats(
             Pos.size, trainer_config.batch_schedule, 3 * flops_per_token * Pos.size if flops_per_token else None
@@ -428,6 +428,21 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
                 f"The last good checkpoint is kept in {run_dir / 'checkpoints'}."
             ) from None
         raise
+
+
+def once_per_step(hook):
+    """``hook`` run at most once per step. Levanter's trainer runs every hook once more after the last step (forced);
+    when ``num_train_steps`` is a multiple of ``steps_per_eval`` (every config here) the evaluation of the last
+    step then ran twice, the same numbers logged twice: a whole evaluation per run (eight batches of a 24-layer model
+    in a fine-tuning, one per member in a population)."""
+    evaluated = set()
+
+    def run(info):
+        if info.step not in evaluated:
+            evaluated.add(info.step)
+            hook(info)
+
+    return run
 
 
 def finish_run(config, run_dir: Path, model, digest: str, start: float, **extra) -> dict:
