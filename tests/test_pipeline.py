@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import time
 import typing
 from pathlib import Path
@@ -134,9 +135,9 @@ def tiny(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "HOME", home)
     monkeypatch.setattr(paths, "FIGURES", home / "figures")
     monkeypatch.setenv("DIFFEQFORMER_HOME", str(home))
-    # The package's source is part of every key; fixed here, so that an edit elsewhere in the package (in a shared
-    # work tree) cannot make this test re-execute what it expects cached.
-    monkeypatch.setattr(pipeline, "package_hash", lambda: "fixed")
+    # The source a notebook imports is part of its key; fixed here, so that an edit elsewhere in the package (in a
+    # shared work tree) cannot make this test re-execute what it expects cached.
+    monkeypatch.setattr(pipeline.planning, "notebook_sources_hash", lambda path: "fixed")
     registry = {"tiny": {"nb_a": dict(x=1), "nb_b": dict(x=2)}}
 
     def run(overrides=None):
@@ -160,6 +161,33 @@ def test_cache_reexecutes_only_what_changed(tiny):
     assert third.split("execute nb_b")[1].split("\n")[1].endswith(tuple("0123456789"))  # nb_b ran again
     record = json.loads((home / "figures" / "nb_b_fig.json").read_text())
     assert record["parameters"]["x"] == 3
+
+
+def test_a_notebook_key_covers_the_modules_it_imports_and_not_the_pipeline(tmp_path, monkeypatch):
+    """Editing the registry (or any of the pipeline's code) re-executes no notebook; editing a module re-executes the
+    notebooks that import it, directly or through another module, and no other."""
+    package = tmp_path / "diffeqformer"
+    shutil.copytree(pipeline.sources.PACKAGE, package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(pipeline.sources, "PACKAGE", package)
+    notebooks = {nb: paths.NOTEBOOKS / f"{nb}.ipynb" for nb in pipeline.toc_notebooks()}
+    for nb, path in notebooks.items():
+        assert not any(m.startswith("diffeqformer.pipeline") for m in pipeline.sources.notebook_modules(path)), nb
+
+    def keys():
+        return {nb: pipeline.sources.notebook_sources_hash(path) for nb, path in notebooks.items()}
+
+    def edit(module):
+        with (package / module).open("a") as f:
+            f.write("\n# an edit\n")
+
+    before = keys()
+    edit("pipeline/registry.py")
+    assert keys() == before
+    edit("perplexity.py")  # imported by F6's notebook alone
+    after = keys()
+    assert [nb for nb in notebooks if after[nb] != before[nb]] == ["f6_perplexity"]
+    edit("paths.py")  # imported by every notebook (through figures)
+    assert all(keys()[nb] != after[nb] for nb in notebooks)
 
 
 def test_failing_notebook_stops_with_its_error_and_keeps_previous_figures(tiny):
@@ -221,7 +249,7 @@ def test_a_run_of_another_configuration_is_refused_before_training(tmp_path, mon
 
 def test_run_marker_resolves_to_the_run_directory(tmp_path):
     assert Run("smoke/gpt2").path == paths.CONFIG / "smoke" / "gpt2.yaml"
-    assert pipeline._resolve({"a": Run("x/y"), "b": [Run("x/y"), 2]}, {"x/y": tmp_path / "r"}) == \
+    assert pipeline.planning._resolve({"a": Run("x/y"), "b": [Run("x/y"), 2]}, {"x/y": tmp_path / "r"}) == \
         {"a": str(tmp_path / "r"), "b": [str(tmp_path / "r"), 2]}
 
 
@@ -356,8 +384,8 @@ def _fake_trainings(tmp_path, names_after):
 
 @pytest.mark.parametrize("lanes", [1, 2, 3])
 def test_training_lanes_respect_dependencies_and_prepare_each_dataset_once(tmp_path, monkeypatch, lanes):
-    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
-    monkeypatch.setattr(pipeline, "RUNS_PER_WORKER", 2)
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline.lanes, "RUNS_PER_WORKER", 2)
     _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started = [], None, 0
     trainings = _fake_trainings(tmp_path, [("pre", (), "a"), ("other", (), "b"), ("ft1", ("pre",), "c"),
                                            ("ft2", ("pre",), "c"), ("last", (), "a")])
@@ -375,7 +403,7 @@ def test_training_lanes_respect_dependencies_and_prepare_each_dataset_once(tmp_p
 
 
 def test_a_failed_run_stops_the_other_lanes_with_its_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
     _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started = [], "pre", 0
     trainings = _fake_trainings(tmp_path, [("pre", (), "a"), ("ft", ("pre",), "a"), ("x", (), "a")])
     progress = pipeline.Progress([(t.config, 1.0) for t in trainings], io.StringIO())
@@ -387,8 +415,8 @@ def test_a_failed_run_stops_the_other_lanes_with_its_error(tmp_path, monkeypatch
 def test_notebooks_execute_in_the_lanes_as_soon_as_their_runs_are_complete(tmp_path, monkeypatch):
     """A notebook whose runs are complete executes while a long run still trains (before the runs that wait), a
     notebook that measures the machine (``RUNS_ALONE``) only when nothing else is left or running."""
-    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
-    monkeypatch.setattr(pipeline, "RUNS_ALONE", frozenset({"nb_alone"}))
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline.lanes, "RUNS_ALONE", frozenset({"nb_alone"}))
     _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started = [], None, 0
     _FakeWorker.seconds = {"long": 0.6}
     trainings = _fake_trainings(tmp_path, [("long", (), "a"), ("short", (), "a"), ("more1", (), "a"),
@@ -416,7 +444,7 @@ def test_notebooks_execute_in_the_lanes_as_soon_as_their_runs_are_complete(tmp_p
 
 
 def test_a_failed_notebook_stops_the_lanes_and_keeps_what_was_measured(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
     _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started, _FakeWorker.seconds = [], None, 0, {}
     trainings = _fake_trainings(tmp_path, [("a", (), "a"), ("b", (), "a"), ("c", (), "a")])
     job = pipeline.NotebookJob("nb", tmp_path / "nb.ipynb", {}, ["a"])
@@ -434,7 +462,7 @@ def test_a_failed_notebook_stops_the_lanes_and_keeps_what_was_measured(tmp_path,
 
 
 def test_a_training_that_leaves_no_complete_run_stops_before_its_notebooks(tmp_path, monkeypatch):
-    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
     _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started, _FakeWorker.seconds = [], None, 0, {}
     trainings = _fake_trainings(tmp_path, [("a", (), "a")])
     trainings[0].config_hash = "another"  # the fake worker writes hash "h"
@@ -448,7 +476,7 @@ def test_a_training_that_leaves_no_complete_run_stops_before_its_notebooks(tmp_p
 def test_a_population_trains_in_one_lane_as_one_spec(tmp_path, monkeypatch):
     """The members of a population go to one worker as one spec (``module: population``), with every member; each
     member is checked complete and counted for its share of the time."""
-    monkeypatch.setattr(pipeline, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
     _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started, _FakeWorker.seconds = [], None, 0, {}
     _FakeWorker.sent = sent = []
     trainings = _fake_trainings(tmp_path, [("p0", (), "a"), ("p1", (), "a"), ("solo", (), "a")])
@@ -476,7 +504,7 @@ def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
     assert ours.run.population == (0, 1, 2)
     f1 = next(j for j in plan.notebooks if j.name == "f1_model")
     assert f1.runs == [ours.config]
-    units = pipeline._units(plan.trainings)
+    units = pipeline.lanes._units(plan.trainings)
     synthetic = next(u for u in units if u[0].name == "cpu-synthetic-diffeqformer")
     assert [t.name for t in synthetic] == [f"cpu-synthetic-diffeqformer{s}" for s in ("", "-seed1", "-seed2")]
     assert sum(len(u) == 3 for u in units) == 11  # every compared setting of F5, F6, F8-F10

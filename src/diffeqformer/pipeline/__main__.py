@@ -1,0 +1,5 @@
+"""``python -m diffeqformer.pipeline``."""
+
+from .build import main
+
+main()

@@ -1,0 +1,318 @@
+"""``run``: plan, train, execute, stage and build the book, and move the results into place; ``main``, the command."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import book, paths
+from .lanes import (DEFAULT_SECONDS, RUNS_ALONE, TRAIN_LANES, Progress, load_state, save_state, train_runs,
+                    train_worker)
+from .notebooks import check_figures, execute_notebook, execute_notebook_child
+from .planning import Plan, PipelineError, cache_dir, collect_runs, html_dir, parse_overrides, plan, work_dir
+from .registry import PRESETS, Run
+from .sources import module_files, package_hash, sha
+
+BOOK_FILES = ("_config.yml", "_toc.yml")
+
+
+def _copy_book_sources(src: Path, toc: Path | None = None) -> None:
+    for name in BOOK_FILES:
+        shutil.copy(paths.REPO / name, src / name)
+    if toc is not None:
+        shutil.copy(toc, src / "_toc.yml")
+    shutil.copytree(paths.BOOK, src / "book", ignore=shutil.ignore_patterns("_generated", "_build"))
+
+
+def generated_pages(result: Plan, state: dict) -> dict[str, str]:
+    """Pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
+    contents, the API reference's module list. Only numbers that stay the same when nothing is re-run enter them,
+    so a cached run rebuilds nothing."""
+    return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
+            "api.md": api_markdown()}
+
+
+def timings_markdown(result: Plan, state: dict) -> str:
+    """A table of the times measured in this DIFFEQFORMER_HOME, for every preset built here: each training step of
+    the pipeline (with the process start-up it paid) beside the trainer's own time (``complete.json``: compilation
+    and training), and each notebook's execution. Only times that change when work is redone enter it, so a cached
+    run produces the same page."""
+    lines = ["| preset | step | pipeline step | of which in the trainer | measured on |", "|---|---|---|---|---|"]
+    machine = f"{platform.machine()}, {os.cpu_count()} cores"
+    seconds = state.get("seconds", {})
+    presets = dict(state.get("presets", {}))
+    presets[result.preset] = {"trainings": {t.config: str(t.run_dir) for t in result.trainings},
+                              "notebooks": {j.name: j.key for j in result.notebooks}}
+    for preset in [p for p in PRESETS if p in presets]:
+        entry = presets[preset]
+        for config, run_dir in entry.get("trainings", {}).items():
+            complete = Path(run_dir) / "complete.json"
+            if complete.exists():
+                done = json.loads(complete.read_text())
+                step = seconds.get(f"train:{config}")
+                lines.append(f"| {preset} | train `{config}` ({done.get('steps')} steps) | "
+                             f"{Progress.fmt(step) if step else '(trained outside the pipeline)'} | "
+                             f"{Progress.fmt(done['wall_time_s'])} | "
+                             f"{machine}, JAX on {done.get('jax_backend', '?')} |")
+        for nb, key in entry.get("notebooks", {}).items():
+            record = cache_dir() / f"{nb}-{key}" / "record.json"
+            if record.exists():
+                took = json.loads(record.read_text())["seconds"]
+                lines.append(f"| {preset} | execute `{nb}` | {Progress.fmt(took)} | | {machine} |")
+    return "\n".join(lines) + "\n"
+
+
+def presets_markdown() -> str:
+    """What each preset trains (with the scale, read from the configs) and which notebooks it runs."""
+    import yaml
+
+    lines = ["| preset | training configs | scale | notebooks |", "|---|---|---|---|"]
+    for preset, entries in PRESETS.items():
+        runs: list[Run] = []
+        collect_runs(list(entries.values()), runs)
+        configs = list(dict.fromkeys(r.config for r in runs))
+        scales = []
+        for config in configs:
+            c = yaml.safe_load(Run(config).path.read_text())
+            m, d, t = c.get("model", {}), c.get("data", {}), c.get("trainer", {})
+            if not m:  # a fine-tuning template: its scale is its pretraining's
+                scales.append(f"fine-tuning for {t.get('num_train_steps')} steps of {t.get('train_batch_size')}")
+                continue
+            scales.append(f"{m.get('hidden_dim')}-d, {m.get('num_layers')} layers or steps, "
+                          f"seq {m.get('max_seq_len')}, {t.get('num_train_steps')} steps of "
+                          f"{t.get('train_batch_size')} on {d.get('dataset')}")
+        scale = "; ".join(dict.fromkeys(scales))
+        count = len({r.key for r in runs})
+        lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} | "
+                     f"{', '.join(entries)} |")
+    return "\n".join(lines) + "\n"
+
+
+def api_markdown() -> str:
+    """One autodoc section per module of the package (found on disk, so a new module appears by itself); a
+    subpackage's own page shows its docstring, its modules their members."""
+    out = []
+    for name, f in module_files().items():
+        if name == "diffeqformer" or any(part.startswith("_") for part in name.split(".")):
+            continue
+        members = [] if f.name == "__init__.py" else ["   :members:"]
+        out += [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", *members, "```", ""]
+    return "\n".join(out)
+
+
+def _tree_hash(root: Path) -> str:
+    parts = []
+    for f in sorted(p for p in root.rglob("*") if p.is_file()):
+        parts += [str(f.relative_to(root)), f.read_bytes()]
+    return sha(*parts)
+
+
+def build_book(src: Path, out: Path) -> None:
+    """``jupyter-book build`` with warnings as errors, nitpicky, into ``out``; the notebooks are not executed."""
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(src), "--path-output", str(out),
+           "--warningiserror", "--nitpick", "--keep-going", "--quiet"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src)
+    if proc.returncode != 0:
+        text = (proc.stdout + proc.stderr).strip().splitlines()
+        # each warning with the lines that explain it (an autodoc import error's exception and traceback follow it)
+        starts = [i for i, line in enumerate(text) if "WARNING" in line or "ERROR" in line]
+        shown = []
+        for i in starts:
+            end = next((j for j in starts if j > i), len(text))
+            shown += text[i:min(end, i + 25)]
+        raise PipelineError("the book build failed:\n" + "\n".join((shown or text)[-80:]))
+
+
+def _swap_in(new: Path, dest: Path) -> None:
+    """Replace ``dest`` by ``new`` (same file system): the old one is removed only once the new one is in place."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in dest.parent.glob(f".{dest.name}.old-*"):  # left by a pipeline killed between the two renames
+        shutil.rmtree(stale, ignore_errors=True)
+    old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+    if dest.exists():
+        os.replace(dest, old)
+    os.replace(new, dest)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _prune_cache(state: dict) -> None:
+    keep = {f"{nb}-{key}" for entry in state.get("presets", {}).values()
+            for nb, key in entry.get("notebooks", {}).items()}
+    for entry in cache_dir().glob("*") if cache_dir().exists() else []:
+        if entry.name not in keep:
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _remove_stale_staging() -> None:
+    """Staging folders of pipelines that were killed (their process is gone)."""
+    for folder in work_dir().glob("staging-*"):
+        try:
+            os.kill(int(folder.name.split("-", 1)[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except (ValueError, PermissionError):
+            pass
+
+
+def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *, force: bool = False,
+        build: bool = True, stream=None, **plan_options) -> Plan:
+    """Validate, train, execute, build and move the results into place (see the module docstring).
+
+    ``plan_options``: ``retrain_stale`` (see ``plan``); ``registry``, ``notebooks_dir``, ``toc`` replace the
+    project's own, for tests."""
+    stream = stream or sys.stdout
+    t0 = time.time()
+    result = plan(preset, overrides, **plan_options)
+    WORK, HTML = work_dir(), html_dir()
+    _remove_stale_staging()
+    state = load_state()
+    measured = state.setdefault("seconds", {})  # step -> seconds, last measured here (estimates, timings page)
+    guess = DEFAULT_SECONDS.get(preset, DEFAULT_SECONDS["cpu"])
+    steps: list[tuple[str, float]] = []
+    to_execute = [(len(result.trainings) + i, job) for i, job in enumerate(result.notebooks)
+                  if force or not job.cached]
+    lanes = max(1, min(TRAIN_LANES, sum(not t.done for t in result.trainings) + len(to_execute)))
+    for t in result.trainings:  # runs trained side by side: each counts for its share of the wall-clock time
+        steps.append((f"train {t.config}",
+                       0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
+    for job in result.notebooks:  # and so do notebooks, but those that run alone
+        cached = job.cached and not force
+        share = 1 if job.name in RUNS_ALONE else lanes
+        steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
+                                                                              guess["notebook"]) / share))
+    steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
+    progress = Progress(steps, stream)
+    print(f"pipeline --preset {preset}: {len(result.trainings)} runs "
+          f"({sum(not t.done for t in result.trainings)} to train), {len(result.notebooks)} notebooks "
+          f"({len(to_execute)} to execute), then the book; output below {paths.HOME}", file=stream, flush=True)
+
+    staging = WORK / f"staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        # 1. trainings, and each notebook as soon as the runs it reads are complete
+        for t in result.trainings:
+            if t.stale:
+                aside = t.run_dir.parent / ".stale" / f"{t.run_dir.name}-{t.stale}"
+                aside.parent.mkdir(parents=True, exist_ok=True)
+                shutil.rmtree(aside, ignore_errors=True)
+                os.replace(t.run_dir, aside)
+                print(f"moved {t.run_dir} (a run of another configuration) to {aside}", file=stream, flush=True)
+        for i, t in enumerate(result.trainings):
+            if t.done:
+                progress.end(i, progress.begin(i, f"train {t.config}"), "(complete, not retrained)")
+        for i, job in enumerate(result.notebooks):
+            if job.cached and not force:
+                progress.end(len(result.trainings) + i, progress.begin(len(result.trainings) + i,
+                                                                       f"execute {job.name}"), "(cached)")
+        seconds: dict[str, float] = {}
+        notebook_log = WORK / "logs" / f"notebooks-{preset}.log"
+        try:
+            train_runs(result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log", lanes,
+                       notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
+                       seconds=seconds)
+        finally:  # what was measured, even if a run or a notebook failed
+            measured.update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
+            save_state(state)
+        for t in result.trainings:
+            t.done = True  # train_runs checked each complete.json
+
+        # 2. no figure saved twice
+        seen_figures: dict[str, str] = {}
+        for job in result.notebooks:
+            for name in check_figures(job.cache_dir / "figures", job.name):
+                if name in seen_figures:
+                    raise PipelineError(f"figure {name!r} is saved by both {seen_figures[name]} and {job.name}")
+                seen_figures[name] = job.name
+
+        # 3. the book's sources, staged; the figures, gathered
+        src, figures_new = staging / "src", staging / "figures"
+        (src / "notebooks").mkdir(parents=True)
+        figures_new.mkdir()
+        _copy_book_sources(src, plan_options.get("toc"))
+        for job in result.notebooks:  # as the reader sees them: code behind toggles (book.reader_view)
+            book.write_reader_view(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
+            for f in (job.cache_dir / "figures").iterdir():
+                shutil.copy(f, figures_new / f.name)
+        generated = src / "book" / "_generated"
+        generated.mkdir(parents=True, exist_ok=True)
+        for name, text in generated_pages(result, state).items():
+            (generated / name).write_text(text)
+
+        # 4. the book
+        i = len(steps) - 1
+        started = progress.begin(i, "build the book (jupyter-book, warnings as errors)")
+        book_key = sha(_tree_hash(src), package_hash())
+        rebuilt = False
+        if not build:
+            progress.end(i, started, "(skipped: --no-book)")
+        elif not force and state.get("html_key") == book_key and (HTML / "index.html").exists():
+            progress.end(i, started, "(cached: nothing it shows has changed)")
+        else:
+            build_book(src, staging / "out")
+            measured["book"] = progress.end(i, started)
+            rebuilt = True
+
+        # 5. into place, all or nothing
+        _swap_in(figures_new, paths.FIGURES)
+        if rebuilt:
+            _swap_in(staging / "out" / "_build" / "html", HTML)
+            state["html_key"] = book_key
+        state.setdefault("presets", {})[preset] = {
+            "trainings": {t.config: str(t.run_dir) for t in result.trainings},
+            "notebooks": {j.name: j.key for j in result.notebooks},
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0}
+        state["seconds"] = measured
+        state["current"] = preset
+        save_state(state)
+        _prune_cache(state)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    print(f"pipeline --preset {preset}: finished in {Progress.fmt(time.time() - t0)}; figures in {paths.FIGURES}"
+          + (f", book in {HTML / 'index.html'}" if build else ""), file=stream, flush=True)
+    return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--train-worker"]:
+        train_worker()
+        return
+    if argv[:1] == ["--execute-notebook"]:
+        execute_notebook_child(json.loads(argv[1]))
+        return
+    description = sys.modules[__package__].__doc__.split("\n\n")[1]
+    parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline", description=description,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NOTEBOOK.PARAM=VALUE",
+                        help="override one parameter of one notebook (YAML value); repeatable")
+    parser.add_argument("--force", action="store_true", help="execute every notebook and build the book again")
+    parser.add_argument("--no-book", action="store_true", help="train and execute, but do not build the book")
+    parser.add_argument("--plan", action="store_true", help="validate and print what would run; run nothing")
+    parser.add_argument("--retrain-stale", action="store_true",
+                        help="move a run directory that holds another configuration's run to runs/.stale/ and "
+                             "train it again (without it, such a directory stops the pipeline before it starts)")
+    args = parser.parse_args(argv)
+    try:
+        overrides = parse_overrides(args.overrides)
+        if args.plan:
+            p = plan(args.preset, overrides, retrain_stale=args.retrain_stale)
+            for t in p.trainings:
+                state = "complete" if t.done else "to train" + (" (its stale run to be moved aside)" if t.stale else "")
+                print(f"train    {t.config:40s} {state}  {t.run_dir}")
+            for j in p.notebooks:
+                print(f"notebook {j.name:40s} {'cached' if j.cached else 'to execute'}  {json.dumps(j.parameters)}")
+            return
+        run(args.preset, overrides, force=args.force, build=not args.no_book, retrain_stale=args.retrain_stale)
+    except PipelineError as err:
+        raise SystemExit(f"error: {err}") from None

@@ -1,0 +1,305 @@
+"""The training lanes: child processes that train the runs (and execute the notebooks) side by side, with progress."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import finetune, paths, population, train
+from .notebooks import exit_with_parent, stop_notebooks
+from .planning import NotebookJob, PipelineError, Training, work_dir
+
+DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
+                   "cpu": {"train": 90, "notebook": 60, "book": 90},
+                   "gpu": {"train": 3600, "notebook": 120, "book": 90},
+                   "paper": {"train": 86400, "notebook": 600, "book": 90}}
+"""Guesses for the time left, used until a step has been measured in this DIFFEQFORMER_HOME."""
+
+
+class Progress:
+    """Prints 'step i of n', the elapsed time and an estimate of the time left (from earlier measurements in this
+    DIFFEQFORMER_HOME, else from guesses per preset)."""
+
+    def __init__(self, steps: list[tuple[str, float]], stream=None):
+        self.steps = steps  # (label, estimated seconds; a step done side by side with others: its share)
+        self.start = time.time()
+        self.finished: set[int] = set()
+        self.stream = stream or sys.stdout
+
+    @staticmethod
+    def fmt(seconds: float) -> str:
+        seconds = int(round(seconds))
+        return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else \
+            f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+    def begin(self, index: int, what: str) -> float:
+        left = sum(est for i, (_, est) in enumerate(self.steps) if i not in self.finished)
+        print(f"[{index + 1}/{len(self.steps)}] {what}   ({self.fmt(time.time() - self.start)} elapsed, "
+              f"about {self.fmt(left)} left)", file=self.stream, flush=True)
+        return time.time()
+
+    def end(self, index: int, started: float, note: str = "") -> float:
+        took = time.time() - started
+        self.finished.add(index)
+        print(f"[{index + 1}/{len(self.steps)}] done in {self.fmt(took)}{' ' + note if note else ''}",
+              file=self.stream, flush=True)
+        return took
+
+
+# -------------------------------------------------------------------------------------------------- the steps
+
+
+def load_state() -> dict:
+    path = work_dir() / "state.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def save_state(state: dict) -> None:
+    paths.write_atomic(work_dir() / "state.json", json.dumps(state, indent=1, sort_keys=True) + "\n")
+
+
+RUNS_PER_WORKER = 8
+"""Runs one training process trains before the next takes over. One process for everything crashed on the cpu
+preset after 32 runs (LLVM: "Cannot allocate memory" while compiling, then a segmentation fault): compiled
+programs pile up in a long-lived JAX process. Starting one costs about 10 s (JAX, Levanter)."""
+TRAIN_LANES = int(os.environ.get("DIFFEQFORMER_TRAIN_LANES", "2"))
+"""Training processes that run side by side (``DIFFEQFORMER_TRAIN_LANES``; 1 trains one run at a time). On the
+two-core machine two 64-d runs of 150 steps took 82 s side by side against 140 s one after the other: a small
+model's XLA program keeps about 1.3 cores busy, and start-up, compilation and evaluation mostly one."""
+
+
+class _Worker:
+    """A ``--train-worker`` child process: it reads one run spec (JSON) per line on its standard input, trains it
+    and answers ``@pipeline done`` on its standard output; everything else it prints goes to ``log``."""
+
+    def __init__(self, log: Path, env: Mapping[str, str]):
+        self.log = log
+        self.out = log.open("a")
+        self.proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--train-worker"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.out, text=True,
+                                     env=dict(env), cwd=paths.REPO)
+        self.runs = 0
+
+    def do(self, spec: Mapping[str, Any]) -> None:
+        """Send one spec and wait for it to finish; ``PipelineError`` with the end of the log if the process dies."""
+        self.proc.stdin.write(json.dumps(spec) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            if line.startswith("@pipeline done"):
+                self.runs += 1
+                return
+            self.out.write(line)
+            self.out.flush()
+        rc = self.proc.wait()
+        self.out.flush()
+        tail = "\n".join(self.log.read_text().splitlines()[-25:])
+        raise PipelineError(f"training failed (exit code {rc}); the end of its log {self.log}:\n{tail}")
+
+    def close(self, kill: bool = False) -> None:
+        if kill and self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            self.proc.stdin.close()
+        except (BrokenPipeError, OSError):
+            pass
+        self.proc.wait()
+        self.out.close()
+
+
+def _spec(t: Training | list[Training], prepare: bool = False) -> dict[str, Any]:
+    """What a worker is sent: one run, or a population's members (``module: "population"``)."""
+    if isinstance(t, list):
+        return {**_spec(t[0], prepare), "module": "population", "members": [_spec(m) for m in t]}
+    return {"config": str(t.path), "overrides": list(t.run.overrides) if t.run else [],
+            "module": t.run.module if t.run else "train", "prepare": prepare}
+
+
+def _units(trainings: list[Training]) -> list[list[Training]]:
+    """The trainings still to do, as what one lane trains at once: a run alone, or every member of a population
+    (all of them, the complete ones too, if any is not complete: the population trains as a whole)."""
+    groups: dict[Any, list[Training]] = {}
+    for t in trainings:
+        groups.setdefault(t.population_key or ("alone", t.config), []).append(t)
+    return [group for group in groups.values() if not all(t.done for t in group)]
+
+
+RUNS_ALONE = frozenset({"f9_time_embedding"})
+"""Notebooks that measure the machine (F9 times and sizes training steps in fresh processes): ``train_runs`` runs
+them after everything else, with the other lane idle, so that no other work shares the two cores while they
+measure."""
+
+
+def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path,
+               lanes: int | None = None, *, notebooks: list[tuple[int, NotebookJob]] = (),
+               execute: typing.Callable[[NotebookJob], float] | None = None,
+               seconds: dict[str, float] | None = None) -> dict[str, float]:
+    """Train the runs that are not complete in ``lanes`` (default ``TRAIN_LANES``) child processes side by side,
+    each taking the next run whose pretraining (``Training.after``) has finished, ``RUNS_PER_WORKER`` runs per
+    process (``train.main`` or ``finetune.main`` called in turn: one JAX/Levanter start-up per process instead of one
+    per run; the pipeline's own process never starts JAX). First one process builds the token caches of every
+    dataset the runs read, so that no two processes build one at once. Output goes to ``log`` (lane k > 0:
+    ``<log>-k``). A failed run stops the others (they resume from their checkpoints next time).
+
+    ``notebooks`` (pairs of progress index and job) are executed by the same lanes with ``execute(job)``: a lane
+    takes a notebook as soon as every run it reads (``NotebookJob.runs``) is complete, before any run still to
+    train, so that notebooks fill the time in which a lane would otherwise wait for the last long run, and two
+    notebooks execute side by side after the last run; one in ``RUNS_ALONE`` waits until nothing else is left or
+    running, and the other lanes wait while it runs. A failed notebook stops the lanes like a failed run.
+    Returns the measured seconds per config, and per notebook under ``notebook:<name>`` (also filled into
+    ``seconds`` as they are measured, so that a caller keeps them when a later run or notebook fails). Every run a
+    lane trains must have its ``complete.json`` for its configuration before a notebook reads it.
+
+    Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time with one process for
+    several runs than with one process per run (110 s against 126 s). The saved parameters (``model.eqx``) were
+    bit-identical either way."""
+    import threading
+
+    units = _units(trainings)  # a run, or a population's members
+    todo = [t for unit in units for t in unit]
+    notebooks = list(notebooks)
+    seconds = {} if seconds is None else seconds
+    if not units and not notebooks:
+        return seconds
+    if notebooks and execute is None:
+        raise ValueError("train_runs: notebooks need an execute function")
+    lanes = max(1, min(TRAIN_LANES if lanes is None else lanes, len(units) + len(notebooks)))
+    index = {id(t): first_step + i for i, t in enumerate(trainings)}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    logs = [log] + [log.with_name(f"{log.stem}-{k}{log.suffix}") for k in range(1, lanes)]
+
+    workers: list[_Worker | None] = [None] * lanes
+    first_of: dict[str, Training] = {}  # the first run of each distinct dataset
+    for t in todo:
+        first_of.setdefault(t.data, t)
+    if first_of:
+        workers[0] = _Worker(logs[0], env)
+        try:
+            for t in first_of.values():
+                workers[0].do(_spec(t, prepare=True))
+        except PipelineError:
+            workers[0].close(kill=True)
+            raise
+
+    pending: list = sorted(units, key=lambda u: -u[0].steps)  # longest first (stable: else the registry's order)
+    pending_notebooks = list(notebooks)
+    finished = {t.config for t in trainings if t.done}
+    errors: list[PipelineError] = []
+    running = [0, False]  # items being worked on; whether one of them runs alone
+    cond = threading.Condition()
+
+    def take():
+        with cond:
+            while not errors and (pending or pending_notebooks):
+                if not running[1]:
+                    ready = next(((i, j) for i, j in pending_notebooks
+                                  if j.name not in RUNS_ALONE and all(r in finished for r in j.runs)), None)
+                    if ready is None:
+                        ready = next((u for u in pending if all(a in finished for t in u for a in t.after)), None)
+                    if ready is None and not pending and running[0] == 0:
+                        ready = next(((i, j) for i, j in pending_notebooks if all(r in finished for r in j.runs)),
+                                     None)
+                        running[1] = ready is not None
+                    if ready is not None:
+                        (pending_notebooks if isinstance(ready, tuple) else pending).remove(ready)
+                        running[0] += 1
+                        return ready
+                cond.wait()
+            return None
+
+    def train(k: int, unit: list[Training]) -> None:
+        if workers[k] is not None and workers[k].runs >= RUNS_PER_WORKER:
+            workers[k].close()
+            workers[k] = None
+        if workers[k] is None:
+            workers[k] = _Worker(logs[k], env)
+        together = f" (one of a population of {len(unit)}, trained together)" if len(unit) > 1 else ""
+        started = [progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}{together}") for t in unit]
+        workers[k].do(_spec(unit if len(unit) > 1 else unit[0]))
+        took = time.time() - started[0]
+        for t, begun in zip(unit, started):
+            complete = t.run_dir / "complete.json"
+            if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
+                raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
+            progress.end(index[id(t)], begun)
+            # a population's time is shared by its members, as two lanes' time is by the runs side by side
+            seconds[t.config] = took / len(unit)
+
+    def lane(k: int) -> None:
+        try:
+            while (item := take()) is not None:
+                if isinstance(item, tuple):
+                    i, job = item
+                    started = progress.begin(i, f"execute {job.name}")
+                    execute(job)
+                    seconds[f"notebook:{job.name}"] = progress.end(i, started)
+                else:
+                    train(k, item)
+                with cond:
+                    if not isinstance(item, tuple):
+                        finished.update(t.config for t in item)
+                    running[0] -= 1
+                    running[1] = False
+                    cond.notify_all()
+        except PipelineError as err:
+            with cond:
+                errors.append(err)
+                cond.notify_all()
+            for w in workers:  # stop the other lanes' runs too
+                if w is not None and w.proc.poll() is None:
+                    w.proc.terminate()
+            stop_notebooks()
+        finally:
+            if workers[k] is not None:
+                workers[k].close()
+
+    threads = [threading.Thread(target=lane, args=(k,), daemon=True) for k in range(lanes)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def _prepare_data(config) -> None:
+    """Build (or load) the token caches of a run's training and validation data (Levanter builds them in this
+    process and returns once they are finished)."""
+    levanter_data = config.data.levanter_config()
+    for split in ("train", "validation"):
+        levanter_data.build_caches(split)
+
+
+def train_worker() -> None:
+    """Child process of ``train_runs``: for each spec (JSON, one per line on standard input) ``train.main``,
+    ``finetune.main``, ``population.main`` (or, with ``"prepare": true``, ``_prepare_data``), then ``@pipeline done``
+    on standard output. A spec is ``{"config": path, "overrides": [...], "module": "train" | "finetune" |
+    "population", "prepare": bool}``, a population's with ``"members"``: a spec of each member."""
+    import gc
+
+    import jax
+
+    train.use_compilation_cache()
+    exit_with_parent()
+    for line in sys.stdin:
+        spec = json.loads(line)
+        if spec["module"] == "finetune":
+            config = train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig)
+            main = finetune.main
+        elif spec["module"] == "population" and not spec.get("prepare"):
+            config = [train.load_config(m["config"], m["overrides"]) for m in spec["members"]]
+            main = population.main
+        else:
+            config = train.load_config(spec["config"], spec["overrides"])
+            main = train.main
+        (_prepare_data if spec.get("prepare") else main)(config)
+        jax.clear_caches()  # this run's compiled programs: the next run compiles its own
+        gc.collect()
+        print("@pipeline done", flush=True)

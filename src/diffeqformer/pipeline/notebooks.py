@@ -1,0 +1,142 @@
+"""Executing one notebook: Papermill in a child process, then the checks of what it printed and saved."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import paths
+from .planning import NotebookJob, PipelineError, cache_dir, work_dir
+
+def exit_with_parent(poll_s: float = 0.2) -> None:
+    """End this worker as soon as the pipeline that started it is gone. A killed pipeline closes the worker's
+    standard input, but the worker reads it only between runs: without this it would go on training its run while the
+    rerun pipeline's worker trains the same run (``train.run_lock`` makes the second wait for the first)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def _strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;]*m", "", text)
+
+
+_CHILDREN: set[subprocess.Popen] = set()
+"""The notebook executions running now (``execute_notebook``), for ``stop_notebooks``."""
+
+
+def stop_notebooks() -> None:
+    """End every notebook execution still running (another lane failed)."""
+    for proc in list(_CHILDREN):
+        if proc.poll() is None:
+            proc.terminate()
+
+
+def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
+    """Run one notebook with Papermill into ``staging``, then move the result into its cache entry. Returns the
+    seconds it took. Papermill runs in a child process (``--execute-notebook``) with the notebook's own environment
+    (its figures folder), so that two lanes can execute notebooks at once; its standard error, and the kernel's,
+    goes to ``log``. On error, keeps the executed copy in ``_build/pipeline/failed/`` and raises ``PipelineError``
+    with the notebook's own exception and the end of its traceback."""
+    work = staging / "execute" / job.name
+    shutil.rmtree(work, ignore_errors=True)
+    (work / "figures").mkdir(parents=True)
+    output = work / "notebook.ipynb"
+    env = {**os.environ, "DIFFEQFORMER_FIGURES": str(work / "figures"), "PYDEVD_DISABLE_FILE_VALIDATION": "1",
+           "PYTHONUNBUFFERED": "1"}
+    spec = {"input": str(job.path), "output": str(output), "parameters": job.parameters,
+            "error": str(work / "error.json")}
+    log.parent.mkdir(parents=True, exist_ok=True)
+    start = time.time()
+    with log.open("a") as err_log:
+        proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--execute-notebook", json.dumps(spec)],
+                                stdin=subprocess.DEVNULL, stdout=err_log, stderr=err_log, env=env, cwd=paths.REPO)
+        _CHILDREN.add(proc)
+        try:
+            rc = proc.wait()
+        finally:
+            _CHILDREN.discard(proc)
+    if rc != 0:
+        failed = work_dir() / "failed" / f"{job.name}.ipynb"
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        if output.exists():
+            shutil.copy(output, failed)
+        if (work / "error.json").exists():
+            error = json.loads((work / "error.json").read_text())
+            trace = "\n".join(_strip_ansi(line) for line in error["traceback"][-12:])
+            raise PipelineError(f"notebook {job.name} failed in cell {error['exec_count']}: {error['ename']}: "
+                                f"{error['evalue']}\n{trace}\n(the executed notebook, with the error, is in {failed})")
+        tail = "\n".join(log.read_text().splitlines()[-25:])
+        raise PipelineError(f"notebook {job.name}: its execution ended with exit code {rc}; the end of {log}:\n{tail}")
+    seconds = time.time() - start
+    check_outputs(output, job.name)
+    check_figures(work / "figures", job.name)
+    record = {"notebook": job.name, "key": job.key, "seconds": seconds, "parameters": job.parameters,
+              "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    (work / "record.json").write_text(json.dumps(record, indent=1) + "\n")
+    cache_dir().mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(job.cache_dir, ignore_errors=True)
+    os.replace(work, job.cache_dir)
+    return seconds
+
+
+def execute_notebook_child(spec: Mapping[str, Any]) -> None:
+    """The ``--execute-notebook`` child of ``execute_notebook``: Papermill on ``spec['input']`` with its
+    ``parameters`` into ``spec['output']``; a failing cell's exception is written to ``spec['error']`` (JSON) and
+    the process exits with 3."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    exit_with_parent()
+    try:
+        papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
+                                   kernel_name="python3", progress_bar=False, log_output=False, cwd=str(paths.HOME))
+    except PapermillExecutionError as err:
+        Path(spec["error"]).write_text(json.dumps({"exec_count": err.exec_count, "ename": err.ename,
+                                                   "evalue": err.evalue, "traceback": list(err.traceback)}))
+        sys.exit(3)
+
+
+def check_outputs(path: Path, notebook: str) -> None:
+    """No output of the executed notebook holds a Python traceback (a logged exception does not stop Papermill, and
+    the book leaves standard error out), and none shows a figure as its text (``<Figure size 1300x340 with 5
+    Axes>``, with no image: what a kernel displays for a figure when no PNG formatter is registered)."""
+    nb = json.loads(Path(path).read_text())
+    for i, cell in enumerate(nb["cells"]):
+        for out in cell.get("outputs", []):
+            text = out.get("text", "")
+            text = "".join(text) if isinstance(text, list) else text
+            if out.get("output_type") == "error" or "Traceback (most recent call last)" in text:
+                raise PipelineError(f"notebook {notebook}: cell {i} printed a traceback:\n{text[-2000:]}")
+            data = out.get("data", {})
+            plain = data.get("text/plain", "")
+            plain = "".join(plain) if isinstance(plain, list) else plain
+            if plain.startswith("<Figure size") and not any(k.startswith("image/") for k in data):
+                raise PipelineError(f"notebook {notebook}: cell {i} shows a figure as text, {plain.strip()!r}, not "
+                                    f"as an image: show figures with diffeqformer.figures.save_figure (which "
+                                    f"displays the PNG it saved)")
+
+
+def check_figures(folder: Path, notebook: str) -> list[str]:
+    """Every figure a notebook saved (``<name>.json`` provenance) has all its files, none empty."""
+    names = []
+    for record_path in sorted(folder.glob("*.json")):
+        record = json.loads(record_path.read_text())
+        for f in record["files"]:
+            if not (folder / f).exists() or (folder / f).stat().st_size == 0:
+                raise PipelineError(f"notebook {notebook}: figure file {f} is missing or empty")
+        names.append(record["figure"])
+    return names

@@ -1,0 +1,267 @@
+"""The registry: per preset, which notebooks the pipeline runs with which parameter values (``PRESETS``), and the
+``Run`` values that stand for training runs in it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import paths, train
+from ..finetune import FinetuneConfig, config_hash, finetune_grid, pretraining_of
+
+
+@dataclass(frozen=True)
+class Run:
+    """The training run of ``config/<config>.yaml`` as a notebook parameter: the pipeline trains it (if needed) and
+    passes the notebook its run directory.
+
+    ``overrides`` are command-line overrides of the file (a variant of it: ``variant`` builds one, with its own run
+    name); ``module`` is ``"train"`` or ``"finetune"`` (``diffeqformer.finetune``; the pipeline trains a fine-tuning's
+    pretraining first when the registry lists it before the fine-tuning, as ``finetune_runs`` does)."""
+
+    config: str
+    """Path below ``config/`` without ``.yaml``, e.g. ``"cpu/gpt2"``."""
+    overrides: tuple[str, ...] = ()
+    """draccus-style overrides, e.g. ``("--name", "cpu-x-dt4", "--model.time_embed_dim", "4")``."""
+    module: str = "train"
+    population: tuple[int, ...] = ()
+    """The trainer seeds of the population this run is a member of (``seeded(..., population=True)``): the
+    pipeline trains the members together, as one vmapped model (``diffeqformer.population``)."""
+
+    @property
+    def path(self) -> Path:
+        return paths.CONFIG / f"{self.config}.yaml"
+
+    @property
+    def key(self) -> str:
+        """How the pipeline's records and messages name the run: the config, then its overrides (and the population
+        it is trained in)."""
+        key = " ".join((self.config, *self.overrides))
+        return key + f" [population of seeds {', '.join(map(str, self.population))}]" if self.population else key
+
+    @property
+    def population_key(self) -> tuple:
+        """What the members of one population share: the config, the overrides but name and seed, the seeds."""
+        rest, i = [], 0
+        while i < len(self.overrides):
+            if self.overrides[i] in ("--name", "--trainer.seed"):
+                i += 2
+                continue
+            rest.append(self.overrides[i])
+            i += 1
+        return self.config, tuple(rest), self.population
+
+    def load(self):
+        """The resolved configuration (``TrainConfig``, or ``FinetuneConfig`` for a fine-tuning)."""
+        if self.module == "finetune":
+            return train.load_config(self.path, list(self.overrides), cls=FinetuneConfig)
+        return train.load_config(self.path, list(self.overrides))
+
+    def identity(self) -> tuple[Any, str, Path]:
+        """(configuration, config hash, run directory); a fine-tuning's hash covers its pretraining's config hash,
+        computed from the pretraining's config file, so it is known before the pretraining has run."""
+        return self.resolve()[:3]
+
+    def resolve(self) -> tuple[Any, str, Path, Path | None]:
+        """``identity()`` and the run directory of a fine-tuning's pretraining (``None`` for other runs), from one
+        reading of the config files."""
+        cfg = self.load()
+        if self.module == "finetune":
+            if self.population:
+                raise ValueError("fine-tunings are not trained in populations")
+            pretraining, pretraining_dir = pretraining_of(cfg)
+            return cfg, config_hash(cfg, train.config_hash(pretraining)), train.run_dir_of(cfg), pretraining_dir
+        if self.population and cfg.trainer.seed not in self.population:
+            raise ValueError(f"its trainer.seed {cfg.trainer.seed} is not one of its population's {self.population}")
+        return cfg, train.config_hash(cfg, population=list(self.population) or None), train.run_dir_of(cfg), None
+
+
+def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
+    """The run of ``config/<config>.yaml`` with some fields changed (``{"model.time_embed_dim": 4}``), named
+    ``name`` (its run directory is ``runs/<name>``)."""
+    overrides = ["--name", name]
+    for field_name, value in values.items():
+        overrides += [f"--{field_name}", json.dumps(value) if not isinstance(value, str) else value]
+    return Run(config, tuple(overrides))
+
+
+def seeded(run: Run, n: int, *, population: bool = False) -> list[Run]:
+    """``run`` and ``n - 1`` copies of it trained with the next ``trainer.seed`` values (another initialisation, data
+    order and dropout), named ``<name>-seed<k>``: the seeds a comparison is judged over (``seeds.RULE``).
+    ``run`` itself stays the first seed, so a preset that adds seeds keeps its finished runs. ``population``: the
+    copies are trained together, as one vmapped model (``diffeqformer.population``; each member reads its own seed's
+    data and starts from its own seed's initialisation), which is faster on a small model than one after the
+    other."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"a comparison needs a positive number of seeds, got {n!r}")
+    import yaml
+
+    overrides = list(run.overrides)
+    if "--name" in overrides:
+        i = overrides.index("--name")
+        name = overrides[i + 1]
+        del overrides[i : i + 2]
+    else:
+        name = yaml.safe_load(run.path.read_text())["name"]
+    base_seed = (yaml.safe_load(run.path.read_text()).get("trainer") or {}).get("seed", 0)
+    if "--trainer.seed" in overrides:
+        i = overrides.index("--trainer.seed")
+        base_seed = int(overrides[i + 1])
+        del overrides[i : i + 2]
+    seeds = tuple(base_seed + k for k in range(n)) if population and n > 1 else ()
+    first = dataclasses.replace(run, population=seeds)
+    return [first] + [Run(run.config, (*overrides, "--name", f"{name}-seed{k}", "--trainer.seed", str(base_seed + k)),
+                          run.module, seeds) for k in range(1, n)]
+
+
+def finetune_runs(preset: str) -> dict[str, Run]:
+    """Every run of the Fig. 5 experiment (``finetune.finetune_grid``) as ``Run`` values, pretrainings first,
+    keyed by run name."""
+    out = {}
+    for g in finetune_grid(preset):
+        config = str(g.config.relative_to(paths.CONFIG).with_suffix(""))
+        module = "finetune" if g.module.endswith("finetune") else "train"
+        out[g.name] = Run(config, tuple(g.overrides), module) if g.overrides else Run(config, module=module)
+    return out
+
+
+INFERENCE_SWEEP = dict(euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 6, 8, 12, 16, 24],
+                       tolerances=[1e-1, 3e-2, 1e-2, 3e-3, 1e-3])
+"""Step counts and tolerances of the adaptive-inference notebook, the same in the cpu, gpu and paper presets."""
+
+
+def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure_batch: int,
+                     num_sequences: int, prefix: str = "ablation_", seeds: int = 1,
+                     population: bool = False) -> dict[str, dict[str, Any]]:
+    """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset whose base models are
+    ``config/<preset>/<prefix>{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``;
+    ``measure_batch`` sequences per measured training step; ``num_sequences`` evaluated at inference). The variants
+    are named after the base: ``gpu-ablation-diffeqformer-dt4`` (prefix ``ablation_``), ``cpu-diffeqformer-dt2``
+    (prefix ``""``: the ablations vary the F1-F6 models themselves). Every setting F8-F10 compare is trained with
+    ``seeds`` seeds (``seeded``; with ``population``, each setting's seeds as one population)."""
+    ours, gpt = f"{preset}/{prefix}diffeqformer", f"{preset}/{prefix}gpt2"
+    stem = f"{preset}-{prefix.replace('_', '-')}"
+
+    def dt(d: int) -> Run:
+        return Run(ours) if d == base_dt else variant(ours, f"{stem}diffeqformer-dt{d}", {"model.time_embed_dim": d})
+
+    def s(run: Run) -> list[Run]:
+        return seeded(run, seeds, population=population)
+
+    return {
+        "f8_beta2": dict(runs={
+            "ours": [s(Run(ours)), s(variant(ours, f"{stem}diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95}))],
+            "gpt": [s(Run(gpt)), s(variant(gpt, f"{stem}gpt2-beta2-0.95", {"optimizer.beta2": 0.95}))]}),
+        "f9_time_embedding": dict(runs=[s(dt(d)) for d in dts], measure_batch=measure_batch, measure_steps=10),
+        "f10_hypernetwork": dict(runs=[s(Run(ours)), s(variant(ours, f"{stem}diffeqformer-shared-mlp",
+                                                               {"model.hypernet": "shared_mlp"}))]),
+        "x1_adaptive_steps": dict(run=Run(ours), random_run=variant(
+            ours, f"{stem}diffeqformer-random-steps", {"model.random_step_offset": True}),
+            num_sequences=num_sequences, **INFERENCE_SWEEP),
+    }
+
+
+# ------------------------------------------------------------------------------------------------------ registry
+
+SMOKE_VARIANT = variant("smoke/diffeqformer", "smoke-diffeqformer-variant", {
+    "optimizer.beta2": 0.95, "model.time_embed_dim": 2, "model.hypernet": "shared_mlp",
+    "model.random_step_offset": True})
+"""The smoke preset's one ablation run (see its registry entries)."""
+
+CPU_SEEDS = 3
+"""Seeds of every setting that F5, F6 and F8-F10 compare in the cpu preset (``seeds.RULE`` needs at least two),
+each setting's seeds trained together as one population (``seeded(..., population=True)``)."""
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    # CI: seconds of training per run; checks that every notebook executes and the book builds.
+    "smoke": {
+        "f1_model": dict(run=Run("smoke/diffeqformer"), num_times=401),
+        "f2_spectra": dict(run=Run("smoke/diffeqformer"), baselines={"gpt": Run("smoke/gpt2")}),
+        "f3_trajectories": dict(runs={"ours": Run("smoke/diffeqformer"), "shared": Run("smoke/shared")}),
+        "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_runs=[Run("smoke/synthetic_diffeqformer")]),
+        # Two seeds of GPT-2 and DiffEqFormer: CI goes through the verdicts over seeds (seeds.RULE) once. (Trained
+        # alone, not as populations: the smoke fine-tunings read smoke/diffeqformer as their pretraining, and a
+        # fine-tuning checks its pretraining's hash as a run trained alone.)
+        "f6_perplexity": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2), "shared": Run("smoke/shared"),
+                                    "ours": seeded(Run("smoke/diffeqformer"), 2)}),
+        "f7_finetuning": dict(runs={
+            "smoke-diffeqformer": Run("smoke/diffeqformer"), "smoke-gpt2": Run("smoke/gpt2"),
+            "smoke-finetune-diffeqformer-lora": Run("smoke/finetune_diffeqformer_lora", module="finetune"),
+            "smoke-finetune-diffeqformer-full": Run("smoke/finetune_diffeqformer_full", module="finetune"),
+            "smoke-finetune-gpt2-lora": Run("smoke/finetune_gpt2_lora", module="finetune")}),
+        # One variant of the smoke model changes every field an ablation varies (beta2, d_t, hypernetwork, step
+        # placement): each notebook still compares two runs that differ in its field, and CI trains one run, not
+        # four (measured: 52-87 s per smoke run).
+        "f8_beta2": dict(runs={"ours": [Run("smoke/diffeqformer"), SMOKE_VARIANT],
+                               "gpt": [Run("smoke/gpt2"), variant("smoke/gpt2", "smoke-gpt2-beta2-0.95",
+                                                                  {"optimizer.beta2": 0.95})]}),
+        "f9_time_embedding": dict(runs=[SMOKE_VARIANT, Run("smoke/diffeqformer")], measure_batch=4,
+                                  measure_steps=3),
+        "f10_hypernetwork": dict(runs=[Run("smoke/diffeqformer"), SMOKE_VARIANT]),
+        "x1_adaptive_steps": dict(run=Run("smoke/diffeqformer"), random_run=SMOKE_VARIANT, num_sequences=4,
+                                  euler_steps=[1, 3, 6], fixed_steps=[2, 4], tolerances=[1e-2]),
+        "f11_downstream": dict(run=Run("smoke/diffeqformer")),
+    },
+    # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The
+    # ablations vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five, to keep the
+    # whole build within 40 minutes.
+    "cpu": {
+        "f1_model": dict(run=Run("cpu/diffeqformer")),
+        "f2_spectra": dict(run=Run("cpu/diffeqformer"), num_times=101, baselines={
+            "gpt": Run("cpu/gpt2"), "shared": Run("cpu/shared"), "llama": Run("cpu/llama"),
+            "ours_llama": Run("cpu/diffeqformer_llama")}),
+        "f3_trajectories": dict(runs={"ours": Run("cpu/diffeqformer"), "shared": Run("cpu/shared")}, num_seeds=3,
+                                num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
+                                model_saves=200),
+        "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_runs=seeded(Run("cpu/synthetic_diffeqformer"),
+                                                                                CPU_SEEDS, population=True),
+                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
+        "f6_perplexity": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
+            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
+            ("ours_llama", "diffeqformer_llama"))}),
+        "f7_finetuning": dict(runs=finetune_runs("cpu")),
+        **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix="", seeds=CPU_SEEDS,
+                           population=True),
+        "f11_downstream": dict(run=Run("cpu/diffeqformer")),
+    },
+    # One Colab-class GPU, WikiText-103 (needs the internet).
+    "gpu": {
+        "f1_model": dict(run=Run("gpu/diffeqformer")),
+        "f2_spectra": dict(run=Run("gpu/diffeqformer"), num_times=101, baselines={"gpt": Run("gpu/gpt2")}),
+        "f3_trajectories": dict(runs={"ours": Run("gpu/diffeqformer")}, num_seeds=3, num_tokens=40, horizon=10.0,
+                                num_saves=200, model_tokens=40, model_horizon=10.0, model_saves=200),
+        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_runs=[Run("gpu/synthetic_diffeqformer")],
+                            max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
+        "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
+        "f7_finetuning": dict(runs=finetune_runs("gpu")),
+        **ablation_entries("gpu", 20, (4, 8, 20, 48, 96), measure_batch=32, num_sequences=64),
+        "f11_downstream": dict(run=Run("gpu/diffeqformer")),
+    },
+    # The paper's configurations (Tables 1-2): multi-GPU/TPU.
+    "paper": {
+        "f1_model": dict(run=Run("paper/wikitext103_small_diffeqformer")),
+        "f2_spectra": dict(run=Run("paper/wikitext103_small_diffeqformer"), num_times=101,
+                           baselines={"gpt": Run("paper/wikitext103_small_gpt2")}),
+        "f3_trajectories": dict(runs={"ours": Run("paper/wikitext103_small_diffeqformer")}, num_seeds=3,
+                                num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
+                                model_saves=200),
+        "f5_lyapunov": dict(run=Run("paper/wikitext103_small_diffeqformer"),
+                            synthetic_runs=[Run("paper/synthetic_diffeqformer")], max_tokens=128, map_tokens=48,
+                            timing_repeats=3, num_prompts=1000),
+        "f6_perplexity": dict(runs={
+            "gpt": Run("paper/wikitext103_small_gpt2"), "shared": Run("paper/wikitext103_small_shared"),
+            "ours": Run("paper/wikitext103_small_diffeqformer"), "gpt_medium": Run("paper/wikitext103_medium_gpt2"),
+            "ours_medium": Run("paper/wikitext103_medium_diffeqformer"),
+            "owt_gpt_small": Run("paper/owt_small_gpt2"), "owt_ours_small": Run("paper/owt_small_diffeqformer"),
+            "owt_gpt_large": Run("paper/owt_large_gpt2"), "owt_ours_large": Run("paper/owt_large_diffeqformer"),
+            "llama": Run("paper/owt_llama_1b_llama"), "ours_llama": Run("paper/owt_llama_1b_diffeqformer"),
+        }),
+        "f7_finetuning": dict(runs=finetune_runs("paper")),
+        **ablation_entries("paper", 20, (20, 48, 72, 96, 120, 144), measure_batch=8, num_sequences=256),
+        "f11_downstream": dict(run=Run("paper/owt_small_diffeqformer")),
+    },
+}
+"""preset -> notebook (file stem in ``notebooks/``, in execution order) -> parameter values."""
