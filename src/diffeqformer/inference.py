@@ -65,6 +65,7 @@ from levanter.utils.tree_utils import inference_mode
 
 from .figures import log_perplexity_axis
 from .model import DiffEqFormerLMHeadModel
+from .solve import solve_hidden
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -264,41 +265,30 @@ def nfe_from_stats(solver: str, num_steps):
 
 def _solve_one(model, tokens, segment_ids, dt0, tol, *, solver: str, max_steps: int, pcoeff: float, icoeff: float,
                field_hook=None):
-    """Logits [seq, vocab] of one sequence with the ODE solved by ``solver``, and Diffrax's step counts."""
+    """Logits [seq, vocab] of one sequence with the ODE solved by ``solver`` (``solve.solve_hidden``), and Diffrax's
+    step counts. ``field_hook(t)`` is called at every evaluation of the field, with the weights' time t."""
     Pos = Axis("position", tokens.shape[0])
     ids = hax.named(tokens, Pos)
     pos_ids = hax.arange(Pos, dtype=jnp.int32)
     mask = AttentionMask.causal().with_segment_ids(hax.named(segment_ids, Pos))
     x0 = model.embeddings.embed(ids, pos_ids)
-    axes = x0.axes
     snap = solver == "euler"
 
-    def field(t, y, args):
+    def time_map(t):
         if snap:  # the training grid: step k = round(t/h) uses W((k+1)/N), computed exactly as model.time_grid does
             n = 1.0 / dt0
             t = (jnp.round(t * n) + 1.0) / jnp.round(n)
         if field_hook is not None:
             field_hook(t)
-        tt = hax.named(jnp.asarray(t, dtype=y.dtype), ())
-        return model.vector_field(tt, hax.named(y, axes), mask, pos_ids=pos_ids).rearrange(axes).array
+        return t
 
-    term = diffrax.ODETerm(field)
-    dfx_solver = _diffrax_solver(solver)
-    y0 = x0.array
-    if solver in ADAPTIVE_SOLVERS:
-        controller = diffrax.PIDController(rtol=tol, atol=tol, pcoeff=pcoeff, icoeff=icoeff)
-        first_step, f0 = dfx_solver.init(term, 0.0, dt0, y0, None)  # FSAL state: (first step?, f(t0, y0))
-        assert jnp.shape(first_step) == () and jax.tree_util.tree_structure(f0) == jax.tree_util.tree_structure(y0)
-        solver_state = (jnp.array(False), field(jnp.asarray(0.0, y0.dtype), y0, None))
-    else:
-        controller = diffrax.ConstantStepSize()
-        solver_state = None
-    sol = diffrax.diffeqsolve(
-        term, dfx_solver, t0=0.0, t1=1.0, dt0=dt0, y0=y0, stepsize_controller=controller, max_steps=max_steps,
-        saveat=diffrax.SaveAt(t1=True), throw=False, solver_state=solver_state,
-        made_jump=False if solver_state is not None else None,
+    adaptive = solver in ADAPTIVE_SOLVERS
+    controller = (diffrax.PIDController(rtol=tol, atol=tol, pcoeff=pcoeff, icoeff=icoeff) if adaptive
+                  else diffrax.ConstantStepSize())
+    x1, sol = solve_hidden(
+        model, x0, mask, solver=_diffrax_solver(solver), dt0=dt0, stepsize_controller=controller, max_steps=max_steps,
+        pos_ids=pos_ids, time_map=time_map, supply_first_stage=adaptive, throw=False,
     )
-    x1 = hax.named(sol.ys[-1], axes)
     logits = hax.dot(model.ln_f(x1), model.get_lm_head(), axis=model.Embed).rearrange((Pos, model.Vocab)).array
     hit = sol.result == diffrax.RESULTS.max_steps_reached
     stats = sol.stats

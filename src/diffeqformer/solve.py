@@ -12,9 +12,11 @@ exactly; ``time_offset=0`` (the default) solves the ODE itself, to which both co
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import diffrax
 import haliax as hax
+import jax
 import jax.numpy as jnp
 from haliax import NamedArray
 
@@ -45,12 +47,23 @@ def solve_hidden(
     max_steps: int = 4096,
     pos_ids: NamedArray | None = None,
     saveat: diffrax.SaveAt | None = None,
+    time_map: Callable[[jax.Array], jax.Array] | None = None,
+    supply_first_stage: bool = False,
+    throw: bool = True,
 ) -> tuple[NamedArray, diffrax.Solution]:
     """Solve dx/dt = f(t + time_offset, x) from x(t0) = x0 to t1; x0 is [..., Pos, Embed].
 
     Defaults: Euler with the model's own step 1/L, and Diffrax's recursive-checkpoint adjoint (online
     checkpointing, as the paper trains). Returns x(t1) (without the final norm) and the Diffrax solution.
+
+    ``time_map``: the field is evaluated at the weights' time ``time_map(t)`` for the solver's time t, in place of
+    t + time_offset (e.g. ``diffeqformer.inference`` snaps t to the training grid). ``supply_first_stage`` (FSAL
+    solvers such as Tsit5): evaluate f(t0, x0) here, once, and hand it to Diffrax as the solver's state, so that
+    Diffrax does not evaluate it again on retries of a rejected first step (``inference`` counts evaluations by
+    this). ``throw``: Diffrax's; with False a solve that hits ``max_steps`` returns, and ``sol.result`` says so.
     """
+    if time_map is not None and time_offset != 0.0:
+        raise ValueError("give either time_map or time_offset, not both")
     solver = diffrax.Euler() if solver is None else solver
     controller = diffrax.ConstantStepSize() if stepsize_controller is None else stepsize_controller
     if dt0 is None and isinstance(controller, diffrax.ConstantStepSize):
@@ -60,22 +73,45 @@ def solve_hidden(
         pos_ids = hax.arange(x0.resolve_axis("position"), dtype=jnp.int32)
 
     def field(t, y, args):
-        tt = hax.named(jnp.asarray(t + time_offset, dtype=y.dtype), ())
+        t = t + time_offset if time_map is None else time_map(t)
+        tt = hax.named(jnp.asarray(t, dtype=y.dtype), ())
         return model.vector_field(tt, hax.named(y, axes), attn_mask, pos_ids=pos_ids).rearrange(axes).array
 
+    term = diffrax.ODETerm(field)
+    y0 = x0.array
+    solver_state = made_jump = None
+    if supply_first_stage:
+        solver_state, made_jump = _first_stage_state(solver, term, field, t0, dt0, y0)
     sol = diffrax.diffeqsolve(
-        diffrax.ODETerm(field),
+        term,
         solver,
         t0=t0,
         t1=t1,
         dt0=dt0,
-        y0=x0.array,
+        y0=y0,
         stepsize_controller=controller,
         adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
         max_steps=max_steps,
         saveat=diffrax.SaveAt(t1=True) if saveat is None else saveat,
+        throw=throw,
+        solver_state=solver_state,
+        made_jump=made_jump,
     )
     return hax.named(sol.ys[-1], axes), sol
+
+
+def _first_stage_state(solver, term, field, t0, dt0, y0):
+    """The state of an FSAL Runge-Kutta solver at t0 with its first stage f(t0, y0) evaluated: (state, made_jump).
+
+    ``diffeqsolve(solver_state=...)`` is public, but Diffrax has no public API that builds an FSAL state from a
+    given first stage: its layout (first-step flag, f0) is Diffrax's own (0.7), so it is checked against
+    ``solver.init`` here, and made_jump=False keeps Diffrax from recomputing f0."""
+    state = solver.init(term, t0, t0 + dt0, y0, None)
+    if not (isinstance(state, tuple) and len(state) == 2):
+        raise ValueError(f"supply_first_stage needs an FSAL Runge-Kutta solver, got {type(solver).__name__}")
+    first_step, f0 = state
+    assert jnp.shape(first_step) == () and jax.tree_util.tree_structure(f0) == jax.tree_util.tree_structure(y0)
+    return (jnp.array(False), field(jnp.asarray(t0, y0.dtype), y0, None)), False
 
 
 def solve_logits(model: DiffEqFormerLMHeadModel, input_ids: NamedArray, attn_mask=None, **solve_kwargs):
