@@ -129,6 +129,55 @@ def test_row_field_is_the_fields_row(variant):
             np.testing.assert_allclose(np.asarray(row), np.asarray(full[out]), atol=1e-5)
 
 
+def _attention_from_probabilities(attn, x, mask, pos_ids):
+    """o_proj(probabilities . values): the output of ``attn`` rebuilt from ``attention_probabilities``."""
+    probs = lyapunov.attention_probabilities(attn, x, mask, pos_ids=pos_ids)
+    v = attn.v_proj(x).rename({"position": "key_position"})
+    v = hax.broadcast_axis(v, attn.config.QHeadsPerGroup).flatten_axes(("kv_head", "q_heads_per_group"), "heads")
+    return probs, attn.o_proj(hax.dot(probs, v, axis="key_position"))
+
+
+@pytest.mark.parametrize("variant", ["gpt", "llama"])
+def test_attention_probabilities_give_the_modules_output(variant):
+    """The attention maps of the attribution baselines, built from Attention's public parts: with the values they
+    give the module's own output (gpt: learned positions; llama: RoPE), and each row sums to one over the keys the
+    causal mask allows."""
+    model = tiny(variant=variant).build(VOCAB, key=jax.random.PRNGKey(5))
+    _, _, x0, blocks, pos_ids = lyapunov._prepare(model, random_ids(jax.random.PRNGKey(6)))
+    for k in (0, model.config.num_layers - 1):
+        block = lyapunov._layer(blocks, k)
+        x = block.attn_norm(x0 + 0.5 * hax.random.normal(jax.random.PRNGKey(7), x0.axes))
+        pos = pos_ids.astype(jnp.float32) if block.attn.rot_embs is not None else pos_ids  # as ParallelBlock does
+        probs, out = _attention_from_probabilities(block.attn, x, CAUSAL, pos)
+        want = block.attn(x, CAUSAL, pos_ids=pos)
+        np.testing.assert_allclose(out.rearrange(want.axes).array, want.array, atol=1e-5)
+        p = probs.rearrange(("heads", "position", "key_position")).array
+        np.testing.assert_allclose(p.sum(-1), 1.0, atol=1e-5)
+        assert np.all(np.triu(np.asarray(p), 1) == 0)
+
+
+def test_attention_probabilities_honour_every_attention_option():
+    """The same for a Levanter Attention with every option the probabilities must follow: grouped queries, QK norm,
+    RoPE, a sliding window, its own scale, a logits soft cap, float32 logits."""
+    from levanter.layers.attention import Attention, AttentionConfig
+    from levanter.layers.normalization import RmsNormConfig
+    from levanter.layers.rotary import DefaultRotaryEmbeddingsConfig
+
+    Embed, Pos = hax.Axis("embed", 16), hax.Axis("position", 12)
+    config = AttentionConfig(Embed, num_heads=4, num_kv_heads=2, use_bias=True, upcast_attn=True,
+                             rope=DefaultRotaryEmbeddingsConfig(), sliding_window=5, scaling_factor=0.3,
+                             logits_soft_cap=2.0, qk_norm=RmsNormConfig(use_weight=True, use_bias=False))
+    attn = Attention.init(config, key=jax.random.PRNGKey(8))
+    x = hax.random.normal(jax.random.PRNGKey(9), (Pos, Embed))
+    pos = hax.arange(Pos, dtype=jnp.float32)
+    probs, out = _attention_from_probabilities(attn, x, CAUSAL, pos)
+    want = attn(x, CAUSAL, pos_ids=pos)
+    np.testing.assert_allclose(out.rearrange(want.axes).array, want.array, atol=1e-5)
+    p = probs.rearrange(("heads", "position", "key_position")).array
+    band = np.tril(np.ones((12, 12), bool)) & ~np.tril(np.ones((12, 12), bool), -5)  # the last 5 keys up to i
+    assert np.all(p[:, ~band] == 0) and np.all(p[:, band] > 0)
+
+
 def test_lyapunov_map_rows_equal_single_output(model_and_ids):
     model, ids = model_and_ids
     full = lyapunov_map(model, ids)

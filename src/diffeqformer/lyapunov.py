@@ -207,17 +207,8 @@ def _row_field(block, axes, pos_ids, out):
         Pos = X.resolve_axis("position")
         one = hax.dslice(out, 1)
         xa = block.attn_norm(X)
-        q = attn.q_proj(xa["position", one])
-        k, v = attn.k_proj(xa), attn.v_proj(xa)
-        if config.qk_norm is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        if attn.rot_embs is not None:
-            positions = pos_ids if pos_ids is not None else hax.arange(Pos, dtype=jnp.float32)
-            q = attn.rot_embs(q, positions["position", one]).astype(q.dtype)
-            k = attn.rot_embs(k, positions).astype(k.dtype)
-        q = q.rearrange((..., "kv_head", "q_heads_per_group", "position", "head_size"))
-        k = k.rearrange((..., "kv_head", "position", "head_size")).rename({"position": "key_position"})
-        v = v.rearrange((..., "kv_head", "position", "head_size")).rename({"position": "key_position"})
+        positions = pos_ids if pos_ids is not None else hax.arange(Pos, dtype=jnp.float32)
+        q, k, v = _queries_keys_values(attn, xa["position", one], xa, positions["position", one], positions)
         causal = hax.arange(Pos.alias("key_position")) <= out  # the keys the query at `out` sees
         a = dot_product_attention(
             "position", "key_position", "head_size", q, k, v, causal,
@@ -402,15 +393,57 @@ def _attention_probs(blocks, x, pos_ids, axes, num_steps: int):
     probs = []
     for k in range(num_steps):
         block = _layer(blocks, k)
-        pos = pos_ids.astype(jnp.float32) if block.attn.rot_embs is not None else pos_ids
-        q, kk, _ = block.attn._compute_qkv(block.attn_norm(hax.named(xs[k], axes)), key=None, pos_ids=pos)
-        q = q.rearrange(("kv_head", "q_heads_per_group", "position", "head_size")).array[:, 0]
-        kk = kk.rearrange(("kv_head", "position", "head_size")).array
-        scores = jnp.einsum("hqd,hkd->hqk", q, kk) / math.sqrt(q.shape[-1])
-        n = scores.shape[-1]
-        scores = jnp.where(jnp.tril(jnp.ones((1, n, n), bool)), scores, -jnp.inf)
-        probs.append(jax.nn.softmax(scores, axis=-1))
+        pos = pos_ids.astype(jnp.float32) if block.attn.rot_embs is not None else pos_ids  # as ParallelBlock does
+        p = attention_probabilities(block.attn, block.attn_norm(hax.named(xs[k], axes)), AttentionMask.causal(),
+                                    pos_ids=pos)
+        probs.append(p.rearrange(("heads", "position", "key_position")).array)
     return jnp.stack(probs)
+
+
+def _queries_keys_values(attn, xq, xkv, q_pos, kv_pos):
+    """The queries of xq and the keys and values of xkv of Levanter's ``Attention`` (as its ``__call__`` builds
+    them), from the module's public parts: projections, QK norm, RoPE at positions q_pos and kv_pos. q is
+    [..., kv_head, q_heads_per_group, position, head_size]; k and v are [..., kv_head, key_position, head_size]."""
+    q = attn.q_proj(xq)
+    k, v = attn.k_proj(xkv), attn.v_proj(xkv)
+    if attn.config.qk_norm is not None:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    if attn.rot_embs is not None:
+        q = attn.rot_embs(q, q_pos).astype(q.dtype)
+        k = attn.rot_embs(k, kv_pos).astype(k.dtype)
+    q = q.rearrange((..., "kv_head", "q_heads_per_group", "position", "head_size"))
+    k = k.rearrange((..., "kv_head", "position", "head_size")).rename({"position": "key_position"})
+    v = v.rearrange((..., "kv_head", "position", "head_size")).rename({"position": "key_position"})
+    return q, k, v
+
+
+def attention_probabilities(attn, x: NamedArray, mask: AttentionMask | NamedArray | None, *,
+                            pos_ids: NamedArray | None = None) -> NamedArray:
+    """Attention probabilities [..., heads, position, key_position] of Levanter's ``Attention`` module ``attn`` on
+    x [..., position, embed] (already normed), softmax_j(s * q_i . k_j) over the keys j that ``mask`` allows.
+
+    Levanter has no public function that returns them (``Attention.__call__`` returns only the output), so they are
+    built as its vanilla backend builds them, from the module's public parts and every option of its config:
+    projections, QK norm, RoPE, sliding window, scale s (``scaling_factor``, default 1/sqrt(head_size)), float32
+    logits with ``upcast_attn``, ``logits_soft_cap``. ``o_proj`` of (probabilities . values) is the module's output
+    (``tests/test_lyapunov.py`` checks it, for the gpt and llama variants)."""
+    config = attn.config
+    if pos_ids is None:
+        pos_ids = hax.arange(x.resolve_axis("position"))  # Attention's own default
+    q, k, _ = _queries_keys_values(attn, x, x, pos_ids, pos_ids)
+    if config.sliding_window is not None and isinstance(mask, AttentionMask):
+        mask = mask.with_sliding_window(config.sliding_window)
+    if isinstance(mask, AttentionMask):
+        mask = mask.materialize(q.resolve_axis("position"), k.resolve_axis("key_position"))
+    scale = config.scaling_factor if config.scaling_factor is not None else 1.0 / math.sqrt(q.axis_size("head_size"))
+    dtype = jnp.float32 if config.upcast_attn else x.dtype
+    logits = hax.dot((q * scale).astype(dtype), k.astype(dtype), axis="head_size")
+    if config.logits_soft_cap is not None:
+        logits = hax.tanh(logits / config.logits_soft_cap) * config.logits_soft_cap
+    if mask is not None:
+        logits = hax.where(mask, logits, -1e9)
+    probs = hax.nn.softmax(logits, axis="key_position").astype(q.dtype)
+    return probs.flatten_axes(("kv_head", "q_heads_per_group"), "heads")
 
 
 def raw_attention_scores(model, token_ids, output_position: int = -1) -> np.ndarray:
