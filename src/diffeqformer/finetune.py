@@ -43,10 +43,9 @@ from levanter.adaptor.lora import LoraConfig, lora_trainable_params_filter, lora
 from levanter.optim.config import AdamConfig, OptimizerConfig
 from levanter.tracker import NoopConfig
 from levanter.trainer import Trainer, TrainerConfig
-from levanter.utils.jax_utils import parameter_count
 
 from . import paths, train
-from .model import DiffEqFormerConfig
+from .model import DiffEqFormerConfig, count_params
 from .train import (
     DECAY_BASELINE,
     MODEL_FILE,
@@ -254,8 +253,8 @@ def main(config: FinetuneConfig) -> dict:
             # from here.
             state = trainer.initial_state(training_key, model=model, is_trainable=trainable(config, model))
             counts = {
-                "trainable_params": parameter_count(state.trainable_model),
-                "total_params": parameter_count(state.model),
+                "trainable_params": count_params(state.trainable_model),
+                "total_params": count_params(state.model),
             }
             levanter.tracker.log_summary(counts)
             model_config = state.model.config
