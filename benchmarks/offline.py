@@ -27,7 +27,7 @@ NO_HUB = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "https_proxy", "HTTPS_PROXY",
 
 
 def seconds_to_fail(dataset: str, env: dict[str, str | None]) -> float:
-    """Seconds until ``lm_dataset_config(dataset)`` raises ``DatasetUnavailableError`` with ``env`` set (None unsets)."""
+    """Seconds until ``lm_dataset_config(dataset)`` raises ``DatasetUnavailableError`` under ``env`` (None: unset)."""
     saved = {k: os.environ.get(k) for k in env}
     try:
         for k, v in env.items():

@@ -1,8 +1,8 @@
 """Numerical plumbing shared by the analyses: argument checks, one BLAS thread, a model's fingerprint, netCDF files
 and the disk cache every expensive analysis goes through.
 
-The bottom layer of the package (it imports nothing of it but ``paths``). ``xarray`` and ``threadpoolctl`` are imported
-where they are used: every module that validates an integer imports this one, the model included.
+The bottom layer of the package: it imports none of its modules. ``xarray`` and ``threadpoolctl`` are imported where
+they are used: every module that validates an integer imports this one, the model included.
 """
 
 from __future__ import annotations
@@ -100,8 +100,7 @@ def cached(path: str | Path | None, compute: Callable[[], T], *, save: Callable[
 def save_netcdf(ds: "xr.Dataset", path: str | Path) -> Path:
     """Write a Dataset to netCDF3 (``engine="scipy"``, no extra dependency), encoding the types netCDF3 lacks.
 
-    - complex ``v`` becomes two float variables ``v_real`` and ``v_imag`` in its place (attrs copied, plus
-      ``complex_part``);
+    - complex ``v`` becomes two float variables ``v_real`` and ``v_imag`` (attrs copied, plus ``complex_part``);
     - bool becomes int8 and int64 becomes int32 (values must fit), each with ``attrs["dtype"]`` naming the original
       type.
 
@@ -139,8 +138,9 @@ def _narrowed(var):
 
 
 def load_netcdf(path: str | Path) -> "xr.Dataset":
-    """Read a Dataset written by ``save_netcdf``: complex variables joined again in their place, bool and int64
-    restored (the marking attrs dropped), so that ``load_netcdf(save_netcdf(ds, p))`` is identical to ``ds``."""
+    """Read a Dataset written by ``save_netcdf``: complex variables joined again, bool and int64 restored (the
+    marking attrs dropped), so that ``load_netcdf(save_netcdf(ds, p))`` is identical to ``ds`` (``Dataset.identical``;
+    the data variables come in the file's order, which the scipy engine may change)."""
     import xarray as xr
 
     with xr.open_dataset(path, engine="scipy") as f:
