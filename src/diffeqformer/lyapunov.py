@@ -35,7 +35,7 @@ from levanter.layers.attention import AttentionMask, dot_product_attention
 from levanter.utils.tree_utils import inference_mode
 
 from .model import DiffEqFormerLMHeadModel, time_grid
-from .spectra import _one_blas_thread
+from .numerics import one_blas_thread
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -109,7 +109,7 @@ def lyapunov_spectrum(
         (_, _, (logs, _)), _ = jax.lax.scan(step, (state0, solver_state, (zeros, zeros)), jnp.arange(steps))
         return logs / ((steps - skip) * dt)
 
-    with _one_blas_thread():  # the per-step QR runs through LAPACK: see _exponents
+    with one_blas_thread():  # the per-step QR runs through LAPACK: see _exponents
         exps = jax.block_until_ready(run(y0))
     return jnp.sort(exps)[::-1]
 
@@ -271,8 +271,8 @@ def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn, prepa
     out_ids = jnp.asarray(outs, dtype=jnp.int32)
     # XLA runs the batched QR on the CPU through LAPACK (OpenBLAS). With OpenBLAS's worker threads, 64 QRs of
     # 128 x 128 took 8.5 s per step on a busy two-core machine, against 0.08 s with one thread: see
-    # spectra._one_blas_thread. The result is read (np.asarray) inside the block, so every step runs under it.
-    with _one_blas_thread():
+    # numerics.one_blas_thread. The result is read (np.asarray) inside the block, so every step runs under it.
+    with one_blas_thread():
         for k in range(L):
             x, phis, logs = _tangent_step(blocks, jnp.asarray(k, jnp.int32), x, phis, out_ids, pos_ids, x0.axes, h,
                                           rows_fn)
@@ -491,7 +491,7 @@ def _grad_x_input(model, blocks, x0, pos_ids, axes, out):
 
 
 METHODS = ("lyapunov (max exponent)", "lyapunov (sum)", "raw attention", "attention rollout", "gradient x input")
-"""The attribution methods of ``attribution_scores`` (and of ``synthetic.attribution_benchmark``), in this order."""
+"""The attribution methods of ``attribution_scores`` (and of ``attribution.attribution_benchmark``), in this order."""
 METHOD_KEYS = dict(zip(METHODS, ("lyapunov_max", "lyapunov_sum", "attention", "rollout", "grad_x_input")))
 """A short identifier of each method (for file and glue names)."""
 

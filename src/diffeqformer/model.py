@@ -36,6 +36,7 @@ from levanter.models.lm_model import LmConfig, LmHeadModel
 from levanter.utils.activation import ActivationFunctionEnum
 from levanter.utils.flop_utils import lm_flops_per_token
 
+from .numerics import check_positive_int
 from .time_embedding import SinusoidalTimeEmbedding
 from .vector_field import ParallelBlock, TemporalBlock, make_norm, stack_blocks
 
@@ -102,9 +103,7 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
         positive = ("max_seq_len", "hidden_dim", "num_layers", "num_heads", "mlp_scale", "time_embed_dim",
                     "sinusoidal_dim")
         for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+            check_positive_int(getattr(self, name), f"model.{name}")
         if self.hidden_dim % self.num_heads:
             raise ValueError(
                 f"model.hidden_dim ({self.hidden_dim}) must be divisible by model.num_heads ({self.num_heads})"
@@ -294,8 +293,7 @@ class DiffEqFormerLMHeadModel(_LmBase):
     def discretize(self, num_steps: int) -> "DiscreteDiffEqFormerLMHeadModel":
         """An ordinary ``num_steps``-layer transformer: layer k has weights W((k+1)/num_steps) and its residual
         update is scaled by 1/num_steps. With num_steps == num_layers it computes exactly what this model computes."""
-        if not isinstance(num_steps, int) or isinstance(num_steps, bool) or num_steps < 1:
-            raise ValueError(f"num_steps must be a positive integer, got {num_steps!r}")
+        check_positive_int(num_steps, "num_steps")
         config = dataclasses.replace(self.config, num_layers=num_steps)
         blocks = Stacked(self.weights_at(time_grid(config.Layers)), config.Layers, config.checkpoint_policy)
         transformer = DiscreteTransformer(blocks, self.ln_f, 1.0 / num_steps)

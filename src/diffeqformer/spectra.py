@@ -36,8 +36,6 @@ tidy ``pandas.DataFrame`` of statistics per t, head and matrix; the ``plot_*`` f
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import importlib
 import json
 from dataclasses import dataclass
@@ -46,7 +44,6 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 
 import draccus
 import haliax as hax
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
@@ -54,6 +51,7 @@ import xarray as xr
 from haliax import NamedArray
 
 from .model import DiffEqFormerLMHeadModel, DiscreteDiffEqFormerLMHeadModel
+from .numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
 from .vector_field import ParallelBlock
 
 if TYPE_CHECKING:
@@ -178,22 +176,8 @@ def _eigvals_f64(m: np.ndarray) -> np.ndarray:
     """Eigenvalues of a batch of real float64 matrices (LAPACK geev through NumPy), with one OpenBLAS thread."""
     if m.size == 0:
         return np.zeros(m.shape[:-1], dtype=np.complex128)
-    with _one_blas_thread():
+    with one_blas_thread():
         return np.linalg.eigvals(m).astype(np.complex128)
-
-
-@contextlib.contextmanager
-def _one_blas_thread():
-    """Run the block with the BLAS libraries limited to one thread (threadpoolctl; restored afterwards).
-
-    Why: the eigensolver's matrices are small and many. On a two-core machine shared with other processes, OpenBLAS's
-    spinning worker threads made batched ``eigvals`` of 128 x 128 matrices 20-60x slower than one thread (100 s
-    instead of 2 s for 101 times of the 128-d model); one thread is never much slower here.
-    """
-    from threadpoolctl import threadpool_limits
-
-    with threadpool_limits(limits=1, user_api="blas"):
-        yield
 
 
 def _eigvals(w: _Weights, method: str) -> dict[str, np.ndarray]:
@@ -273,8 +257,7 @@ def spectra(model, times=None, *, method: str = "fast", fold_norm: bool = False,
     kind = _model_kind(model)
     if method not in ("fast", "full"):
         raise ValueError(f"method must be 'fast' or 'full', got {method!r}")
-    if batch_size < 1:
-        raise ValueError(f"batch_size must be positive, got {batch_size}")
+    check_positive_int(batch_size, "batch_size")
     attrs = {
         "model_kind": kind,
         "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
@@ -542,66 +525,34 @@ def headline(flow: xr.Dataset, layers: Mapping[str, xr.Dataset], zoom: xr.Datase
 
 
 def save_spectra(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write a spectra dataset to netCDF (``.nc``); complex variables become ``<name>_real`` and ``<name>_imag``.
+    """Write a spectra dataset to netCDF (``.nc``, ``numerics.save_netcdf``); complex variables become
+    ``<name>_real`` and ``<name>_imag``.
 
     NetCDF has no complex type, so each complex variable is split into two float64 variables that ``load_spectra``
     joins again; the attrs (configuration, conventions) travel with the file.
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out = ds.copy()
-    for name in list(out.data_vars):
-        var = out[name]
-        if np.iscomplexobj(var.values):
-            out[f"{name}_real"] = var.real.assign_attrs(var.attrs, complex_part="real")
-            out[f"{name}_imag"] = var.imag.assign_attrs(var.attrs, complex_part="imag")
-            out = out.drop_vars(name)
-    for coord in out.coords:  # netCDF3 (the scipy engine, no extra dependency) has no int64
-        if out[coord].dtype == np.int64:
-            out[coord] = out[coord].astype(np.int32)
-    out.to_netcdf(path, engine="scipy")
-    return path
+    return save_netcdf(ds, path)
 
 
 def load_spectra(path: str | Path) -> xr.Dataset:
     """Read a dataset written by ``save_spectra``, with complex variables and int64 coordinates restored."""
-    with xr.open_dataset(path, engine="scipy") as f:
-        ds = f.load()
-    for name in [n[: -len("_real")] for n in ds.data_vars if n.endswith("_real")]:
-        re, im = ds[f"{name}_real"], ds[f"{name}_imag"]
-        attrs = {k: v for k, v in re.attrs.items() if k != "complex_part"}
-        ds[name] = (re + 1j * im).astype(np.complex128).assign_attrs(attrs)
-        ds = ds.drop_vars([f"{name}_real", f"{name}_imag"])
-    for coord in ds.coords:
+    ds = load_netcdf(path)
+    for coord in ds.coords:  # files written before save_netcdf marked them: every int32 coordinate was int64
         if ds[coord].dtype == np.int32:
             ds[coord] = ds[coord].astype(np.int64)
     return ds[[n for n in MATRICES if n in ds.data_vars] + [n for n in ds.data_vars if n not in MATRICES]]
 
 
-def fingerprint(model) -> str:
-    """A short hash of a model's configuration and every weight: the cache key of its spectra."""
-    h = hashlib.sha256(json.dumps(draccus.encode(model.config), sort_keys=True).encode())
-    for leaf in jax.tree_util.tree_leaves(model):
-        array = leaf.array if isinstance(leaf, NamedArray) else leaf
-        if hasattr(array, "shape") and hasattr(array, "dtype"):
-            h.update(np.ascontiguousarray(np.asarray(array)).tobytes())
-    return h.hexdigest()[:16]
-
-
 def cached_spectra(model, cache_dir: str | Path, times=None, **kwargs) -> xr.Dataset:
     """``spectra(model, times, **kwargs)``, read from ``cache_dir/spectra-<hash>.nc`` when it was computed before.
 
-    The hash covers the model's configuration and weights, the times and the keyword arguments.
+    The hash covers the model's configuration and weights (``numerics.fingerprint``), the times and the keyword
+    arguments.
     """
     key = {"model": fingerprint(model), "times": None if times is None else np.asarray(times, np.float64).tolist(),
            **kwargs}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = Path(cache_dir) / f"spectra-{digest}.nc"
-    if path.exists():
-        return load_spectra(path)
-    ds = spectra(model, times, **kwargs)
-    save_spectra(ds, path)
-    return ds
+    return cached(Path(cache_dir) / f"spectra-{digest(key)}.nc", lambda: spectra(model, times, **kwargs),
+                  save=save_spectra, load=load_spectra)
 
 
 # ---------------------------------------------------------------------------------------------------------------------

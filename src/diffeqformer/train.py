@@ -38,6 +38,7 @@ from levanter.trainer import Trainer, TrainerConfig
 
 from . import paths
 from .model import DiffEqFormerConfig
+from .numerics import check_positive_int
 
 logger = logging.getLogger(__name__)
 
@@ -104,9 +105,7 @@ def validate(config: TrainConfig) -> None:
     validate_trainer(config.trainer)
     validate_data(config.data)
     for name in ("max_seq_len", "hidden_dim", "num_layers", "num_heads"):
-        value = getattr(config.model, name, 1)
-        if not isinstance(value, int) or value < 1:
-            raise ValueError(f"model.{name} must be a positive integer, got {value!r}")
+        check_positive_int(getattr(config.model, name, 1), f"model.{name}")
     if config.model.hidden_dim % config.model.num_heads:
         raise ValueError(
             f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
@@ -116,12 +115,10 @@ def validate(config: TrainConfig) -> None:
 
 def validate_trainer(t: TrainerConfig) -> None:
     """Reject a trainer section with a non-positive number of steps, batch size or evaluation interval."""
-    if not isinstance(t.num_train_steps, int) or t.num_train_steps < 1:
-        raise ValueError(f"trainer.num_train_steps must be a positive integer, got {t.num_train_steps!r}")
-    if isinstance(t.train_batch_size, int) and t.train_batch_size < 1:
-        raise ValueError(f"trainer.train_batch_size must be a positive integer, got {t.train_batch_size!r}")
-    if t.steps_per_eval < 1:
-        raise ValueError(f"trainer.steps_per_eval must be a positive integer, got {t.steps_per_eval!r}")
+    check_positive_int(t.num_train_steps, "trainer.num_train_steps")
+    if isinstance(t.train_batch_size, int):  # else a schedule of batch sizes
+        check_positive_int(t.train_batch_size, "trainer.train_batch_size")
+    check_positive_int(t.steps_per_eval, "trainer.steps_per_eval")
 
 
 def validate_data(data: DataConfig) -> None:

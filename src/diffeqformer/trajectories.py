@@ -57,6 +57,8 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
+from .numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -118,7 +120,8 @@ class SolverConfig:
             raise ValueError(f"solver must be one of {tuple(SOLVERS)}, got {self.solver!r}")
         if self.adaptive and self.solver == "euler":
             raise ValueError("Euler has no error estimate: use adaptive=False, or an adaptive solver such as 'tsit5'")
-        _check_positive_int(self, "num_steps", "max_steps")
+        for name in ("num_steps", "max_steps"):
+            check_positive_int(getattr(self, name), name)
         if not (self.rtol > 0 and self.atol > 0):
             raise ValueError("rtol and atol must be positive")
         if not 0 < self.dtmin < 1:
@@ -154,7 +157,8 @@ class TrajectoryConfig:
     """How the ODE is solved."""
 
     def __post_init__(self):
-        _check_positive_int(self, "num_tokens", "dim", "num_saves")
+        for name in ("num_tokens", "dim", "num_saves"):
+            check_positive_int(getattr(self, name), name)
         if not self.horizon > 0:
             raise ValueError(f"horizon must be positive, got {self.horizon!r}")
         if not self.beta >= 0:
@@ -195,7 +199,8 @@ class ModelTrajectoryConfig:
     """How the ODE is solved."""
 
     def __post_init__(self):
-        _check_positive_int(self, "num_tokens", "num_saves", "steps_per_period")
+        for name in ("num_tokens", "num_saves", "steps_per_period"):
+            check_positive_int(getattr(self, name), name)
         if not self.heads or any(h < 0 for h in self.heads):
             raise ValueError(f"heads must be a non-empty tuple of head indices, got {self.heads!r}")
         if self.geometry not in GEOMETRIES:
@@ -206,17 +211,9 @@ class ModelTrajectoryConfig:
             raise ValueError(f"beta must be positive or None, got {self.beta!r}")
 
 
-def _check_positive_int(obj, *names: str) -> None:
-    for name in names:
-        value = getattr(obj, name)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def config_hash(config: TrajectoryConfig | ModelTrajectoryConfig) -> str:
     """First 16 hex digits of the SHA-256 of the configuration's canonical JSON (the cache key)."""
-    text = json.dumps({"type": type(config).__name__, **dataclasses.asdict(config)}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+    return digest({"type": type(config).__name__, **dataclasses.asdict(config)})
 
 
 def config_from_attrs(attrs: dict) -> TrajectoryConfig | ModelTrajectoryConfig:
@@ -449,13 +446,11 @@ def simulate(config: TrajectoryConfig = TrajectoryConfig(), *, cache_dir: Path |
     configuration field (``config`` as JSON for ``config_from_attrs``). With ``cache_dir``, the Dataset is read from /
     written to ``cache_dir/trajectories-<config_hash>.nc``.
     """
-    path = None
-    if cache_dir is not None:
-        path = Path(cache_dir) / f"trajectories-{config_hash(config)}.nc"
-        if path.exists():
-            with xr.open_dataset(path, engine="scipy") as cached:
-                return _restore_dtypes(cached.load())
+    path = None if cache_dir is None else Path(cache_dir) / f"trajectories-{config_hash(config)}.nc"
+    return cached(path, lambda: _simulate(config), save=save_netcdf, load=load_netcdf)
 
+
+def _simulate(config: TrajectoryConfig) -> xr.Dataset:
     n, d = config.num_tokens, config.dim
     ts = jnp.linspace(0.0, config.horizon, config.num_saves + 1, dtype=jnp.float32)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in config.seeds])
@@ -493,26 +488,6 @@ def simulate(config: TrajectoryConfig = TrajectoryConfig(), *, cache_dir: Path |
         attrs=_attrs(config, kind="polynomial"),
     )
     ds["x"].attrs["description"] = "token positions x_i(t)"
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _netcdf_safe(ds).to_netcdf(path, engine="scipy")
-    return ds
-
-
-def _netcdf_safe(ds: xr.Dataset) -> xr.Dataset:
-    """netCDF3 (the scipy engine) has no bool: store flags as int8."""
-    out = ds.copy()
-    for name, var in ds.data_vars.items():
-        if var.dtype == bool:
-            out[name] = var.astype(np.int8)
-            out[name].attrs["dtype"] = "bool"
-    return out
-
-
-def _restore_dtypes(ds: xr.Dataset) -> xr.Dataset:
-    for name, var in ds.data_vars.items():
-        if var.attrs.get("dtype") == "bool":
-            ds[name] = var.astype(bool)
     return ds
 
 
@@ -570,16 +545,15 @@ def simulate_model(
     and ``model_fingerprint``. With ``cache_dir``, the Dataset is read from / written to
     ``cache_dir/model-trajectories-<hash>.nc``, the hash covering the configuration and the model's weights.
     """
-    from .spectra import _one_blas_thread, fingerprint
-
-    path = None
     model_key = fingerprint(model)
+    path = None
     if cache_dir is not None:
-        digest = hashlib.sha256(f"{config_hash(config)}-{model_key}".encode()).hexdigest()[:16]
-        path = Path(cache_dir) / f"model-trajectories-{digest}.nc"
-        if path.exists():
-            with xr.open_dataset(path, engine="scipy") as cached:
-                return _restore_dtypes(cached.load())
+        key = hashlib.sha256(f"{config_hash(config)}-{model_key}".encode()).hexdigest()[:16]
+        path = Path(cache_dir) / f"model-trajectories-{key}.nc"
+    return cached(path, lambda: _simulate_model(model, config, model_key), save=save_netcdf, load=load_netcdf)
+
+
+def _simulate_model(model: "DiffEqFormerLMHeadModel", config: ModelTrajectoryConfig, model_key: str) -> xr.Dataset:
     mc = model.config
     D = mc.hidden_dim
     for h in config.heads:
@@ -603,8 +577,8 @@ def simulate_model(
         oks.append(bool(ok))
         a, b = _matrices_at(model, ts, head)
         # eigenvalues of non-symmetric matrices: numpy (jnp.linalg.eigvals is CPU-only), with one BLAS thread (many
-        # small matrices: see spectra._one_blas_thread)
-        with _one_blas_thread():
+        # small matrices: see numerics.one_blas_thread)
+        with one_blas_thread():
             qk_r.append(np.abs(np.linalg.eigvals(np.asarray(a, dtype=np.float64))).max(axis=-1))
             ov_r.append(np.abs(np.linalg.eigvals(np.asarray(b, dtype=np.float64))).max(axis=-1))
     x = np.stack(xs)
@@ -642,9 +616,6 @@ def simulate_model(
             model_fingerprint=model_key,
         ),
     )
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        _netcdf_safe(ds).to_netcdf(path, engine="scipy")
     return ds
 
 
