@@ -13,6 +13,7 @@ import yaml
 from IPython.core.formatters import format_display_data
 
 from diffeqformer import figures, paths
+from diffeqformer.runs import run_path
 
 
 @pytest.fixture
@@ -93,8 +94,8 @@ def test_provenance_records_runs_relative_to_the_home(tmp_path, monkeypatch, sho
     run.mkdir(parents=True)
     (run / "complete.json").write_text(json.dumps({"name": "test-run", "config_hash": "abc123"}))
     (run / "config.yaml").write_text(yaml.safe_dump({
-        "model": {"type": "diffeqformer", "num_layers": 2, "hidden_dim": 8, "seq_len": 16},
-        "data": {"dataset": "d", "domain": "all"}, "trainer": {"num_train_steps": 5}}))
+        "model": {"type": "diffeqformer", "num_layers": 2, "hidden_dim": 8, "num_heads": 2, "max_seq_len": 16},
+        "data": {"dataset": "shakespeare", "domain": "all"}, "trainer": {"num_train_steps": 5}}))
     figures.start("nb_test", dict(preset="test", run="runs/test-run"), runs=["runs/test-run", run])
     figures.save_figure(_line_figure(), "nb_test_line", caption="A line.", show=False)
     record = json.loads((out / "nb_test_line.json").read_text())
@@ -118,7 +119,7 @@ def test_scale_of_runs_of_several_scales_names_each_model_once(monkeypatch):
     """Runs of different scales are listed one by one, a run's seed copies once with their number."""
     scales = {"cpu-diffeqformer": "diffeqformer, 6 steps, 64-d, seq 64; shakespeare (all), 250 training steps"}
     synthetic = "diffeqformer, 6 steps, 64-d, seq 64; synthetic (all), 5000 training steps"
-    monkeypatch.setattr(figures, "scale_of", lambda r: scales.get(figures.run_path(r).name, synthetic))
+    monkeypatch.setattr(figures, "scale_of", lambda r: scales.get(run_path(r).name, synthetic))
     runs = ["runs/cpu-diffeqformer", "runs/cpu-synthetic-diffeqformer", "runs/cpu-synthetic-diffeqformer-seed1",
             "runs/cpu-synthetic-diffeqformer-seed2"]
     assert figures._common_scale(runs) == (

@@ -277,6 +277,30 @@ def test_a_finetuning_run_is_hashed_with_its_pretraining_before_that_has_run(tmp
     assert digest == finetune.config_hash(cfg, train.config_hash(pre))
 
 
+def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monkeypatch):
+    """A config without num_train_steps trains Levanter's default number of steps: the presets page said "None"."""
+    import yaml
+    from levanter.trainer import TrainerConfig
+
+    from diffeqformer.pipeline import build
+
+    for name in ("diffeqformer", "finetune_diffeqformer_lora"):
+        config = yaml.safe_load((paths.CONFIG / "smoke" / f"{name}.yaml").read_text())
+        del config["trainer"]["num_train_steps"]
+        (tmp_path / "x").mkdir(exist_ok=True)
+        (tmp_path / "x" / f"{name}.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setattr(paths, "CONFIG", tmp_path)
+    steps = TrainerConfig().num_train_steps
+    assert build.config_scale(Run("x/diffeqformer")) == (
+        f"32-d, 3 layers or steps, seq 64, {steps} steps of 4 on shakespeare")
+    assert build.config_scale(Run("x/finetune_diffeqformer_lora", module="finetune")) == (
+        f"fine-tuning for {steps} steps of 4")
+    monkeypatch.setattr(build, "PRESETS", {"x": {"nb": {"runs": [Run("x/diffeqformer"),
+                                                                Run("x/finetune_diffeqformer_lora", module="finetune")]}}})
+    page = build.presets_markdown()
+    assert f"{steps} steps of 4 on shakespeare; fine-tuning for {steps} steps of 4" in page and "None" not in page
+
+
 def test_finetune_runs_lists_the_grid_with_pretrainings_first():
     runs = pipeline.finetune_runs("cpu")
     names = list(runs)

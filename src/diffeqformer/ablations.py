@@ -19,52 +19,36 @@ import resource
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from .figures import log_perplexity_axis, run_path
+from .figures import log_perplexity_axis
+from .runs import config as run_config
+from .runs import config_field, is_finetuning, model_type, pretrain_config, require_complete, run_path, summary
 from .seeds import NOISE, RESULT, UNTESTED, Comparison, as_list, compare, sign_word, spread
 from .train import median_throughput, next_token_loss, read_metrics
 
 # --------------------------------------------------------------------------------------------------- one run
 
 
-def _yaml(path: Path) -> dict:
-    import yaml
-
-    return yaml.safe_load(path.read_text())
-
-
-def field_of(config: Mapping, dotted: str, default: Any = None) -> Any:
-    """``config["model"]["time_embed_dim"]`` for ``"model.time_embed_dim"`` (``default`` where absent)."""
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def describe(run) -> dict:
     """What the tables and captions need of one finished run: name, kind (``pretraining`` / ``fine-tuning``),
     model type and depth, data domain, method, Euler steps N of a fine-tuned DiffEqFormer, the pretraining's domain,
     final/best/initial validation perplexity, parameter counts, throughput and wall time."""
-    path = run_path(run)
-    complete = path / "complete.json"
-    if not complete.exists():
-        raise FileNotFoundError(f"run {run}: no finished run there (no complete.json)")
-    done = json.loads(complete.read_text())
-    config = _yaml(path / "config.yaml")
-    finetune = (path / "pretrain_config.yaml").exists()
-    model_config = _yaml(path / "pretrain_config.yaml")["model"] if finetune else config["model"]
+    path = require_complete(run)
+    done = summary(path)
+    config = run_config(path)
+    finetune = is_finetuning(path)
+    pretraining = pretrain_config(path) if finetune else None
+    model = (pretraining or config).model
     metrics = read_metrics(path)
     curve = _eval_curve(metrics, run)
     out = {
         "run": str(run), "name": done.get("name", path.name), "kind": "fine-tuning" if finetune else "pretraining",
-        "model": model_config.get("type"), "layers": model_config.get("num_layers"),
-        "hidden_dim": model_config.get("hidden_dim"), "domain": field_of(config, "data.domain"),
-        "method": config.get("method") if finetune else "from scratch",
+        "model": model_type(model), "layers": model.num_layers,
+        "hidden_dim": model.hidden_dim, "domain": config.data.domain,
+        "method": config.method if finetune else "from scratch",
         "steps": done.get("euler_steps") if finetune else None,
-        "source": _yaml(path / "pretrain_config.yaml")["data"].get("domain") if finetune else None,
+        "source": pretraining.data.domain if finetune else None,
         "final_ppl": done.get("final_eval_perplexity"), "best_ppl": float(curve.perplexity.min()),
         "initial_ppl": float(curve.perplexity.iloc[0]) if finetune else None,
         "trainable_params": done.get("trainable_params"), "total_params": done.get("total_params"),
@@ -103,11 +87,9 @@ def parameter_count(run) -> int:
     from haliax import Axis
 
     from .model import count_params
-    from .train import load_config
 
-    path = run_path(run)
-    config = load_config(path / "config.yaml")
-    vocab = json.loads((path / "complete.json").read_text())["vocab_size"]
+    config = run_config(run)
+    vocab = summary(run)["vocab_size"]
     shape = eqx.filter_eval_shape(lambda: config.model.build(Axis("vocab", vocab), key=jax.random.PRNGKey(0)))
     return count_params(shape)
 
@@ -242,10 +224,10 @@ def finetune_headline(table) -> dict[str, str]:
 def finetune_scale(table) -> str:
     """One line for captions: the pretrainings' and fine-tunings' scale, read from the runs."""
     d = describe(table[~table.model.str.contains("from scratch")].run.iloc[0])
-    pre = d["config"]["pretrain"]["config"]
-    trainer = d["config"]["trainer"]
-    return (f"pretrained as in {pre} ({d['hidden_dim']}-d), fine-tuned {trainer['num_train_steps']} steps of "
-            f"{trainer['train_batch_size']} sequences")
+    pre = d["config"].pretrain.config
+    trainer = d["config"].trainer
+    return (f"pretrained as in {pre} ({d['hidden_dim']}-d), fine-tuned {trainer.num_train_steps} steps of "
+            f"{trainer.train_batch_size} sequences")
 
 
 # ------------------------------------------------------------------------------------------ F8-F10: ablations
@@ -265,7 +247,7 @@ def ablation_table(runs: Sequence[str | Sequence[str]], fields: Mapping[str, str
         seeds = [describe(run) for run in as_list(entry)]
         d = seeds[0]
         final = spread(s["final_ppl"] for s in seeds)
-        record = {column: field_of(d["config"], dotted) for column, dotted in fields.items()}
+        record = {column: config_field(d["config"], dotted) for column, dotted in fields.items()}
         record.update({"model": _model_name(d), "seeds": final.n, "final ppl": final.mean, "sd": final.sd,
                        "best ppl": sum(s["best_ppl"] for s in seeds) / final.n, "params": d["total_params"],
                        "tokens/s": sum(s["tokens_per_second"] or math.nan for s in seeds) / final.n,
@@ -488,14 +470,11 @@ def _measure(run, batch: int, steps: int) -> dict:
     import haliax as hax
     import jax
 
-    from .train import load_config
-
     jax.numpy.zeros(1).block_until_ready()  # the runtime itself, before anything of the model
     reset = _reset_peak_rss()
     baseline = _status_mib("VmRSS") if reset else _peak_rss_mib()
-    path = run_path(run)
-    config = load_config(path / "config.yaml")
-    vocab = hax.Axis("vocab", json.loads((path / "complete.json").read_text())["vocab_size"])
+    config = run_config(run)
+    vocab = hax.Axis("vocab", summary(run)["vocab_size"])
     model = config.model.build(vocab, key=jax.random.PRNGKey(0))
     tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", batch), config.model.max_Pos), 0, vocab.size)
     start = time.perf_counter()
@@ -539,8 +518,7 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
 
     if batch < 1 or steps < 1:
         raise ValueError(f"batch and steps must be positive, got batch={batch!r}, steps={steps!r}")
-    if not (run_path(run) / "complete.json").exists():
-        raise FileNotFoundError(f"run {run}: no finished run there (no complete.json)")
+    require_complete(run)
 
     def measure(n: int, cache: str) -> dict:
         cmd = [sys.executable, "-m", "diffeqformer.ablations", "--measure", str(run_path(run)),

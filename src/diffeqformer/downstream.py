@@ -58,14 +58,15 @@ def evaluate(run_dir: str | Path, tasks=PAPER_TASKS, *, num_fewshot: int = 0, ma
     import pandas as pd
     from levanter.eval_harness import LmEvalHarnessConfig, TaskConfig, run_lm_eval_harness
 
-    from .figures import run_path
-    from .train import load_config, load_model
+    from .runs import config as run_config
+    from .runs import require_complete
+    from .train import load_model
 
     status = availability()
     if not status.ok:
         raise RuntimeError(f"cannot run the downstream evaluation here: {status.reason}")
-    run_dir = run_path(run_dir)
-    config = load_config(run_dir / "config.yaml")
+    run_dir = require_complete(run_dir)
+    config = run_config(run_dir)
     model = load_model(run_dir)
     tokenizer = config.data.levanter_config().the_tokenizer
     spec = [TaskConfig(task=t, num_fewshot=num_fewshot, task_alias=f"{t}_{num_fewshot}shot") for t in tasks]

@@ -27,6 +27,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
+from .runs import config as run_config
+from .runs import model_config, model_type, run_path
+from .runs import summary as finished_summary
 
 FORMATS = ("png", "svg")
 PNG_DPI = 150
@@ -54,27 +57,15 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_path(run_dir) -> Path:
-    """A run directory as given to a notebook: absolute, or relative to ``DIFFEQFORMER_HOME`` (e.g.
-    ``runs/cpu-diffeqformer``), so that a notebook's defaults work from any working directory."""
-    path = Path(run_dir).expanduser()
-    return path if path.is_absolute() else paths.HOME / path
-
-
 def run_summary(run_dir) -> dict:
-    """Name, configuration hash and the facts a caption needs of a finished run (``runs/<name>/complete.json``)."""
-    import yaml
-
-    run_dir = run_path(run_dir)
-    complete = run_dir / "complete.json"
-    if not complete.exists():
-        raise FileNotFoundError(f"run {run_dir} has not finished (no complete.json): train it first, "
-                                f"e.g. python -m diffeqformer.pipeline --preset <preset>")
-    record = json.loads(complete.read_text())
-    config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    return {"run": str(run_dir), "name": record.get("name", run_dir.name), "config_hash": record.get("config_hash"),
-            "model": config.get("model", {}), "data": config.get("data", {}),
-            "train_steps": config.get("trainer", {}).get("num_train_steps"), "complete": record}
+    """Name, configuration hash and the facts a caption needs of a finished run (``runs.summary``, ``runs.config``):
+    its model configuration (a fine-tuning's: its pretraining's), data configuration and training steps."""
+    record = finished_summary(run_dir)
+    config = run_config(run_dir)
+    path = run_path(run_dir)
+    return {"run": str(path), "name": record.get("name", path.name), "config_hash": record.get("config_hash"),
+            "model": model_config(run_dir), "data": config.data,
+            "train_steps": config.trainer.num_train_steps, "complete": record}
 
 
 def scale_of(run_dir) -> str:
@@ -82,9 +73,10 @@ def scale_of(run_dir) -> str:
     300 training steps``."""
     s = run_summary(run_dir)
     m, d = s["model"], s["data"]
-    depth = f"{m.get('num_layers')} {'steps' if m.get('type') == 'diffeqformer' else 'layers'}"
-    return (f"{m.get('type')}, {depth}, {m.get('hidden_dim')}-d, seq {m.get('max_seq_len')}; "
-            f"{d.get('dataset')} ({d.get('domain')}), {s['train_steps']} training steps")
+    kind = model_type(m)
+    depth = f"{m.num_layers} {'steps' if kind == 'diffeqformer' else 'layers'}"
+    return (f"{kind}, {depth}, {m.hidden_dim}-d, seq {m.max_seq_len}; "
+            f"{d.dataset} ({d.domain}), {s['train_steps']} training steps")
 
 
 def _common_scale(runs) -> str:

@@ -354,15 +354,6 @@ class GridRun:
         return ["-m", self.module, "--config", str(self.config), *self.overrides]
 
 
-def _yaml_field(path: Path, *keys: str):
-    import yaml
-
-    node = yaml.safe_load(path.read_text())
-    for key in keys:
-        node = node.get(key) if isinstance(node, dict) else None
-    return node
-
-
 def discretisations(preset: str) -> tuple[int, ...]:
     """The Euler steps N a preset fine-tunes the 18-step DiffEqFormer with."""
     return PRESET_DISCRETISATIONS.get(preset, DISCRETISATIONS)
@@ -380,8 +371,8 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (cpu, gpu and paper do)."""
     folder = paths.CONFIG / preset
     templates = {method: folder / f for method, f in TEMPLATES.items()}
-    offline = all(not p.exists() or _yaml_field(p, "data", "dataset") in ("shakespeare", None)
-                  for p in templates.values())
+    loaded = {method: load_config(p, cls=FinetuneConfig) for method, p in templates.items() if p.exists()}
+    offline = all(t.data.dataset == "shakespeare" for t in loaded.values())
     directions = DIRECTIONS if offline else ONLINE_DIRECTIONS
     domain_field = "--data.domain" if offline else "--data.dataset"
     domains = sorted({d for direction in directions for d in direction})
@@ -390,8 +381,7 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     if missing:
         raise FileNotFoundError(f"finetune_grid({preset!r}) needs {', '.join(missing)}")
 
-    # names read from the YAML alone: the pipeline's registry calls this when it is imported (also by Sphinx)
-    pre_names = {key: _yaml_field(path, "name") for key, path in pretrained.items()}
+    pre_names = {key: load_config(path).name for key, path in pretrained.items()}
     runs = [GridRun(pre_names[key], "diffeqformer.train", path) for key, path in pretrained.items()]
     for source, target in directions:
         for method in METHODS:
@@ -410,8 +400,8 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
         name = f"{preset}-scratch-gpt2_24-{target}"
         overrides = (
             "--name", name,
-            "--trainer.num_train_steps", str(_yaml_field(templates["full"], "trainer", "num_train_steps")),
-            "--trainer.steps_per_eval", str(_yaml_field(templates["full"], "trainer", "steps_per_eval")),
+            "--trainer.num_train_steps", str(loaded["full"].trainer.num_train_steps),
+            "--trainer.steps_per_eval", str(loaded["full"].trainer.steps_per_eval),
         )
         runs.append(GridRun(name, "diffeqformer.train", pretrained["gpt2_24", target], overrides))
     return runs

@@ -176,11 +176,11 @@ def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
 
     The run's ``config.yaml`` gives the corpus and tokenizer; the sequences come from the Levanter validation cache
     that ``diffeqformer.train`` builds (``tagged_eval_sets``), in order, with their document ids and loss masks."""
-    from .train import load_config
+    from .runs import config as run_config
 
     check_positive_int(num_sequences, "num_sequences")
     run_dir = Path(run_dir)
-    config = load_config(run_dir / "config.yaml")
+    config = run_config(run_dir)
     eval_sets = config.data.levanter_config().tagged_eval_sets(config.model.max_Pos)
     examples = []
     with jax.numpy_dtype_promotion("standard"):  # Levanter's LmExample.causal multiplies a bool mask by floats

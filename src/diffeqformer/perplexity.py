@@ -8,14 +8,14 @@ Runs are named by a *row key* (``ROWS``): which model of the paper's tables the 
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .figures import log_perplexity_axis, run_path
+from .figures import log_perplexity_axis
+from .runs import require_complete, summary
 from .seeds import NOISE, RESULT, UNTESTED, RULE, Comparison, as_list, compare, spread
 
 
@@ -71,10 +71,7 @@ def check_runs(runs: Mapping[str, str | Sequence[str]]) -> dict[str, list[Path]]
             raise ValueError(f"runs[{key!r}] names no run")
         out[key] = []
         for run in seeds:
-            path = run_path(run)
-            if not (path / "complete.json").exists():
-                raise FileNotFoundError(f"runs[{key!r}] = {run}: no finished run there (no complete.json)")
-            out[key].append(path)
+            out[key].append(require_complete(run, label=f"runs[{key!r}] ="))
     return out
 
 
@@ -129,7 +126,7 @@ def final_table(runs: Mapping[str, str | Sequence[str]]):
     records = []
     for key in [k for k in ROWS if k in runs]:
         c = frame[frame.row == key]
-        done = [json.loads((run_path(r) / "complete.json").read_text()) for r in as_list(runs[key])]
+        done = [summary(r) for r in as_list(runs[key])]
         final = spread(finals[key])
         vs = versus.get(key)
         records.append({

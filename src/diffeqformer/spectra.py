@@ -447,13 +447,12 @@ def runs_spectra(runs: Mapping[str, str | Path], times=None, *, cache_dir: str |
     when None); discretised models and the GPT-2 / Llama baselines per layer. With ``cache_dir`` every dataset goes
     through ``cached_spectra``. Keyword arguments go to ``spectra``.
     """
-    from . import paths
+    from .runs import run_path
     from .train import load_model
 
     out = {}
     for label, run in runs.items():
-        run = Path(run).expanduser()
-        model = load_model(run if run.is_absolute() else paths.HOME / run)
+        model = load_model(run_path(run))
         at = times if _model_kind(model) in ("diffeqformer", "diffeqformer-shared") else None
         out[label] = (cached_spectra(model, cache_dir, at, **kwargs) if cache_dir is not None
                       else spectra(model, at, **kwargs))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import platform
@@ -14,6 +15,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import book, paths
+from ..finetune import FinetuneConfig
+from ..runs import is_complete, summary
 from .lanes import (DEFAULT_SECONDS, RUNS_ALONE, TRAIN_LANES, Progress, load_state, save_state, train_runs,
                     train_worker)
 from .notebooks import check_figures, execute_notebook, execute_notebook_child
@@ -54,9 +57,8 @@ def timings_markdown(result: Plan, state: dict) -> str:
     for preset in [p for p in PRESETS if p in presets]:
         entry = presets[preset]
         for config, run_dir in entry.get("trainings", {}).items():
-            complete = Path(run_dir) / "complete.json"
-            if complete.exists():
-                done = json.loads(complete.read_text())
+            if is_complete(run_dir):
+                done = summary(run_dir)
                 step = seconds.get(f"train:{config}")
                 lines.append(f"| {preset} | train `{config}` ({done.get('steps')} steps) | "
                              f"{Progress.fmt(step) if step else '(trained outside the pipeline)'} | "
@@ -72,28 +74,31 @@ def timings_markdown(result: Plan, state: dict) -> str:
 
 def presets_markdown() -> str:
     """What each preset trains (with the scale, read from the configs) and which notebooks it runs."""
-    import yaml
-
     lines = ["| preset | training configs | scale | notebooks |", "|---|---|---|---|"]
     for preset, entries in PRESETS.items():
-        runs: list[Run] = []
-        collect_runs(list(entries.values()), runs)
-        configs = list(dict.fromkeys(r.config for r in runs))
-        scales = []
-        for config in configs:
-            c = yaml.safe_load(Run(config).path.read_text())
-            m, d, t = c.get("model", {}), c.get("data", {}), c.get("trainer", {})
-            if not m:  # a fine-tuning template: its scale is its pretraining's
-                scales.append(f"fine-tuning for {t.get('num_train_steps')} steps of {t.get('train_batch_size')}")
-                continue
-            scales.append(f"{m.get('hidden_dim')}-d, {m.get('num_layers')} layers or steps, "
-                          f"seq {m.get('max_seq_len')}, {t.get('num_train_steps')} steps of "
-                          f"{t.get('train_batch_size')} on {d.get('dataset')}")
-        scale = "; ".join(dict.fromkeys(scales))
-        count = len({r.key for r in runs})
+        trained: list[Run] = []
+        collect_runs(list(entries.values()), trained)
+        configs: dict[str, str] = {}  # config file -> the module that trains it
+        for r in trained:
+            configs.setdefault(r.config, r.module)
+        scale = "; ".join(dict.fromkeys(config_scale(Run(c, module=module)) for c, module in configs.items()))
+        count = len({r.key for r in trained})
         lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} | "
                      f"{', '.join(entries)} |")
     return "\n".join(lines) + "\n"
+
+
+def config_scale(run: Run) -> str:
+    """The scale of a config file as the presets page states it, read from its typed configuration (defaults filled
+    in, overrides left out): ``64-d, 6 layers or steps, seq 64, 250 steps of 16 on shakespeare``; a fine-tuning
+    template's model is its pretraining's, so it states its training alone."""
+    c = dataclasses.replace(run, overrides=()).load()
+    t = c.trainer
+    if isinstance(c, FinetuneConfig):
+        return f"fine-tuning for {t.num_train_steps} steps of {t.train_batch_size}"
+    m = c.model
+    return (f"{m.hidden_dim}-d, {m.num_layers} layers or steps, seq {m.max_seq_len}, {t.num_train_steps} steps of "
+            f"{t.train_batch_size} on {c.data.dataset}")
 
 
 def api_markdown() -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import finetune, paths, population, train
+from ..runs import is_complete
 from .notebooks import exit_with_parent, stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
 
@@ -224,8 +225,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
         workers[k].do(_spec(unit if len(unit) > 1 else unit[0]))
         took = time.time() - started[0]
         for t, begun in zip(unit, started):
-            complete = t.run_dir / "complete.json"
-            if not (complete.exists() and json.loads(complete.read_text()).get("config_hash") == t.config_hash):
+            if not is_complete(t.run_dir, t.config_hash):
                 raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
             progress.end(index[id(t)], begun)
             # a population's time is shared by its members, as two lanes' time is by the runs side by side

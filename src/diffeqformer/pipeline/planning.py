@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import book, paths
+from ..runs import is_complete, saved_hash
 from .registry import PRESETS, Run
 from .sources import notebook_key, notebook_sources_hash
 
@@ -325,11 +326,9 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             cfg, digest, run_dir, pretraining_dir = r.resolve()
         except (ValueError, FileNotFoundError) as err:
             raise PipelineError(f"training config {r.key!r}: {err}") from None
-        complete = run_dir / "complete.json"
-        done = complete.exists() and json.loads(complete.read_text()).get("config_hash") == digest
-        saved = run_dir / "config.yaml"
-        if not done and saved.exists() and (run_dir / "checkpoints").exists():
-            first = saved.read_text().split("\n", 1)[0].removeprefix("# config_hash: ")
+        done = is_complete(run_dir, digest)
+        first = None if done else saved_hash(run_dir)
+        if not done and first is not None and (run_dir / "checkpoints").exists():
             if first != digest and not retrain_stale:
                 raise PipelineError(
                     f"{run_dir} holds a run of another configuration of {r.key} (hash {first}; the config "
@@ -359,7 +358,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
                                 f"pretrain a run trained alone")
         if first is not None:
             t.after = (first.config,)
-        elif not (pretrainings[t.config] / "complete.json").exists():
+        elif not is_complete(pretrainings[t.config]):
             raise PipelineError(f"fine-tuning {t.config!r} needs the pretrained run {pretrainings[t.config]}, which "
                                 f"is not finished and which preset {preset!r} does not train: add its config to "
                                 f"the registry")

@@ -97,20 +97,13 @@ def seeded(run: Run, n: int, *, population: bool = False) -> list[Run]:
     other."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
         raise ValueError(f"a comparison needs a positive number of seeds, got {n!r}")
-    import yaml
-
+    resolved = run.load()  # the run's name and seed, its overrides applied, defaults filled in
+    name, base_seed = resolved.name, resolved.trainer.seed
     overrides = list(run.overrides)
-    if "--name" in overrides:
-        i = overrides.index("--name")
-        name = overrides[i + 1]
-        del overrides[i : i + 2]
-    else:
-        name = yaml.safe_load(run.path.read_text())["name"]
-    base_seed = (yaml.safe_load(run.path.read_text()).get("trainer") or {}).get("seed", 0)
-    if "--trainer.seed" in overrides:
-        i = overrides.index("--trainer.seed")
-        base_seed = int(overrides[i + 1])
-        del overrides[i : i + 2]
+    for flag in ("--name", "--trainer.seed"):
+        if flag in overrides:
+            i = overrides.index(flag)
+            del overrides[i : i + 2]
     seeds = tuple(base_seed + k for k in range(n)) if population and n > 1 else ()
     first = dataclasses.replace(run, population=seeds)
     return [first] + [Run(run.config, (*overrides, "--name", f"{name}-seed{k}", "--trainer.seed", str(base_seed + k)),

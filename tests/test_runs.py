@@ -1,0 +1,96 @@
+"""diffeqformer.runs on hand-written run directories: finished or not, what is missing, pretraining or fine-tuning,
+and the typed configuration with its defaults filled in."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from levanter.trainer import TrainerConfig
+
+from diffeqformer import finetune, paths, runs
+from diffeqformer.finetune import FinetuneConfig
+from diffeqformer.train import TrainConfig
+
+PRETRAIN = paths.CONFIG / "smoke" / "diffeqformer.yaml"
+LORA = paths.CONFIG / "smoke" / "finetune_diffeqformer_lora.yaml"
+
+
+def write_run(root, name, config_text: str, *, complete: dict | None = None, pretrain_text: str | None = None):
+    """A run directory as train / finetune write it: config.yaml (its hash on the first line), pretrain_config.yaml
+    for a fine-tuning, complete.json once finished (``complete``)."""
+    run = root / name
+    run.mkdir(parents=True)
+    (run / runs.CONFIG).write_text(f"{runs.HASH_PREFIX}hash-{name}\n" + config_text)
+    if pretrain_text is not None:
+        (run / runs.PRETRAIN_CONFIG).write_text(pretrain_text)
+    if complete is not None:
+        (run / runs.COMPLETE).write_text(json.dumps({"name": name, "config_hash": f"hash-{name}", **complete}))
+    return run
+
+
+def test_file_names_are_those_the_trainers_write():
+    assert runs.PRETRAIN_CONFIG == finetune.PRETRAIN_CONFIG
+
+
+def test_run_path_is_relative_to_the_home(tmp_path, monkeypatch):
+    monkeypatch.setattr(paths, "HOME", tmp_path)
+    assert runs.run_path("runs/x") == tmp_path / "runs" / "x"
+    assert runs.run_path(tmp_path / "elsewhere") == tmp_path / "elsewhere"
+
+
+def test_a_finished_run(tmp_path):
+    run = write_run(tmp_path, "pre", PRETRAIN.read_text(), complete={"vocab_size": 4096})
+    assert runs.is_complete(run) and runs.is_complete(str(run), "hash-pre")
+    assert not runs.is_complete(run, "another-hash")
+    assert runs.require_complete(str(run)) == run
+    assert runs.summary(run) == {"name": "pre", "config_hash": "hash-pre", "vocab_size": 4096}
+    assert runs.saved_hash(run) == "hash-pre"
+
+
+def test_an_unfinished_run_names_the_run_and_what_is_missing(tmp_path):
+    started = write_run(tmp_path, "started", PRETRAIN.read_text())
+    assert not runs.is_complete(started) and runs.saved_hash(started) == "hash-started"
+    with pytest.raises(FileNotFoundError, match=r"runs\['ours'\] = .*started: no finished run.*no complete.json"):
+        runs.require_complete(started, label="runs['ours'] =")
+    with pytest.raises(FileNotFoundError, match="started: no finished run"):
+        runs.summary(started)
+    missing = tmp_path / "never-trained"
+    assert not runs.is_complete(missing) and runs.saved_hash(missing) is None
+    with pytest.raises(FileNotFoundError, match="never-trained: no finished run there .no such directory"):
+        runs.require_complete(missing)
+    no_config = tmp_path / "no-config"
+    no_config.mkdir()
+    (no_config / runs.COMPLETE).write_text("{}")
+    assert runs.require_complete(no_config) == no_config
+    with pytest.raises(FileNotFoundError, match="no-config: no config.yaml"):
+        runs.config(no_config)
+
+
+def test_pretraining_and_finetuning_runs(tmp_path):
+    pre = write_run(tmp_path, "pre", PRETRAIN.read_text(), complete={})
+    tuned = write_run(tmp_path, "tuned", LORA.read_text(), complete={}, pretrain_text=PRETRAIN.read_text())
+    assert not runs.is_finetuning(pre) and runs.is_finetuning(tuned)
+    config, tuned_config = runs.config(pre), runs.config(tuned)
+    assert type(config) is TrainConfig and type(tuned_config) is FinetuneConfig
+    assert tuned_config.steps == 5 and tuned_config.method == "lora" and tuned_config.data.domain == "prose"
+    assert runs.pretrain_config(tuned) == config
+    assert runs.model_config(tuned) == runs.model_config(pre) == config.model
+    assert runs.model_type(config.model) == "diffeqformer" and config.model.num_layers == 3
+    with pytest.raises(ValueError, match="not a fine-tuning"):
+        runs.pretrain_config(pre)
+
+
+def test_the_config_has_its_defaults_filled_in(tmp_path):
+    """A config without num_train_steps trains Levanter's default number of steps, not None."""
+    template = yaml.safe_load(PRETRAIN.read_text())
+    del template["trainer"]["num_train_steps"], template["model"]["time_embed_dim"]
+    run = write_run(tmp_path, "defaults", yaml.safe_dump(template), complete={})
+    config = runs.config(run)
+    assert config.trainer.num_train_steps == TrainerConfig().num_train_steps is not None
+    assert config.model.time_embed_dim == type(config.model)().time_embed_dim
+    assert runs.config_field(config, "trainer.num_train_steps") == config.trainer.num_train_steps
+    assert runs.config_field(config, "optimizer.beta2") == 0.999
+    with pytest.raises(AttributeError, match="model.time_embed_dims"):
+        runs.config_field(config, "model.time_embed_dims")
