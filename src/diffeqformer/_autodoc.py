@@ -32,6 +32,27 @@ def _process_docstring(app, what, name, obj, options, lines: list[str]) -> None:
         lines[:] = ["::", ""] + ["    " + line for line in lines] + [""]
 
 
+def _attribute_documenter():
+    from sphinx.ext.autodoc import AttributeDocumenter
+
+    class ClassPreservingAttributeDocumenter(AttributeDocumenter):
+        """Sphinx's attribute documenter, except that it leaves the documented class's ``__annotations__`` alone.
+
+        Sphinx's ``update_annotations`` copies the annotations of every base class, as source strings, into the class's
+        own ``__annotations__``: after the API page documents ``DiffEqFormerConfig``, it holds draccus's
+        ``'ClassVar[Dict[str, Any]]'``, which ``typing.get_type_hints`` cannot resolve in ``diffeqformer.model``, so
+        decoding any config later in the same build fails (``NameError: name 'ClassVar' is not defined``) and with it
+        the import of ``diffeqformer.pipeline.registry``, which reads configs. The copies only serve type hints, which
+        the book does not show (``autodoc_typehints: none``)."""
+
+        def update_annotations(self, parent) -> None:
+            pass
+
+    return ClassPreservingAttributeDocumenter
+
+
 def setup(app):
     app.connect("autodoc-process-docstring", _process_docstring)
+    app.setup_extension("sphinx.ext.autodoc")
+    app.add_autodocumenter(_attribute_documenter(), override=True)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

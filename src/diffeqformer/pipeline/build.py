@@ -133,7 +133,9 @@ def build_book(src: Path, out: Path) -> None:
         shown = []
         for i in starts:
             end = next((j for j in starts if j > i), len(text))
-            shown += text[i:min(end, i + 25)]
+            block = text[i:end]
+            # a long traceback: its head and its last lines, which name the exception
+            shown += block if len(block) <= 25 else block[:20] + ["    ..."] + block[-5:]
         raise PipelineError("the book build failed:\n" + "\n".join((shown or text)[-80:]))
 
 
