@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from diffeqformer import DiffEqFormerConfig
-from diffeqformer.lyapunov import VALUE_KINDS, compare_exponents, token_lyapunov
+from diffeqformer.analysis.lyapunov import VALUE_KINDS, compare_exponents, token_lyapunov
 
 
 def main():

@@ -21,7 +21,7 @@ import statistics
 import sys
 import time
 
-from diffeqformer import data
+from diffeqformer.data import corpora as data
 
 NO_HUB = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "https_proxy", "HTTPS_PROXY", "http_proxy", "HTTP_PROXY")
 

@@ -4,8 +4,8 @@
     python benchmarks/solvers.py --euler-only --run runs/cpu-diffeqformer --run runs/cpu-diffeqformer-random-steps
 
 The first form sweeps fixed-step Euler (training grid), Heun and midpoint over --steps and Tsit5 with a PID controller
-over --tolerances (``diffeqformer.inference.solver_sweep``); the second sweeps Euler alone over 1..24 steps for each
-run and prints the runs side by side. Validation sequences are the first --sequences of each run's own validation
+over --tolerances (``diffeqformer.analysis.inference.solver_sweep``); the second sweeps Euler alone over 1..24 steps
+for each run and prints the runs side by side. Validation sequences are the first --sequences of each run's own validation
 set. Tables are cached (CSV + JSON sidecar, keyed by a hash of model, data and settings) in <run>/inference/, with a
 figure beside them; a run that does not exist is replaced by a random model of the cpu preset's size on random
 tokens (NFE and timings only). Wall times exclude compilation.
@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from diffeqformer import DiffEqFormerConfig
-from diffeqformer.inference import (
+from diffeqformer.analysis.inference import (
     SweepConfig,
     TokenData,
     cached_sweep,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from diffeqformer import ablations
+from diffeqformer.analysis import ablations
 
 
 def main():

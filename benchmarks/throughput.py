@@ -17,10 +17,10 @@ import time
 
 import haliax as hax
 import jax
+from diffeqformer.model.baselines import baseline_config
 
 from diffeqformer import DiffEqFormerConfig, count_params
-from diffeqformer.ablations import compiled_train_step
-from diffeqformer.baselines import baseline_config
+from diffeqformer.analysis.ablations import compiled_train_step
 
 PRESETS = {
     # name: (dimensions, batch size)

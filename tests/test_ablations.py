@@ -1,4 +1,4 @@
-"""F7-F10 tables and sentences (diffeqformer.ablations) on hand-written run directories, and the measurement
+"""F7-F10 tables and sentences (diffeqformer.analysis.ablations) on hand-written run directories, and the measurement
 of a training step's time and memory on a smoke-size model."""
 
 from __future__ import annotations
@@ -9,7 +9,8 @@ import math
 import pytest
 import yaml
 
-from diffeqformer import ablations, paths
+from diffeqformer import paths
+from diffeqformer.analysis import ablations
 
 
 def fake_run(root, name, *, model=None, data=None, optimizer=None, losses, complete=None, pretrain=None,

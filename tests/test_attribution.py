@@ -6,11 +6,11 @@ import jax
 import numpy as np
 import pandas as pd
 import pytest
+from diffeqformer.data.synthetic import VOCABULARY, Prompt, encode, prompts
 
 from diffeqformer import DiffEqFormerConfig
-from diffeqformer.attribution import attribution_benchmark, headline, over_seeds, plot_summary, summarize
-from diffeqformer.lyapunov import METHODS, raw_attention_scores
-from diffeqformer.synthetic import VOCABULARY, Prompt, encode, prompts
+from diffeqformer.analysis.attribution import attribution_benchmark, headline, over_seeds, plot_summary, summarize
+from diffeqformer.analysis.lyapunov import METHODS, raw_attention_scores
 
 
 def test_benchmark_runs_on_a_random_model(tmp_path):
@@ -171,7 +171,7 @@ def test_benchmark_ranks_finite_scores_only():
 def test_benchmark_on_minus_inf_exponents(monkeypatch):
     """The default methods, with every Lyapunov exponent -inf (what a singular tangent map gives; a trained model
     gives none): both Lyapunov scores rank the true token last, and the other methods are unaffected."""
-    from diffeqformer import lyapunov
+    from diffeqformer.analysis import lyapunov
 
     real = lyapunov._exponents
 

@@ -1,4 +1,4 @@
-"""diffeqformer.book: the Colab cell's clone URL comes from _config.yml and the cell stays out of the book; the
+"""diffeqformer.report.book: the Colab cell's clone URL comes from _config.yml and the cell stays out of the book; the
 book's copy of a notebook has its code behind toggles; the book's MathJax comes from an installed package."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 
-from diffeqformer import book, paths, pipeline
+from diffeqformer import paths, pipeline
 from diffeqformer.pipeline import PipelineError
+from diffeqformer.report import book
 
 URL = "https://github.com/diffeqformer/diffeqformer"
 
@@ -38,14 +39,14 @@ def test_every_notebook_clones_the_configured_repository(tmp_path):
     for path in sorted(paths.NOTEBOOKS.glob("*.ipynb")):
         book.check_colab_cell(path)
         copies.append(shutil.copy(path, tmp_path / path.name))
-    assert book.sync_colab_cells(copies) == [], "python -m diffeqformer.book would change a notebook"
+    assert book.sync_colab_cells(copies) == [], "python -m diffeqformer.report.book would change a notebook"
 
 
 def test_a_colab_cell_cloning_another_repository_is_named_and_rewritten(tmp_path):
     notebook, config = _copy(tmp_path), _config(tmp_path)
     before = json.loads(notebook.read_text())
     with pytest.raises(ValueError, match=f"clones {URL}, but _config.yml's repository.url is "
-                                         "https://github.com/someone/fork: `python -m diffeqformer.book`"):
+                                         "https://github.com/someone/fork: `python -m diffeqformer.report.book`"):
         book.check_colab_cell(notebook, config)
     assert book.sync_colab_cells([notebook], config) == [notebook]
     book.check_colab_cell(notebook, config)

@@ -21,7 +21,8 @@ from urllib.parse import urldefrag, urljoin, urlparse
 import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
-from diffeqformer import book, paths, pipeline
+from diffeqformer import paths, pipeline
+from diffeqformer.report import book
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

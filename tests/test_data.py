@@ -13,7 +13,8 @@ import datasets
 import pytest
 from levanter.data.text.datasets import HfDatasetSourceConfig, LmDataConfig, UrlDatasetSourceConfig
 
-from diffeqformer import data, paths
+from diffeqformer import paths
+from diffeqformer.data import corpora as data
 
 # The masque's first line in Bell's modern spelling, and in the 1645 spelling of "Poetical Works".
 COMUS_MODERN = "Before the starry threshold of Jove's court"

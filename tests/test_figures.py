@@ -1,5 +1,5 @@
-"""diffeqformer.figures: what a notebook shows for a saved figure (the PNG it saved, then the caption, whatever the
-kernel's matplotlib backend), a provenance record that displays nothing, run directories recorded relative to the
+"""diffeqformer.report.figures: what a notebook shows for a saved figure (the PNG it saved, then the caption,
+whatever the kernel's matplotlib backend), a provenance record that displays nothing, run directories recorded relative to the
 project's home."""
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import pytest
 import yaml
 from IPython.core.formatters import format_display_data
 
-from diffeqformer import figures, paths
+from diffeqformer import paths
+from diffeqformer.report import figures
 from diffeqformer.runs import run_path
 
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 from helpers import CAUSAL, VOCAB, assert_close, tiny
 
-from diffeqformer.inference import (
+from diffeqformer.analysis.inference import (
     ADAPTIVE_SOLVERS,
     COLUMNS,
     FIXED_SOLVERS,
@@ -195,7 +195,7 @@ def test_bad_tokens_are_rejected(model, ids):
 def test_validation_data_follows_the_run_config(tmp_path):
     """``validation_data`` reads a run's validation set as Levanter's evaluation does (smoke config)."""
     from diffeqformer import paths
-    from diffeqformer.inference import validation_data
+    from diffeqformer.analysis.inference import validation_data
     from diffeqformer.train import load_config
 
     source = paths.CONFIG / "smoke" / "diffeqformer.yaml"
@@ -209,7 +209,7 @@ def test_validation_data_follows_the_run_config(tmp_path):
 
 
 def test_headline_sentences():
-    from diffeqformer.inference import headline
+    from diffeqformer.analysis.inference import headline
 
     rows = [("euler", False, 6, float("nan"), 6.0, 100.0), ("euler", False, 12, float("nan"), 12.0, 90.0),
             ("heun", False, 6, float("nan"), 12.0, 95.0), ("tsit5", True, pd.NA, 1e-1, 30.0, 120.0),
@@ -228,7 +228,7 @@ def test_headline_sentences():
 
 
 def test_headline_finds_the_models_own_steps_in_the_step_frames():
-    from diffeqformer.inference import headline
+    from diffeqformer.analysis.inference import headline
 
     sweep = pd.DataFrame({"solver": ["euler"], "adaptive": [False], "steps": pd.array([2], dtype="Int64"),
                           "tolerance": [float("nan")], "nfe": [2.0], "perplexity": [50.0], "loss": [np.log(50.0)]})

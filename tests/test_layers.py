@@ -9,18 +9,25 @@ from diffeqformer.pipeline import sources
 
 LAYERS = [
     ["paths", "numerics", "_autodoc"],
-    ["time_embedding", "temporal"],
-    ["vector_field"],
-    ["model"],
-    ["baselines", "solve", "schematic"],
-    ["synthetic"],  # the synthetic language (its data): no analysis
-    ["data"],
+    # diffeqformer.model: the model core, bottom up
+    ["model.time_embedding", "model.temporal"],
+    ["model.vector_field"],
+    ["model.transformer"],
+    ["model.baselines", "model.solve", "model"],
+    # diffeqformer.data: the synthetic language (its data, no analysis), then the corpora, which serve it to Levanter
+    ["data", "data.synthetic"],
+    ["data.corpora"],
+    ["data.__main__"],
     ["train"],
     ["finetune", "population"],
     ["runs"],  # finds, checks and loads a finished run and its config
-    ["figures", "book", "seeds"],  # saving figures and tables, captions, glue; the verdict rule over seeds
-    ["spectra", "trajectories", "lyapunov", "inference", "perplexity", "ablations", "downstream"],
-    ["attribution"],  # F5's benchmark: lyapunov's scores on the synthetic language
+    # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
+    ["report", "report.figures", "report.book"],
+    # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
+    ["analysis", "analysis.seeds"],
+    ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
+     "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
+    ["analysis.attribution"],
     ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"], ["pipeline.notebooks"], ["pipeline.lanes"],
     ["pipeline.build"], ["pipeline", "pipeline.__main__"],
 ]
@@ -29,8 +36,9 @@ LAYERS = [
 WITHIN_LAYER: set[tuple[str, str]] = set()
 """Imports allowed between modules of one layer (importer, imported)."""
 
-PACKAGE_INIT = 3
-"""``diffeqformer/__init__.py`` re-exports the model's public names: it may import layers up to this one."""
+PACKAGE_INIT = 4
+"""``diffeqformer/__init__.py`` re-exports the model's public names (``diffeqformer.model``): it may import layers up
+to this one."""
 
 
 def _short(name: str) -> str:

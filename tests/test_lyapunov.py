@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from helpers import CAUSAL, VOCAB, random_ids, tiny
 
-from diffeqformer import lyapunov
-from diffeqformer.lyapunov import (
+from diffeqformer.analysis import lyapunov
+from diffeqformer.analysis.lyapunov import (
     METHOD_KEYS,
     METHODS,
     attention_rollout,
@@ -16,8 +16,8 @@ from diffeqformer.lyapunov import (
     compare_exponents,
     corpus_example,
     encode_text,
-    headline,
     gradient_x_input,
+    headline,
     kaplan_yorke_dimension,
     lyapunov_map,
     lyapunov_spectrum,
@@ -317,8 +317,8 @@ def test_encode_text_and_score_rendering(model_and_ids, tmp_path):
     import matplotlib
 
     matplotlib.use("Agg")
-    from diffeqformer.synthetic import prepare
-    from diffeqformer.data import load_tokenizer
+    from diffeqformer.data.corpora import load_tokenizer
+    from diffeqformer.data.synthetic import prepare
 
     tok = load_tokenizer(prepare(tmp_path, train_documents=2, validation_documents=1).tokenizer)
     ids, labels = encode_text(tok, "alice takes the\nbook .", max_tokens=4)
@@ -338,7 +338,7 @@ def test_encode_text_and_score_rendering(model_and_ids, tmp_path):
 def test_corpus_example_and_headline(model_and_ids, tmp_path):
     import json
 
-    from diffeqformer.data import CorpusLayout, train_tokenizer
+    from diffeqformer.data.corpora import CorpusLayout, train_tokenizer
 
     layout = CorpusLayout(tmp_path)
     texts = ["From fairest creatures we desire increase,\nThat thereby beauty's rose might never die",

@@ -229,7 +229,7 @@ def test_registered_with_levanter():
 
 
 def test_random_time_grid_keeps_steps_and_varies_the_offset(getkey):
-    from diffeqformer.model import random_time_grid, time_grid
+    from diffeqformer.model.transformer import random_time_grid, time_grid
 
     L = tiny().Layers
     firsts = []
@@ -290,9 +290,9 @@ def test_random_step_offset_trains_with_levanter(tmp_path):
     """Levanter's loss function sees a different grid for each key (its trainer passes one per step), and Levanter's
     trainer brings the loss down with random step placement."""
     from levanter.models.lm_model import LmExample
+    from test_training import _train
 
     from diffeqformer.train import next_token_loss
-    from test_training import _train
 
     config = tiny(random_step_offset=True)
     model = config.build(VOCAB, key=jax.random.PRNGKey(1))

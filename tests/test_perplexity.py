@@ -1,4 +1,4 @@
-"""diffeqformer.perplexity on hand-made runs (metrics.jsonl, complete.json): the numbers F6 shows and glues."""
+"""diffeqformer.analysis.perplexity on hand-made runs (metrics.jsonl, complete.json): the numbers F6 shows and glues."""
 
 import json
 import math
@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from diffeqformer import perplexity
+from diffeqformer.analysis import perplexity
 
 
 def _run(path, losses, name, steps=20):

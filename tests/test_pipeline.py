@@ -15,8 +15,9 @@ import nbformat
 import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
-from diffeqformer import book, paths, pipeline
+from diffeqformer import paths, pipeline
 from diffeqformer.pipeline import PipelineError, Run
+from diffeqformer.report import book
 
 # ----------------------------------------------------------------------------------------------- the registry
 
@@ -112,7 +113,7 @@ def _notebook(path, name):
     params = nbformat.v4.new_code_cell('preset: str = "x"\nx: int = 1  # must be positive')
     params.metadata["tags"] = ["parameters"]
     body = nbformat.v4.new_code_cell(
-        "import matplotlib.pyplot as plt\nfrom diffeqformer import figures\n"
+        "import matplotlib.pyplot as plt\nfrom diffeqformer.report import figures\n"
         f"figures.start({name!r}, dict(preset=preset, x=x))\n"
         "fig, ax = plt.subplots()\nax.plot([0, x])\n"
         f"figures.save_figure(fig, {name + '_fig'!r}, caption='A line.', show=False)\n"
@@ -183,7 +184,7 @@ def test_a_notebook_key_covers_the_modules_it_imports_and_not_the_pipeline(tmp_p
     before = keys()
     edit("pipeline/registry.py")
     assert keys() == before
-    edit("perplexity.py")  # imported by F6's notebook alone
+    edit("analysis/perplexity.py")  # imported by F6's notebook alone
     after = keys()
     assert [nb for nb in notebooks if after[nb] != before[nb]] == ["f6_perplexity"]
     edit("paths.py")  # imported by every notebook (through figures)
@@ -207,7 +208,7 @@ def test_a_figure_built_without_pyplot_is_an_image_in_the_executed_notebook(tiny
     run, home = tiny
     nb = nbformat.read(tmp_path / "notebooks" / "nb_a.ipynb", as_version=4)
     nb.cells[1].source = (
-        "from matplotlib.figure import Figure\nfrom diffeqformer import figures\n"
+        "from matplotlib.figure import Figure\nfrom diffeqformer.report import figures\n"
         "figures.start('nb_a', dict(preset=preset, x=x))\n"
         "fig = Figure()\nfig.add_subplot().plot([0, x])\n"
         "figures.save_figure(fig, 'nb_a_fig', caption='A line.')\n")
@@ -557,7 +558,7 @@ def test_the_prepare_step_leaves_finished_token_caches(tmp_path):
     import subprocess
     import sys
 
-    from diffeqformer import data
+    from diffeqformer.data import corpora as data
 
     raw = tmp_path / "data" / "raw"
     raw.mkdir(parents=True)

@@ -1,10 +1,11 @@
-"""diffeqformer.schematic (F1): the weight curves agree with model.weights_at at the Euler points."""
+"""diffeqformer.analysis.schematic (F1): the weight curves agree with model.weights_at at the Euler points."""
 
 import haliax as hax
 import numpy as np
 import pytest
 
-from diffeqformer import DiffEqFormerConfig, schematic
+from diffeqformer import DiffEqFormerConfig
+from diffeqformer.analysis import schematic
 
 
 def _model(getkey, **kw):

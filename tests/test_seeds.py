@@ -1,10 +1,10 @@
-"""diffeqformer.seeds: spreads over seeds and the rule that tells a result from noise."""
+"""diffeqformer.analysis.seeds: spreads over seeds and the rule that tells a result from noise."""
 
 import math
 
 import pytest
 
-from diffeqformer.seeds import NOISE, RESULT, UNTESTED, all_runs, as_list, compare, spread
+from diffeqformer.analysis.seeds import NOISE, RESULT, UNTESTED, all_runs, as_list, compare, spread
 
 
 def test_spread_is_mean_and_sample_deviation():

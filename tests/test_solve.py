@@ -7,9 +7,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from diffeqformer.model.solve import solve_hidden, solve_logits, solve_stats
 from helpers import CAUSAL, VOCAB, assert_close, random_ids, tiny
-
-from diffeqformer.solve import solve_hidden, solve_logits, solve_stats
 
 
 @pytest.mark.parametrize("variant", ["gpt", "llama"])

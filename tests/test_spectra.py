@@ -11,12 +11,12 @@ import matplotlib
 import numpy as np
 import pytest
 import xarray as xr
+from diffeqformer.model.baselines import baseline_config
 from helpers import VOCAB, tiny
 from matplotlib.figure import Figure
 from scipy.optimize import linear_sum_assignment
 
-from diffeqformer import spectra as S
-from diffeqformer.baselines import baseline_config
+from diffeqformer.analysis import spectra as S
 
 matplotlib.use("Agg")
 

@@ -2,7 +2,7 @@
 
 import random
 
-from diffeqformer.synthetic import FEMALE, MALE, VOCABULARY, document, encode, prepare, prompts
+from diffeqformer.data.synthetic import FEMALE, MALE, VOCABULARY, document, encode, prepare, prompts
 
 
 def test_ground_truth_of_prompts():
@@ -29,7 +29,7 @@ def test_documents_are_deterministic_and_in_vocabulary():
 
 
 def test_tokenizer_matches_encode(tmp_path):
-    from diffeqformer.data import load_tokenizer
+    from diffeqformer.data.corpora import load_tokenizer
 
     config = prepare(tmp_path, train_documents=5, validation_documents=2)
     tok = load_tokenizer(config.tokenizer)

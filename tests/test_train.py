@@ -10,7 +10,6 @@ import equinox as eqx
 import jax
 import numpy as np
 import pytest
-
 from interrupt import check_kills, kill_seed, run_with_kills
 
 from diffeqformer import paths
@@ -103,10 +102,10 @@ def _decayed_paths(optimizer_config, model):
 
 def test_paper_weight_decay_masks():
     """ODE model: decay on the embeddings only; baselines: attention/MLP weights and embeddings (not biases, norms)."""
+    from diffeqformer.model.baselines import baseline_config
     from helpers import VOCAB, tiny
     from levanter.optim.config import AdamConfig
 
-    from diffeqformer.baselines import baseline_config
     from diffeqformer.train import with_paper_weight_decay
 
     ode = tiny().build(VOCAB, key=jax.random.PRNGKey(0))

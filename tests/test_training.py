@@ -6,16 +6,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from diffeqformer.model.baselines import baseline_config
 from helpers import VOCAB, tiny
+from levanter.adaptor.lora import LoraConfig, lora_trainable_params_filter, loraize
 from levanter.checkpoint import CheckpointerConfig
 from levanter.data.dataset import ListAsyncDataset
-from levanter.adaptor.lora import LoraConfig, loraize, lora_trainable_params_filter
 from levanter.models.lm_model import LmExample
 from levanter.optim.config import AdamConfig
 from levanter.tracker import NoopConfig
 from levanter.trainer import Trainer, TrainerConfig
 
-from diffeqformer.baselines import baseline_config
 from diffeqformer.train import next_token_loss
 
 STEPS = 25

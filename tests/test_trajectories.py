@@ -1,5 +1,5 @@
-"""Attention-only particle dynamics (diffeqformer.trajectories): clustering, solver order, the sphere constraint,
-metrics on hand-made configurations, the model-driven field against Levanter's attention, figures."""
+"""Attention-only particle dynamics (diffeqformer.analysis.trajectories): clustering, solver order, the sphere
+constraint, metrics on hand-made configurations, the model-driven field against Levanter's attention, figures."""
 
 import math
 
@@ -13,8 +13,9 @@ import pytest
 import xarray as xr
 from helpers import TINY, VOCAB, tiny
 
-from diffeqformer import DiffEqFormerLMHeadModel, trajectories
-from diffeqformer.trajectories import (
+from diffeqformer import DiffEqFormerLMHeadModel
+from diffeqformer.analysis import trajectories
+from diffeqformer.analysis.trajectories import (
     ModelTrajectoryConfig,
     SolverConfig,
     TrajectoryConfig,

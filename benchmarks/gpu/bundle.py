@@ -40,8 +40,8 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
 PROBE = r"""
 import importlib, importlib.metadata as md, json, os, sys, tempfile
 from diffeqformer import train
-for module in ("diffeqformer.finetune", "diffeqformer.ablations", "diffeqformer.inference", "diffeqformer.spectra",
-               "diffeqformer.pipeline"):
+for module in ("diffeqformer.finetune", "diffeqformer.analysis.ablations", "diffeqformer.analysis.inference",
+               "diffeqformer.analysis.spectra", "diffeqformer.pipeline"):
     importlib.import_module(module)
 with tempfile.TemporaryDirectory() as tmp:
     train.use_compilation_cache(os.path.join(tmp, "jax-cache"))

@@ -10,13 +10,16 @@ from .model import (
     DiffEqFormerConfig,
     DiffEqFormerLMHeadModel,
     DiscreteDiffEqFormerLMHeadModel,
+    ParallelBlock,
+    SinusoidalTimeEmbedding,
+    TemporalBlock,
+    TemporalLinear,
+    TemporalNorm,
+    TimeMLP,
     count_params,
     count_params_formula,
     time_grid,
 )
-from .temporal import TemporalLinear, TemporalNorm, TimeMLP
-from .time_embedding import SinusoidalTimeEmbedding
-from .vector_field import ParallelBlock, TemporalBlock
 
 __all__ = [
     "DiffEqFormerConfig",

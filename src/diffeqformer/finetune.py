@@ -45,7 +45,7 @@ from levanter.tracker import NoopConfig
 from levanter.trainer import Trainer, TrainerConfig
 
 from . import paths, train
-from .model import DiffEqFormerConfig, count_params
+from .model.transformer import DiffEqFormerConfig, count_params
 from .train import (
     DECAY_BASELINE,
     MODEL_FILE,
@@ -296,7 +296,7 @@ def _initial_eval_loss(run_dir: Path) -> Optional[float]:
 
 def _tokenizer_of(data: DataConfig) -> str:
     """Which tokenizer ``data.lm_dataset_config`` uses for a corpus."""
-    from .data import ONLINE_TOKENIZER
+    from .data.corpora import ONLINE_TOKENIZER
 
     if data.dataset in ("wikitext103", "openwebtext"):
         return ONLINE_TOKENIZER

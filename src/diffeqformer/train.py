@@ -37,7 +37,7 @@ from levanter.tracker import NoopConfig, Tracker, TrackerConfig
 from levanter.trainer import Trainer, TrainerConfig
 
 from . import paths
-from .model import DiffEqFormerConfig
+from .model.transformer import DiffEqFormerConfig
 from .numerics import check_positive_int
 
 logger = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ class DataConfig:
     def levanter_config(self):
         import dataclasses
 
-        from .data import lm_dataset_config
+        from .data.corpora import lm_dataset_config
 
         config = lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size)
         return dataclasses.replace(config, shuffle=self.shuffle, permutation_type="feistel")
@@ -123,7 +123,7 @@ def validate_trainer(t: TrainerConfig) -> None:
 
 def validate_data(data: DataConfig) -> None:
     """Reject an unknown corpus or domain, or a vocabulary size the tokenizer cannot have."""
-    from .data import DATASETS, DOMAINS, check_vocab_size
+    from .data.corpora import DATASETS, DOMAINS, check_vocab_size
 
     if data.dataset not in DATASETS:
         raise ValueError(f"data.dataset must be one of {DATASETS}, got {data.dataset!r}")

@@ -23,7 +23,7 @@ runs train and no lane idles at the end; a notebook that measures the machine (`
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
 or is not in ``_toc.yml`` (or the reverse), a Colab cell that clones another repository than ``_config.yml``'s
-or is not tagged ``remove-cell`` (``diffeqformer.book``), a parameter the notebook does not declare (Papermill's
+or is not tagged ``remove-cell`` (``diffeqformer.report.book``), a parameter the notebook does not declare (Papermill's
 ``inspect_notebook``), a value of the wrong type (against the parameter's annotation, ``name: int = 3``, else the
 type of its default) and a training config that does not parse are all rejected with the offending name.
 
@@ -49,8 +49,20 @@ build have succeeded. All of these live below ``DIFFEQFORMER_HOME`` (default: th
 from .build import build_book, main, run
 from .lanes import RUNS_ALONE, RUNS_PER_WORKER, TRAIN_LANES, Progress, train_runs
 from .notebooks import check_figures, check_outputs, execute_notebook
-from .planning import (NotebookJob, PipelineError, Plan, Training, cache_dir, check_parameters, html_dir,
-                   parse_overrides, plan, toc_notebooks, type_matches, work_dir)
+from .planning import (
+                   NotebookJob,
+                   PipelineError,
+                   Plan,
+                   Training,
+                   cache_dir,
+                   check_parameters,
+                   html_dir,
+                   parse_overrides,
+                   plan,
+                   toc_notebooks,
+                   type_matches,
+                   work_dir,
+)
 from .registry import CPU_SEEDS, INFERENCE_SWEEP, PRESETS, Run, finetune_runs, seeded, variant
 
 __all__ = [

@@ -14,13 +14,13 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import book, paths
+from .. import paths
 from ..finetune import FinetuneConfig
+from ..report import book
 from ..runs import is_complete, summary
-from .lanes import (DEFAULT_SECONDS, RUNS_ALONE, TRAIN_LANES, Progress, load_state, save_state, train_runs,
-                    train_worker)
+from .lanes import DEFAULT_SECONDS, RUNS_ALONE, TRAIN_LANES, Progress, load_state, save_state, train_runs, train_worker
 from .notebooks import check_figures, execute_notebook, execute_notebook_child
-from .planning import Plan, PipelineError, cache_dir, collect_runs, html_dir, parse_overrides, plan, work_dir
+from .planning import PipelineError, Plan, cache_dir, collect_runs, html_dir, parse_overrides, plan, work_dir
 from .registry import PRESETS, Run
 from .sources import module_files, package_hash, sha
 

@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from .. import paths
 from .planning import NotebookJob, PipelineError, cache_dir, work_dir
 
+
 def exit_with_parent(poll_s: float = 0.2) -> None:
     """End this worker as soon as the pipeline that started it is gone. A killed pipeline closes the worker's
     standard input, but the worker reads it only between runs: without this it would go on training its run while the
@@ -126,7 +127,7 @@ def check_outputs(path: Path, notebook: str) -> None:
             plain = "".join(plain) if isinstance(plain, list) else plain
             if plain.startswith("<Figure size") and not any(k.startswith("image/") for k in data):
                 raise PipelineError(f"notebook {notebook}: cell {i} shows a figure as text, {plain.strip()!r}, not "
-                                    f"as an image: show figures with diffeqformer.figures.save_figure (which "
+                                    f"as an image: show figures with diffeqformer.report.figures.save_figure (which "
                                     f"displays the PNG it saved)")
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import book, paths
+from .. import paths
+from ..report import book
 from ..runs import is_complete, saved_hash
 from .registry import PRESETS, Run
 from .sources import notebook_key, notebook_sources_hash

@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paths
-from .runs import config as run_config
-from .runs import model_config, model_type, run_path
-from .runs import summary as finished_summary
+from .. import paths
+from ..runs import config as run_config
+from ..runs import model_config, model_type, run_path
+from ..runs import summary as finished_summary
 
 FORMATS = ("png", "svg")
 PNG_DPI = 150
@@ -149,7 +149,7 @@ def start(notebook: str, parameters: dict, *, runs=(), scale: str | None = None)
 
 def current() -> Provenance:
     if _current is None:
-        raise RuntimeError("call diffeqformer.figures.start(notebook, parameters, ...) before saving figures")
+        raise RuntimeError("call diffeqformer.report.figures.start(notebook, parameters, ...) before saving figures")
     return _current
 
 
@@ -239,9 +239,8 @@ def save_table(frame, name: str, *, caption: str, paper: str | None = None, show
     frame.to_csv(out / f"{name}.csv")
     record = _record(name, [f"{name}.csv"], caption, paper)
     if show:
-        from IPython.display import HTML, Markdown, display
-
         import pandas as pd
+        from IPython.display import HTML, Markdown, display
 
         def fmt(x, spec):
             if x is None or x is pd.NA or (isinstance(x, float) and x != x):  # X1's tsit5 row had steps <NA>

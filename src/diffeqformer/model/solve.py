@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 from haliax import NamedArray
 
-from .model import DiffEqFormerLMHeadModel
+from .transformer import DiffEqFormerLMHeadModel
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,8 @@ def solve_hidden(
     checkpointing, as the paper trains). Returns x(t1) (without the final norm) and the Diffrax solution.
 
     ``time_map``: the field is evaluated at the weights' time ``time_map(t)`` for the solver's time t, in place of
-    t + time_offset (e.g. ``diffeqformer.inference`` snaps t to the training grid). ``supply_first_stage`` (FSAL
-    solvers such as Tsit5): evaluate f(t0, x0) here, once, and hand it to Diffrax as the solver's state, so that
+    t + time_offset (e.g. ``diffeqformer.analysis.inference`` snaps t to the training grid).
+    ``supply_first_stage`` (FSAL solvers such as Tsit5): evaluate f(t0, x0) here, once, and hand it to Diffrax as the solver's state, so that
     Diffrax does not evaluate it again on retries of a rejected first step (``inference`` counts evaluations by
     this). ``throw``: Diffrax's; with False a solve that hits ``max_steps`` returns, and ``sol.result`` says so.
     """

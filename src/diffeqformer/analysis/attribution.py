@@ -22,10 +22,10 @@ from levanter.layers.attention import AttentionMask
 from levanter.utils.tree_utils import inference_mode
 from tqdm.auto import tqdm
 
+from ..data.synthetic import VOCABULARY, Prompt, encode
+from ..numerics import cached, digest, fingerprint
 from .lyapunov import METHOD_KEYS, attribution_scores
-from .numerics import cached, digest, fingerprint
 from .seeds import compare
-from .synthetic import VOCABULARY, Prompt, encode
 
 
 def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir: str | Path | None = None,

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from . import paths
+from .. import paths
 
 MALE = ("arthur", "bernard", "cedric", "duncan", "edmund", "felix", "gregory", "harold", "ivan", "julian")
 FEMALE = ("alice", "beatrice", "celia", "diana", "emma", "flora", "grace", "helena", "iris", "juliet")

@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .figures import log_perplexity_axis
-from .runs import require_complete, summary
-from .seeds import NOISE, RESULT, UNTESTED, RULE, Comparison, as_list, compare, spread
+from ..report.figures import log_perplexity_axis
+from ..runs import require_complete, summary
+from .seeds import NOISE, RESULT, RULE, UNTESTED, Comparison, as_list, compare, spread
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def curves(runs: Mapping[str, str | Sequence[str]]):
     ``train_perplexity`` (of the training loss logged at the same step)."""
     import pandas as pd
 
-    from .train import read_metrics
+    from ..train import read_metrics
 
     frames = []
     for key, seed_runs in check_runs(runs).items():

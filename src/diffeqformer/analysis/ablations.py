@@ -7,7 +7,7 @@ measurement made here is the time and peak memory of a training step (``measure_
 process per run,
 because a process's high-water mark cannot be reset.
 
-    python -m diffeqformer.ablations --measure runs/cpu-diffeqformer --batch 16 --steps 10
+    python -m diffeqformer.analysis.ablations --measure runs/cpu-diffeqformer --batch 16 --steps 10
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import sys
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .figures import log_perplexity_axis
-from .runs import config as run_config
-from .runs import config_field, is_finetuning, model_type, pretrain_config, require_complete, run_path, summary
+from ..report.figures import log_perplexity_axis
+from ..runs import config as run_config
+from ..runs import config_field, is_finetuning, model_type, pretrain_config, require_complete, run_path, summary
+from ..train import median_throughput, next_token_loss, read_metrics
 from .seeds import NOISE, RESULT, UNTESTED, Comparison, as_list, compare, sign_word, spread
-from .train import median_throughput, next_token_loss, read_metrics
 
 # --------------------------------------------------------------------------------------------------- one run
 
@@ -86,7 +86,7 @@ def parameter_count(run) -> int:
     import jax
     from haliax import Axis
 
-    from .model import count_params
+    from ..model.transformer import count_params
 
     config = run_config(run)
     vocab = summary(run)["vocab_size"]
@@ -521,7 +521,7 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
     require_complete(run)
 
     def measure(n: int, cache: str) -> dict:
-        cmd = [sys.executable, "-m", "diffeqformer.ablations", "--measure", str(run_path(run)),
+        cmd = [sys.executable, "-m", "diffeqformer.analysis.ablations", "--measure", str(run_path(run)),
                "--batch", str(batch), "--steps", str(n)]
         env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
@@ -580,7 +580,7 @@ def plot_time_embedding(table):
 
 
 def _main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m diffeqformer.ablations")
+    parser = argparse.ArgumentParser(prog="python -m diffeqformer.analysis.ablations")
     parser.add_argument("--measure", metavar="RUN_DIR", required=True,
                         help="measure time and peak memory of training steps of this run's model (one JSON line)")
     parser.add_argument("--batch", type=int, default=16)

@@ -49,7 +49,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
-from . import paths
+from .. import paths
 
 logger = logging.getLogger(__name__)
 
@@ -616,7 +616,7 @@ def lm_dataset_config(
     ``cache_dir`` is where Levanter writes its token caches (a folder per split); by default it is below ``root``.
     """
     _check_choice("dataset", dataset, DATASETS)
-    if dataset == "synthetic":  # the attribution benchmark's language (diffeqformer.synthetic), word-level tokens
+    if dataset == "synthetic":  # the attribution benchmark's language (diffeqformer.data.synthetic), word-level tokens
         from . import synthetic
 
         return synthetic.prepare(root)

@@ -63,10 +63,10 @@ from haliax import Axis
 from levanter.layers.attention import AttentionMask
 from levanter.utils.tree_utils import inference_mode
 
-from .figures import log_perplexity_axis
-from .model import DiffEqFormerLMHeadModel
-from .numerics import cached, check_positive_int, digest, fingerprint
-from .solve import solve_hidden
+from ..model.solve import solve_hidden
+from ..model.transformer import DiffEqFormerLMHeadModel
+from ..numerics import cached, check_positive_int, digest, fingerprint
+from ..report.figures import log_perplexity_axis
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -176,7 +176,7 @@ def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
 
     The run's ``config.yaml`` gives the corpus and tokenizer; the sequences come from the Levanter validation cache
     that ``diffeqformer.train`` builds (``tagged_eval_sets``), in order, with their document ids and loss masks."""
-    from .runs import config as run_config
+    from ..runs import config as run_config
 
     check_positive_int(num_sequences, "num_sequences")
     run_dir = Path(run_dir)

@@ -34,8 +34,8 @@ from haliax import NamedArray
 from levanter.layers.attention import AttentionMask, dot_product_attention
 from levanter.utils.tree_utils import inference_mode
 
-from .model import DiffEqFormerLMHeadModel, time_grid
-from .numerics import one_blas_thread
+from ..model.transformer import DiffEqFormerLMHeadModel, time_grid
+from ..numerics import one_blas_thread
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -588,7 +588,7 @@ def corpus_example(text: str, *, vocab_size: int = 4096, domain: str = "all", sp
 
     Needs the prepared corpus (``python -m diffeqformer.data prepare``, or any training run on it) below ``root``
     (default ``paths.DATA``)."""
-    from .data import CorpusLayout, load_tokenizer
+    from ..data.corpora import CorpusLayout, load_tokenizer
 
     layout = CorpusLayout() if root is None else CorpusLayout(Path(root))
     path = layout.jsonl(domain, split)

@@ -28,7 +28,7 @@ from levanter.models.llama import LlamaMlp
 from .temporal import TemporalLinear, TemporalNorm, TimeMLP
 
 if TYPE_CHECKING:
-    from .model import DiffEqFormerConfig
+    from .transformer import DiffEqFormerConfig
 
 
 def make_norm(config: "DiffEqFormerConfig") -> hnn.LayerNorm | hnn.RmsNorm:

@@ -12,7 +12,7 @@ one u ~ U(0, 1] per call, so that the weights are trained at every t rather than
 
 Weights for all L steps are materialised once per forward pass (one batched hypernetwork call) and the steps run as
 a Haliax scan with gradient checkpointing, so the cost is that of an L-layer GPT. ``discretize(N)`` turns the model
-into an ordinary N-layer Levanter transformer; ``diffeqformer.solve`` solves the same ODE with any Diffrax solver.
+into an ordinary N-layer Levanter transformer; ``diffeqformer.model.solve`` solves the same ODE with any Diffrax solver.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ from levanter.models.lm_model import LmConfig, LmHeadModel
 from levanter.utils.activation import ActivationFunctionEnum
 from levanter.utils.flop_utils import lm_flops_per_token
 
-from .numerics import check_positive_int
+from ..numerics import check_positive_int
 from .time_embedding import SinusoidalTimeEmbedding
 from .vector_field import ParallelBlock, TemporalBlock, make_norm, stack_blocks
 

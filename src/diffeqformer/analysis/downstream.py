@@ -28,7 +28,7 @@ class Availability:
 def availability(require_gpu: bool = True) -> Availability:
     """Check, in this order and cheaply, what the evaluation needs: the ``lm_eval`` package, the Hugging Face hub
     (the tasks' data), and a GPU (CPU evaluation of the paper's tasks takes days)."""
-    from .data import hub_reachable
+    from ..data.corpora import hub_reachable
 
     missing = []
     if importlib.util.find_spec("lm_eval") is None:
@@ -58,9 +58,9 @@ def evaluate(run_dir: str | Path, tasks=PAPER_TASKS, *, num_fewshot: int = 0, ma
     import pandas as pd
     from levanter.eval_harness import LmEvalHarnessConfig, TaskConfig, run_lm_eval_harness
 
-    from .runs import config as run_config
-    from .runs import require_complete
-    from .train import load_model
+    from ..runs import config as run_config
+    from ..runs import require_complete
+    from ..train import load_model
 
     status = availability()
     if not status.ok:

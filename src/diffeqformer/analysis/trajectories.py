@@ -57,12 +57,12 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
+from ..numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from .model import DiffEqFormerLMHeadModel
+    from ..model.transformer import DiffEqFormerLMHeadModel
 
 GEOMETRIES = ("sphere", "free")
 WEIGHTS = ("gaussian", "identity", "gaussian_qk")

@@ -50,9 +50,9 @@ import pandas as pd
 import xarray as xr
 from haliax import NamedArray
 
-from .model import DiffEqFormerLMHeadModel, DiscreteDiffEqFormerLMHeadModel
-from .numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
-from .vector_field import ParallelBlock
+from ..model.transformer import DiffEqFormerLMHeadModel, DiscreteDiffEqFormerLMHeadModel
+from ..model.vector_field import ParallelBlock
+from ..numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -241,7 +241,7 @@ def spectra(model, times=None, *, method: str = "fast", fold_norm: bool = False,
     r"""Complex eigenvalues of every head's QK and OV matrices and of the feed-forward product, along depth.
 
     ``model`` is a ``DiffEqFormerLMHeadModel`` (time-dependent or weight-shared), a ``DiscreteDiffEqFormerLMHeadModel``,
-    or Levanter's ``Gpt2LMHeadModel`` / ``LlamaLMHeadModel`` (the baselines of ``diffeqformer.baselines``).
+    or Levanter's ``Gpt2LMHeadModel`` / ``LlamaLMHeadModel`` (the baselines of ``diffeqformer.model.baselines``).
 
     - ``times=None``: one entry per layer, dimension ``layer`` (k = 0..L-1). For the ODE model layer k is W(t_k) with
       t_k = (k+1)/L, the weights of Euler step k; every dataset carries that depth fraction as the coordinate ``time``
@@ -447,8 +447,8 @@ def runs_spectra(runs: Mapping[str, str | Path], times=None, *, cache_dir: str |
     when None); discretised models and the GPT-2 / Llama baselines per layer. With ``cache_dir`` every dataset goes
     through ``cached_spectra``. Keyword arguments go to ``spectra``.
     """
-    from .runs import run_path
-    from .train import load_model
+    from ..runs import run_path
+    from ..train import load_model
 
     out = {}
     for label, run in runs.items():

@@ -128,8 +128,8 @@ def weight_curves(model, unit: str = "q_proj", *, num_entries: int = 4, num_time
     import haliax as hax
     import jax.numpy as jnp
 
-    from .model import time_grid
-    from .temporal import TemporalLinear
+    from ..model.temporal import TemporalLinear
+    from ..model.transformer import time_grid
 
     if unit not in UNITS:
         raise ValueError(f"unit must be one of {UNITS}, got {unit!r}")

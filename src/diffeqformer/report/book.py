@@ -9,8 +9,8 @@ and its verdict ("What it shows"). Only the copy the book is built from changes:
 **The Colab cell.** Every notebook's first code cell, on Colab only, clones the repository and installs it. Colab
 opens the notebook file alone, so the clone URL is written in the cell; it must be ``_config.yml``'s
 ``repository.url`` (which also makes the book's Colab buttons): ``check_colab_cell`` holds every notebook to it (the
-pipeline calls it before it runs anything) and ``python -m diffeqformer.book`` writes it into every notebook after
-a change of that URL. The cell is tagged ``remove-cell``: it stays in the notebook, where Colab needs it, and is
+pipeline calls it before it runs anything) and ``python -m diffeqformer.report.book`` writes it into every notebook
+after a change of that URL. The cell is tagged ``remove-cell``: it stays in the notebook, where Colab needs it, and is
 not on the page.
 
 **Offline formulas.** As a Sphinx extension (``_config.yml`` lists it) this module points Sphinx's MathJax at a copy
@@ -26,7 +26,7 @@ import re
 import shutil
 from pathlib import Path
 
-from . import paths
+from .. import paths
 
 CONFIG = paths.REPO / "_config.yml"
 COLAB_MARKER = "google.colab"
@@ -75,11 +75,12 @@ def check_colab_cell(notebook: Path, config: Path = CONFIG) -> None:
         found = sorted(set(_GITHUB_URL.findall(_source(cell))))
         if found != [url]:
             raise ValueError(f"{Path(notebook).name}: its Colab cell clones {', '.join(found) or 'no GitHub URL'}, "
-                             f"but _config.yml's repository.url is {url}: `python -m diffeqformer.book` writes it "
-                             f"into every notebook")
+                             f"but _config.yml's repository.url is {url}: "
+                             f"`python -m diffeqformer.report.book` writes it into every notebook")
         if "remove-cell" not in cell.get("metadata", {}).get("tags", []):
             raise ValueError(f"{Path(notebook).name}: its Colab cell must be tagged 'remove-cell' (it sets up "
-                             f"Colab; a reader of the book does not need it): `python -m diffeqformer.book` tags it")
+                             f"Colab; a reader of the book does not need it): "
+                             f"`python -m diffeqformer.report.book` tags it")
 
 
 def sync_colab_cells(notebooks: list[Path] | None = None, config: Path = CONFIG) -> list[Path]:
@@ -183,7 +184,7 @@ def setup(app):
 
 
 def main(argv: list[str] | None = None) -> None:
-    argparse.ArgumentParser(prog="python -m diffeqformer.book",
+    argparse.ArgumentParser(prog="python -m diffeqformer.report.book",
                             description="Write _config.yml's repository.url into the Colab cell of every notebook in "
                                         "notebooks/ and tag that cell remove-cell.").parse_args(argv)
     changed = sync_colab_cells()

@@ -1,0 +1,15 @@
+"""The analyses of trained runs, one module per question of the paper, each importing only the layers below it
+(model, data, train, runs, report) and ``seeds``:
+
+- ``seeds``: the verdict rule over seeds (a difference is a result only beyond the seeds' spread);
+- ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents
+  and the attribution methods they are compared with), ``inference`` (ODE solvers at inference, x1),
+  ``perplexity`` (F6), ``ablations`` (F7-F10 tables, measured step time and peak memory; ``python -m
+  diffeqformer.analysis.ablations --measure``), ``downstream`` (F11);
+- ``attribution``: F5's benchmark, ``lyapunov``'s scores against the synthetic language's ground truth.
+
+Each module is imported on its own (``from diffeqformer.analysis import spectra``): this package imports none.
+"""
+
+__all__ = ["ablations", "attribution", "downstream", "inference", "lyapunov", "perplexity", "schematic", "seeds",
+           "spectra", "trajectories"]

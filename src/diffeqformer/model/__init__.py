@@ -1,0 +1,36 @@
+"""The model: DiffEqFormer's time-dependent weights and vector field, and the baselines it is compared with.
+
+Bottom up: ``time_embedding`` (sinusoidal embedding of t) -> ``temporal`` (time-dependent weight units W(t)) ->
+``vector_field`` (attention and feed-forward in parallel, with weights W(t)) -> ``transformer`` (the Levanter
+``LmHeadModel``, its config registered as ``type: diffeqformer``, its discretisation into N layers) -> ``solve``
+(the same ODE with any Diffrax solver) and ``baselines`` (GPT-2, Llama and the weight-shared model as configs).
+"""
+
+from .temporal import TemporalLinear, TemporalNorm, TimeMLP
+from .time_embedding import SinusoidalTimeEmbedding
+from .transformer import (
+    DiffEqFormerConfig,
+    DiffEqFormerLMHeadModel,
+    DiscreteDiffEqFormerLMHeadModel,
+    count_params,
+    count_params_formula,
+    random_time_grid,
+    time_grid,
+)
+from .vector_field import ParallelBlock, TemporalBlock
+
+__all__ = [
+    "DiffEqFormerConfig",
+    "DiffEqFormerLMHeadModel",
+    "DiscreteDiffEqFormerLMHeadModel",
+    "ParallelBlock",
+    "SinusoidalTimeEmbedding",
+    "TemporalBlock",
+    "TemporalLinear",
+    "TemporalNorm",
+    "TimeMLP",
+    "count_params",
+    "count_params_formula",
+    "random_time_grid",
+    "time_grid",
+]
