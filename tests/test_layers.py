@@ -28,7 +28,8 @@ LAYERS = [
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution"],
-    ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"], ["pipeline.notebooks"], ["pipeline.lanes"],
+    ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
+    ["pipeline.notebooks"], ["pipeline.lanes"],
     ["pipeline.build"], ["pipeline", "pipeline.__main__"],
 ]
 """Modules (below ``diffeqformer.``) from the bottom up; a module imports only modules of lower layers."""

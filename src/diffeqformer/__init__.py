@@ -6,21 +6,6 @@ import os as _os
 # process; Levanter silences it the same way, but only once its GPT-2 module is imported, which is too late.
 _os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
-from .model import (
-    DiffEqFormerConfig,
-    DiffEqFormerLMHeadModel,
-    DiscreteDiffEqFormerLMHeadModel,
-    ParallelBlock,
-    SinusoidalTimeEmbedding,
-    TemporalBlock,
-    TemporalLinear,
-    TemporalNorm,
-    TimeMLP,
-    count_params,
-    count_params_formula,
-    time_grid,
-)
-
 __all__ = [
     "DiffEqFormerConfig",
     "DiffEqFormerLMHeadModel",
@@ -35,3 +20,14 @@ __all__ = [
     "count_params_formula",
     "time_grid",
 ]
+
+
+def __getattr__(name: str):
+    """The model's public names, imported on first use (PEP 562): importing ``diffeqformer.paths`` or the pipeline's
+    Papermill child does not load JAX, Levanter and the model (7 s here)."""
+    if name in __all__:
+        from . import model
+
+        return getattr(model, name)
+    raise AttributeError(f"module 'diffeqformer' has no attribute {name!r}")
+

@@ -19,7 +19,7 @@ from ..finetune import FinetuneConfig
 from ..report import book
 from ..runs import is_complete, summary
 from .lanes import DEFAULT_SECONDS, RUNS_ALONE, TRAIN_LANES, Progress, load_state, save_state, train_runs, train_worker
-from .notebooks import check_figures, execute_notebook, execute_notebook_child
+from .notebooks import check_figures, execute_notebook
 from .planning import PipelineError, Plan, cache_dir, collect_runs, html_dir, parse_overrides, plan, work_dir
 from .registry import PRESETS, Run
 from .sources import module_files, package_hash, sha
@@ -293,9 +293,6 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--train-worker"]:
         train_worker()
-        return
-    if argv[:1] == ["--execute-notebook"]:
-        execute_notebook_child(json.loads(argv[1]))
         return
     description = sys.modules[__package__].__doc__.split("\n\n")[1]
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline", description=description,

@@ -13,8 +13,9 @@ from typing import Any, Mapping
 
 from .. import finetune, paths, population, train
 from ..runs import is_complete
-from .notebooks import exit_with_parent, stop_notebooks
+from .notebooks import stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
+from .processes import exit_with_parent
 
 DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
                    "cpu": {"train": 90, "notebook": 60, "book": 90},

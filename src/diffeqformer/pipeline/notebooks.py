@@ -8,27 +8,11 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
 
 from .. import paths
 from .planning import NotebookJob, PipelineError, cache_dir, work_dir
-
-
-def exit_with_parent(poll_s: float = 0.2) -> None:
-    """End this worker as soon as the pipeline that started it is gone. A killed pipeline closes the worker's
-    standard input, but the worker reads it only between runs: without this it would go on training its run while the
-    rerun pipeline's worker trains the same run (``train.run_lock`` makes the second wait for the first)."""
-    parent = os.getppid()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
 def _strip_ansi(text: str) -> str:
@@ -48,8 +32,8 @@ def stop_notebooks() -> None:
 
 def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
     """Run one notebook with Papermill into ``staging``, then move the result into its cache entry. Returns the
-    seconds it took. Papermill runs in a child process (``--execute-notebook``) with the notebook's own environment
-    (its figures folder), so that two lanes can execute notebooks at once; its standard error, and the kernel's,
+    seconds it took. Papermill runs in a child process (``processes.execute_notebook_child``) with the notebook's own
+    environment (its figures folder), so that two lanes can execute notebooks at once; its standard error, and the kernel's,
     goes to ``log``. On error, keeps the executed copy in ``_build/pipeline/failed/`` and raises ``PipelineError``
     with the notebook's own exception and the end of its traceback."""
     work = staging / "execute" / job.name
@@ -63,7 +47,7 @@ def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
     with log.open("a") as err_log:
-        proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--execute-notebook", json.dumps(spec)],
+        proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline.processes", json.dumps(spec)],
                                 stdin=subprocess.DEVNULL, stdout=err_log, stderr=err_log, env=env, cwd=paths.REPO)
         _CHILDREN.add(proc)
         try:
@@ -92,23 +76,6 @@ def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
     shutil.rmtree(job.cache_dir, ignore_errors=True)
     os.replace(work, job.cache_dir)
     return seconds
-
-
-def execute_notebook_child(spec: Mapping[str, Any]) -> None:
-    """The ``--execute-notebook`` child of ``execute_notebook``: Papermill on ``spec['input']`` with its
-    ``parameters`` into ``spec['output']``; a failing cell's exception is written to ``spec['error']`` (JSON) and
-    the process exits with 3."""
-    import papermill
-    from papermill.exceptions import PapermillExecutionError
-
-    exit_with_parent()
-    try:
-        papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
-                                   kernel_name="python3", progress_bar=False, log_output=False, cwd=str(paths.HOME))
-    except PapermillExecutionError as err:
-        Path(spec["error"]).write_text(json.dumps({"exec_count": err.exec_count, "ename": err.ename,
-                                                   "evalue": err.evalue, "traceback": list(err.traceback)}))
-        sys.exit(3)
 
 
 def check_outputs(path: Path, notebook: str) -> None:

@@ -1,0 +1,53 @@
+"""What the pipeline's child processes share: ``exit_with_parent`` (training workers and Papermill children end with
+the pipeline that started them), and the Papermill child itself.
+
+Imports nothing of the package but ``paths``, and the package ``__init__`` files import nothing eagerly, so a
+Papermill child starts in about a second instead of the 12 s that the registry (Levanter, JAX, the model) takes to
+import; the notebook's kernel imports what the notebook needs."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import paths
+
+
+def exit_with_parent(poll_s: float = 0.2) -> None:
+    """End this worker as soon as the pipeline that started it is gone. A killed pipeline closes the worker's
+    standard input, but the worker reads it only between runs: without this it would go on training its run while the
+    rerun pipeline's worker trains the same run (``train.run_lock`` makes the second wait for the first)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
+
+
+def execute_notebook_child(spec: Mapping[str, Any]) -> None:
+    """The child process of ``notebooks.execute_notebook`` (``python -m diffeqformer.pipeline.processes SPEC``):
+    Papermill on ``spec['input']`` with its ``parameters`` into ``spec['output']``; a failing cell's exception is written to ``spec['error']`` (JSON) and
+    the process exits with 3."""
+    import papermill
+    from papermill.exceptions import PapermillExecutionError
+
+    exit_with_parent()
+    try:
+        papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
+                                   kernel_name="python3", progress_bar=False, log_output=False, cwd=str(paths.HOME))
+    except PapermillExecutionError as err:
+        Path(spec["error"]).write_text(json.dumps({"exec_count": err.exec_count, "ename": err.ename,
+                                                   "evalue": err.evalue, "traceback": list(err.traceback)}))
+        sys.exit(3)
+
+
+if __name__ == "__main__":
+    execute_notebook_child(json.loads(sys.argv[1]))
