@@ -6,6 +6,7 @@ Bottom up: ``time_embedding`` (sinusoidal embedding of t) -> ``temporal`` (time-
 (the same ODE with any Diffrax solver) and ``baselines`` (GPT-2, Llama and the weight-shared model as configs).
 """
 
+from .. import __all__ as _PACKAGE_API
 from .temporal import TemporalLinear, TemporalNorm, TimeMLP
 from .time_embedding import SinusoidalTimeEmbedding
 from .transformer import (
@@ -19,18 +20,5 @@ from .transformer import (
 )
 from .vector_field import ParallelBlock, TemporalBlock
 
-__all__ = [
-    "DiffEqFormerConfig",
-    "DiffEqFormerLMHeadModel",
-    "DiscreteDiffEqFormerLMHeadModel",
-    "ParallelBlock",
-    "SinusoidalTimeEmbedding",
-    "TemporalBlock",
-    "TemporalLinear",
-    "TemporalNorm",
-    "TimeMLP",
-    "count_params",
-    "count_params_formula",
-    "random_time_grid",
-    "time_grid",
-]
+__all__ = sorted([*_PACKAGE_API, "random_time_grid"])
+"""What ``diffeqformer`` itself re-exports (its ``__all__``), and ``random_time_grid``."""

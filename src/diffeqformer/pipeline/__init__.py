@@ -41,9 +41,10 @@ the pipeline with the notebook's own error (its executed copy, with the error, i
 ``_build/pipeline/failed/``); ``figures/`` and ``_build/html/`` are replaced only when every notebook and the book
 build have succeeded. All of these live below ``DIFFEQFORMER_HOME`` (default: the repository).
 
-**Modules**, each using only those before it: ``registry`` (the presets), ``sources`` (cache keys), ``planning``
-(checks and the plan), ``notebooks`` (executing one notebook), ``lanes`` (the training processes, progress),
-``build`` (``run``, the book, the command line).
+**Modules**, each using only those before it: ``processes`` (what the child processes share; the Papermill child),
+``registry`` (the presets), ``sources`` (cache keys), ``planning`` (checks and the plan), ``notebooks`` (executing one
+notebook), ``lanes`` (the training processes, progress), ``build`` (``run``, the book, the command line). This
+``__init__`` imports none of them until one of its names is used.
 """
 
 _NAMES = {
