@@ -7,32 +7,7 @@ import ast
 
 from diffeqformer.pipeline import sources
 
-LAYERS = [
-    ["paths", "numerics", "_autodoc"],
-    # diffeqformer.model: the model core, bottom up
-    ["model.time_embedding", "model.temporal"],
-    ["model.vector_field"],
-    ["model.transformer"],
-    ["model.baselines", "model.solve", "model"],
-    # diffeqformer.data: the synthetic language (its data, no analysis), then the corpora, which serve it to Levanter
-    ["data", "data.synthetic"],
-    ["data.corpora"],
-    ["data.__main__"],
-    ["train"],
-    ["finetune", "population"],
-    ["runs"],  # finds, checks and loads a finished run and its config
-    # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
-    ["report", "report.figures", "report.book"],
-    # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
-    ["analysis", "analysis.seeds"],
-    ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
-     "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
-    ["analysis.attribution"],
-    ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
-    ["pipeline.notebooks"], ["pipeline.lanes"],
-    ["pipeline.build"], ["pipeline", "pipeline.__main__"],
-]
-"""Modules (below ``diffeqformer.``) from the bottom up; a module imports only modules of lower layers."""
+LAYERS = sources.LAYERS
 
 WITHIN_LAYER: set[tuple[str, str]] = set()
 """Imports allowed between modules of one layer (importer, imported)."""
@@ -136,3 +111,16 @@ def test_no_private_name_of_another_module():
                     and node.attr.startswith("_") and not node.attr.startswith("__")):
                 used.append(f"{_short(name)}: {node.value.id}.{node.attr}")
     assert sorted(set(used)) == []
+
+
+def test_the_api_page_follows_the_data_path():
+    from diffeqformer.pipeline.build import api_markdown
+
+    sections = [line.removeprefix("## `diffeqformer.").removesuffix("`") for line in api_markdown().splitlines()
+                if line.startswith("## ")]
+    packages = {_short(name) for name, f in sources.module_files().items() if f.name == "__init__.py"}
+    layer = {m: i for i, names in enumerate(LAYERS) for m in names}
+    modules = [s for s in sections if s not in packages]
+    assert [layer[m] for m in modules] == sorted(layer[m] for m in modules)
+    for package in packages - {"diffeqformer"}:  # a subpackage's own section comes before its modules'
+        assert sections.index(package) < min(sections.index(m) for m in modules if m.startswith(package + "."))

@@ -22,7 +22,7 @@ from .lanes import DEFAULT_SECONDS, RUNS_ALONE, TRAIN_LANES, Progress, load_stat
 from .notebooks import check_figures, execute_notebook
 from .planning import PipelineError, Plan, cache_dir, collect_runs, html_dir, parse_overrides, plan, work_dir
 from .registry import PRESETS, Run
-from .sources import module_files, package_hash, sha
+from .sources import LAYERS, module_files, package_hash, sha
 
 BOOK_FILES = ("_config.yml", "_toc.yml")
 
@@ -102,10 +102,19 @@ def config_scale(run: Run) -> str:
 
 
 def api_markdown() -> str:
-    """One autodoc section per module of the package (found on disk, so a new module appears by itself); a
-    subpackage's own page shows its docstring, its modules their members."""
+    """One autodoc section per module of the package (found on disk, so a new module appears by itself), in the order
+    data flows through them (``sources.LAYERS``; a module not placed there comes last); a subpackage's own section
+    shows its docstring, its modules their members."""
+    order = {f"diffeqformer.{m}": i for i, m in enumerate(m for layer in LAYERS for m in layer)}
+
+    def place(item):  # a subpackage's section opens it: before its first module
+        name, f = item
+        if f.name == "__init__.py":
+            return min([i for m, i in order.items() if m.startswith(name + ".")] or [len(order)]), 0, name
+        return order.get(name, len(order)), 1, name
+
     out = []
-    for name, f in module_files().items():
+    for name, f in sorted(module_files().items(), key=place):
         if name == "diffeqformer" or any(part.startswith("_") for part in name.split(".")):
             continue
         members = [] if f.name == "__init__.py" else ["   :members:"]

@@ -19,6 +19,36 @@ LIBRARIES = ("jax", "jaxlib", "marin-levanter", "marin-haliax", "equinox", "diff
 """Library versions that enter every cache key."""
 
 
+LAYERS = [
+    ["paths", "numerics", "_autodoc"],
+    # diffeqformer.model: the model core, bottom up
+    ["model.time_embedding", "model.temporal"],
+    ["model.vector_field"],
+    ["model.transformer"],
+    ["model.baselines", "model.solve", "model"],
+    # diffeqformer.data: the synthetic language (its data, no analysis), then the corpora, which serve it to Levanter
+    ["data", "data.synthetic"],
+    ["data.corpora"],
+    ["data.__main__"],
+    ["train"],
+    ["finetune", "population"],
+    ["runs"],  # finds, checks and loads a finished run and its config
+    # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
+    ["report", "report.figures", "report.book"],
+    # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
+    ["analysis", "analysis.seeds"],
+    ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
+     "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
+    ["analysis.attribution"],
+    ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
+    ["pipeline.notebooks"], ["pipeline.lanes"],
+    ["pipeline.build"], ["pipeline", "pipeline.__main__"],
+]
+"""The package's modules (below ``diffeqformer.``) in the order data flows through them, from the bottom up: a
+module imports only modules of lower layers (``tests/test_layers.py`` checks it, and that every module is placed
+here); the book's API page lists the modules in this order."""
+
+
 def sha(*parts: bytes | str) -> str:
     """SHA-256 of the parts, each ended by a zero byte (so that ``("ab", "c")`` and ``("a", "bc")`` differ)."""
     h = hashlib.sha256()
