@@ -64,12 +64,13 @@ __all__ = sorted(_NAMES)
 
 def __getattr__(name: str):
     """A public name, or a module of this package, imported on first use (PEP 562): the Papermill child
-    (``pipeline.papermill_child``) starts without importing the registry, Levanter and JAX, which every other
-    module of the pipeline needs (12 s here)."""
+    (``pipeline.processes``) starts without importing the registry, Levanter and JAX, which every other module of
+    the pipeline needs (12 s here)."""
     import importlib
+    import importlib.util
 
     if name in _NAMES:
         return getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)
-    if name in ("registry", "sources", "planning", "notebooks", "lanes", "build", "papermill_child"):
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f".{name}", __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
