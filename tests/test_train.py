@@ -133,3 +133,21 @@ def test_non_finite_loss_stops_with_a_message(tmp_path):
     assert "Traceback" not in out.stderr.split("loss is not finite")[-1]
     assert not (run_dir / "complete.json").exists()
     assert not list((run_dir / "checkpoints").glob("step-*"))  # no checkpoint of a diverged state
+
+
+def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path):
+    """diffeqformer.dispatch.Trainer calls the training step through FlatJit; the same run trained by Levanter's
+    own Trainer (its named_jit step) ends with the same parameters, bit for bit, and the same train-loss series."""
+    full_dir, _ = full_run
+    run_dir = tmp_path / "run"
+    script = ("import sys, levanter.trainer, diffeqformer.train as t; t.Trainer = levanter.trainer.Trainer; "
+              "t.cli(sys.argv[1:])")
+    cmd = [sys.executable, "-c", script, "--config", str(SMOKE), "--run_dir", str(run_dir)]
+    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    levanters = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
+    ours = jax.tree_util.tree_leaves(eqx.filter(load_model(full_dir), eqx.is_array))
+    assert len(levanters) == len(ours) > 10
+    for a, b in zip(levanters, ours):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])

@@ -42,9 +42,10 @@ from haliax.partitioning import round_axis_for_partitioning
 from levanter.adaptor.lora import LoraConfig, lora_trainable_params_filter, loraize, merge_lora_modules
 from levanter.optim.config import AdamConfig, OptimizerConfig
 from levanter.tracker import NoopConfig
-from levanter.trainer import Trainer, TrainerConfig
+from levanter.trainer import TrainerConfig
 
 from . import paths, train
+from .dispatch import Trainer
 from .model.transformer import DiffEqFormerConfig, count_params
 from .train import (
     DECAY_BASELINE,

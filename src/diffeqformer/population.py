@@ -238,7 +238,7 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
     member's ``complete.json``."""
     import levanter.trainer
     from haliax.partitioning import round_axis_for_partitioning
-    from levanter.trainer import Trainer
+    from .dispatch import Trainer, batched_maps
 
     for config in configs:
         train.validate(config)
@@ -271,7 +271,7 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
                 keys[0][2], model_init=lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
             Pos = base.model.max_Pos
             member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
-            train_set = Interleaved([data.train_set(Pos, member_schedule, key=k[0]) for k in keys], batch)
+            train_set = Interleaved([batched_maps(data.train_set(Pos, member_schedule, key=k[0])) for k in keys], batch)
             flops = base.model.flops_per_token(Vocab.size, base.model.max_seq_len)
             state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
                               run_dir=run_dirs[0], train_set=train_set,

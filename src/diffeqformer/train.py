@@ -34,9 +34,10 @@ from haliax.partitioning import round_axis_for_partitioning
 from levanter.models.lm_model import LmConfig, LmExample, LmHeadModel
 from levanter.optim.config import AdamConfig, OptimizerConfig
 from levanter.tracker import NoopConfig, Tracker, TrackerConfig
-from levanter.trainer import Trainer, TrainerConfig
+from levanter.trainer import TrainerConfig
 
 from . import paths
+from .dispatch import Trainer, batched_maps
 from .model.transformer import DiffEqFormerConfig
 from .numerics import check_positive_int
 
@@ -392,7 +393,7 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
 
     trainer_config = trainer.config
     if train_set is None:
-        train_set = data.train_set(Pos, trainer_config.batch_schedule, key=data_key)
+        train_set = batched_maps(data.train_set(Pos, trainer_config.batch_schedule, key=data_key))
     eval_sets = data.tagged_eval_sets(Pos)
     _check_validation_length(eval_sets, Pos)
     if int(state.step) > 0:

@@ -20,7 +20,7 @@ LIBRARIES = ("jax", "jaxlib", "marin-levanter", "marin-haliax", "equinox", "diff
 
 
 LAYERS = [
-    ["paths", "numerics", "_autodoc"],
+    ["paths", "numerics", "_autodoc", "dispatch"],
     # diffeqformer.model: the model core, bottom up
     ["model.time_embedding", "model.temporal"],
     ["model.vector_field"],
