@@ -15,15 +15,16 @@ help:
 	@echo "make test       set up, run the unit tests, then the smoke pipeline and a browser check of its book"
 	@echo "make test-slow  the tests marked slow"
 
-# The virtual environment: pinned versions from requirements.lock (pip constraints), the project in editable mode.
+# The virtual environment: pinned versions from requirements.lock (pip constraints), the project in editable mode,
+# installed by uv (from PyPI, pinned in the lock too): it fetches and unpacks the ~270 packages in parallel.
 $(STAMP): pyproject.toml requirements.lock
 	@[ -n "$(PYTHON)" ] && command -v $(PYTHON) >/dev/null || { echo "error: no Python 3.12 found; this project needs Python 3.12 (install it, or set PYTHON=/path/to/python3.12)" >&2; exit 1; }
 	@if [ -x $(PY) ] && ! $(PY) -c 'import sys; assert sys.version_info[:2] == (3, 12)' 2>/dev/null; then \
 		echo "$(VENV) holds another Python: making it again with $(PYTHON)"; rm -rf $(VENV); fi
 	@start=$$(date +%s); \
 	$(PYTHON) -m venv $(VENV) && \
-	$(PY) -m pip install --quiet --upgrade pip setuptools wheel && \
-	$(PY) -m pip install --quiet -c requirements.lock -e ".[test]" && \
+	$(PY) -m pip install --quiet -c requirements.lock uv && \
+	$(VENV)/bin/uv pip install --quiet --python $(PY) -c requirements.lock -e ".[test]" pip setuptools wheel && \
 	echo "installed in $$(( $$(date +%s) - start )) s"
 	@touch $(STAMP)
 
