@@ -46,3 +46,27 @@ def test_batched_maps_give_the_same_examples(config_name):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
         assert a.tokens.axes == b.tokens.axes
     assert asyncio.run(batched.get_batch([])) == []
+
+
+def test_flat_jit_compiles_once_per_structure():
+    import jax.numpy as jnp
+
+    from diffeqformer.dispatch import FlatJit
+
+    calls = []
+
+    def step(state, batch, kwargs):
+        calls.append(1)  # runs when traced only
+        return state * 2, {"x": batch["x"] + state.sum(), "tag": "static", "n": kwargs["n"]}
+
+    f = FlatJit(step, None)
+    for _ in range(3):
+        state, out = f(jnp.ones(3), {"x": jnp.zeros(2)}, {"n": 4})
+    np.testing.assert_array_equal(np.asarray(state), [2.0, 2.0, 2.0])
+    np.testing.assert_array_equal(np.asarray(out["x"]), [3.0, 3.0])
+    assert out["tag"] == "static" and out["n"] == 4
+    assert len(calls) == 1 and len(f._cache) == 1
+    f(jnp.ones(3), {"x": jnp.zeros(2)}, {"n": 5})  # another static value: another program
+    f(jnp.ones(4), {"x": jnp.zeros(2)}, {"n": 4})  # another shape: jax.jit retraces, the structure is the same
+    assert len(f._cache) == 2 and len(calls) == 3
+    assert "stablehlo" in f.lower(jnp.ones(3), {"x": jnp.zeros(2)}, {"n": 4}).as_text()

@@ -16,6 +16,7 @@ arrays. The traced computation is the step's own, so a step computes what Levant
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass
 from functools import cached_property
@@ -38,6 +39,7 @@ class _Compiled:
     """One argument structure's jitted function and what rebuilds its output."""
 
     call: Callable
+    jitted: Any = None
     out_treedef: Any = None
     out_static: tuple = ()  # the output's leaves that are not arrays, in order (None where an array goes)
 
@@ -54,6 +56,22 @@ class FlatJit:
         functools.update_wrapper(self, fn)
 
     def __call__(self, state, *rest):
+        compiled, donated_arrays, kept_arrays = self._prepare(state, rest)
+        out = compiled.call(donated_arrays, kept_arrays)
+        arrays = iter(out)
+        leaves = [next(arrays) if s is None else s for s in compiled.out_static]
+        return jtu.tree_unflatten(compiled.out_treedef, leaves)
+
+    def lower(self, state, *rest) -> jax.stages.Lowered:
+        """The lowered step, as ``named_jit``'s ``lower`` (Levanter calls it when it logs the step's HLO)."""
+        compiled, donated_arrays, kept_arrays = self._prepare(state, rest)
+        with self._mapped():
+            return compiled.jitted.lower(donated_arrays, kept_arrays)
+
+    def _mapped(self):
+        return hax.axis_mapping(self.mapping) if self.mapping is not None else contextlib.nullcontext()
+
+    def _prepare(self, state, rest):
         donated, donated_tree = jtu.tree_flatten(state)
         kept, kept_tree = jtu.tree_flatten(rest)
         donated_mask = tuple(eqx.is_array(x) for x in donated)
@@ -65,10 +83,8 @@ class FlatJit:
         if compiled is None:
             compiled = self._cache[key] = self._compile(state, rest, donated_tree, donated_mask, kept_tree,
                                                         kept_mask, static)
-        out = compiled.call([x for x, a in zip(donated, donated_mask) if a], [x for x, a in zip(kept, kept_mask) if a])
-        arrays = iter(out)
-        leaves = [next(arrays) if s is None else s for s in compiled.out_static]
-        return jtu.tree_unflatten(compiled.out_treedef, leaves)
+        return (compiled, [x for x, a in zip(donated, donated_mask) if a],
+                [x for x, a in zip(kept, kept_mask) if a])
 
     def _compile(self, state, rest, donated_tree, donated_mask, kept_tree, kept_mask, static) -> _Compiled:
         compiled = _Compiled(call=None)
@@ -86,17 +102,20 @@ class FlatJit:
             return [x for x in leaves if eqx.is_array(x)]
 
         flat.__name__ = getattr(self.fn, "__name__", "train_step")
-        with hax.axis_mapping(self.mapping) if self.mapping is not None else _nullcontext():
-            shape = eqx.filter_eval_shape(self.fn, state, *rest)
-            shardings = _array_leaves(shape, infer_resource_partitions(shape, self.mapping))
-        kwargs = {} if any(s is None for s in shardings) else {"out_shardings": shardings}
+        kwargs = {}
+        if self.mapping is not None:  # as named_jit: the output's shardings from the mapping, when there is one
+            with self._mapped():
+                shape = eqx.filter_eval_shape(self.fn, state, *rest)
+                shardings = _array_leaves(shape, infer_resource_partitions(shape, self.mapping))
+            if not any(s is None for s in shardings):
+                kwargs["out_shardings"] = shardings
         jitted = jax.jit(flat, donate_argnums=0, **kwargs)
 
         def call(donated_arrays, kept_arrays):
-            with hax.axis_mapping(self.mapping) if self.mapping is not None else _nullcontext():
+            with self._mapped():
                 return jitted(donated_arrays, kept_arrays)
 
-        compiled.call = call
+        compiled.call, compiled.jitted = call, jitted
         return compiled
 
 
@@ -106,14 +125,6 @@ def _array_leaves(shape, resources) -> list:
     per_leaf = treedef.flatten_up_to(resources)  # Haliax gives a NamedArray one sharding, that of its array
     arrays = [x.array if isinstance(x, hax.NamedArray) else x for x in leaves]
     return [r for x, r in zip(arrays, per_leaf) if isinstance(x, jax.ShapeDtypeStruct)]
-
-
-class _nullcontext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 class Trainer(LevanterTrainer):
