@@ -4,6 +4,7 @@
 import asyncio
 
 import jax
+import jax.numpy as jnp
 import jax.random as jrandom
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from levanter.data.dataset import MappedAsyncDataset
 from levanter.schedule import BatchSchedule
 
 from diffeqformer import paths, train
-from diffeqformer.dispatch import BatchedMap, batched_maps
+from diffeqformer.dispatch import BatchedMap, FlatJit, batched_maps
 
 
 def _train_set(config_name):
@@ -49,10 +50,6 @@ def test_batched_maps_give_the_same_examples(config_name):
 
 
 def test_flat_jit_compiles_once_per_structure():
-    import jax.numpy as jnp
-
-    from diffeqformer.dispatch import FlatJit
-
     calls = []
 
     def step(state, batch, kwargs):

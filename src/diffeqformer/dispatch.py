@@ -36,12 +36,24 @@ from levanter.trainer import Trainer as LevanterTrainer
 
 @dataclass
 class _Compiled:
-    """One argument structure's jitted function and what rebuilds its output."""
+    """One argument structure's jitted function, and the output's structure and non-array leaves (known once traced)."""
 
-    call: Callable
-    jitted: Any = None
+    jitted: Callable
     out_treedef: Any = None
-    out_static: tuple = ()  # the output's leaves that are not arrays, in order (None where an array goes)
+    out_mask: tuple = ()
+    out_static: tuple = ()
+
+
+def _split(leaves) -> tuple[tuple, list, tuple]:
+    """Flattened leaves as (which are arrays, the arrays, the other leaves)."""
+    mask = tuple(eqx.is_array(x) for x in leaves)
+    return (mask, [x for x, a in zip(leaves, mask) if a], tuple(x for x, a in zip(leaves, mask) if not a))
+
+
+def _merge(mask, arrays, static) -> list:
+    """The inverse of ``_split``."""
+    arrays, static = iter(arrays), iter(static)
+    return [next(arrays) if a else next(static) for a in mask]
 
 
 class FlatJit:
@@ -56,50 +68,41 @@ class FlatJit:
         functools.update_wrapper(self, fn)
 
     def __call__(self, state, *rest):
-        compiled, donated_arrays, kept_arrays = self._prepare(state, rest)
-        out = compiled.call(donated_arrays, kept_arrays)
-        arrays = iter(out)
-        leaves = [next(arrays) if s is None else s for s in compiled.out_static]
-        return jtu.tree_unflatten(compiled.out_treedef, leaves)
+        compiled, donated, kept = self._prepare(state, rest)
+        with self._mapped():
+            out = compiled.jitted(donated, kept)
+        return jtu.tree_unflatten(compiled.out_treedef, _merge(compiled.out_mask, out, compiled.out_static))
 
     def lower(self, state, *rest) -> jax.stages.Lowered:
         """The lowered step, as ``named_jit``'s ``lower`` (Levanter calls it when it logs the step's HLO)."""
-        compiled, donated_arrays, kept_arrays = self._prepare(state, rest)
+        compiled, donated, kept = self._prepare(state, rest)
         with self._mapped():
-            return compiled.jitted.lower(donated_arrays, kept_arrays)
+            return compiled.jitted.lower(donated, kept)
 
     def _mapped(self):
         return hax.axis_mapping(self.mapping) if self.mapping is not None else contextlib.nullcontext()
 
-    def _prepare(self, state, rest):
-        donated, donated_tree = jtu.tree_flatten(state)
-        kept, kept_tree = jtu.tree_flatten(rest)
-        donated_mask = tuple(eqx.is_array(x) for x in donated)
-        kept_mask = tuple(eqx.is_array(x) for x in kept)
-        static = (tuple(x for x, a in zip(donated, donated_mask) if not a),
-                  tuple(x for x, a in zip(kept, kept_mask) if not a))
-        key = (donated_tree, donated_mask, kept_tree, kept_mask, static)
+    def _prepare(self, state, rest) -> tuple[_Compiled, list, list]:
+        """The compiled function for these arguments' structure, and their arrays: the donated state's, the rest's."""
+        donated_leaves, donated_tree = jtu.tree_flatten(state)
+        kept_leaves, kept_tree = jtu.tree_flatten(rest)
+        donated_mask, donated, donated_static = _split(donated_leaves)
+        kept_mask, kept, kept_static = _split(kept_leaves)
+        key = (donated_tree, donated_mask, donated_static, kept_tree, kept_mask, kept_static)
         compiled = self._cache.get(key)
         if compiled is None:
-            compiled = self._cache[key] = self._compile(state, rest, donated_tree, donated_mask, kept_tree,
-                                                        kept_mask, static)
-        return (compiled, [x for x, a in zip(donated, donated_mask) if a],
-                [x for x, a in zip(kept, kept_mask) if a])
+            compiled = self._cache[key] = self._compile(state, rest, key)
+        return compiled, donated, kept
 
-    def _compile(self, state, rest, donated_tree, donated_mask, kept_tree, kept_mask, static) -> _Compiled:
-        compiled = _Compiled(call=None)
+    def _compile(self, state, rest, key) -> _Compiled:
+        donated_tree, donated_mask, donated_static, kept_tree, kept_mask, kept_static = key
 
-        def rebuild(arrays, tree, mask, static_leaves):
-            arrays, static_leaves = iter(arrays), iter(static_leaves)
-            return jtu.tree_unflatten(tree, [next(arrays) if a else next(static_leaves) for a in mask])
-
-        def flat(donated_arrays, kept_arrays):
-            state = rebuild(donated_arrays, donated_tree, donated_mask, static[0])
-            rest = rebuild(kept_arrays, kept_tree, kept_mask, static[1])
-            out = self.fn(state, *rest)
-            leaves, compiled.out_treedef = jtu.tree_flatten(out)
-            compiled.out_static = tuple(None if eqx.is_array(x) else x for x in leaves)
-            return [x for x in leaves if eqx.is_array(x)]
+        def flat(donated, kept):
+            state = jtu.tree_unflatten(donated_tree, _merge(donated_mask, donated, donated_static))
+            rest = jtu.tree_unflatten(kept_tree, _merge(kept_mask, kept, kept_static))
+            leaves, compiled.out_treedef = jtu.tree_flatten(self.fn(state, *rest))
+            compiled.out_mask, arrays, compiled.out_static = _split(leaves)
+            return arrays
 
         flat.__name__ = getattr(self.fn, "__name__", "train_step")
         kwargs = {}
@@ -109,13 +112,7 @@ class FlatJit:
                 shardings = _array_leaves(shape, infer_resource_partitions(shape, self.mapping))
             if not any(s is None for s in shardings):
                 kwargs["out_shardings"] = shardings
-        jitted = jax.jit(flat, donate_argnums=0, **kwargs)
-
-        def call(donated_arrays, kept_arrays):
-            with self._mapped():
-                return jitted(donated_arrays, kept_arrays)
-
-        compiled.call, compiled.jitted = call, jitted
+        compiled = _Compiled(jax.jit(flat, donate_argnums=0, **kwargs))
         return compiled
 
 
@@ -153,7 +150,6 @@ class BatchedMap(AsyncDataset):
     def __init__(self, mapped: MappedAsyncDataset):
         super().__init__()
         self.dataset = mapped.dataset
-        self.mapped = mapped
         self._batched = jax.jit(jax.vmap(mapped.fn))
 
     async def async_len(self) -> int:
