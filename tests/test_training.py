@@ -9,6 +9,7 @@ import pytest
 from diffeqformer.model.baselines import baseline_config
 from helpers import VOCAB, tiny
 from levanter.adaptor.lora import LoraConfig, lora_trainable_params_filter, loraize
+from levanter.callbacks.watch import WatchConfig
 from levanter.checkpoint import CheckpointerConfig
 from levanter.data.dataset import ListAsyncDataset
 from levanter.models.lm_model import LmExample
@@ -43,6 +44,11 @@ def _train(tmp_path, model_init, Pos, *, is_trainable=True, steps=STEPS, lr=3e-2
         checkpointer=CheckpointerConfig(base_path=str(tmp_path / "ckpt"), save_interval=None),
         log_dir=tmp_path / "logs",
         require_accelerator=False,
+        # as diffeqformer.train configures Levanter: no gradient/parameter-norm hook (it compiles a second training
+        # step) and no jaxpr/HLO artifacts (one more trace and lowering of the step)
+        watch=WatchConfig(interval=0),
+        log_jaxprs=False,
+        log_xla_hlo=False,
         id="test",
         jax_config={},  # keep the strict promotion of conftest: Levanter's defaults would reset nothing else
     )
