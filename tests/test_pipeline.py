@@ -468,6 +468,30 @@ def test_notebooks_execute_in_the_lanes_as_soon_as_their_runs_are_complete(tmp_p
     assert {"notebook:nb_alone", "notebook:nb_long", "notebook:nb_short", "long", "short"} <= set(seconds)
 
 
+def test_the_smoke_preset_runs_no_notebook_alone(tmp_path, monkeypatch):
+    """``runs_alone``: F9 measures the machine alone in the cpu preset, not in the smoke preset (a test of the
+    pipeline); with ``alone`` empty a notebook in ``RUNS_ALONE`` runs as soon as its runs are complete."""
+    assert pipeline.lanes.runs_alone("cpu") == pipeline.RUNS_ALONE == {"f9_time_embedding"}
+    assert pipeline.lanes.runs_alone("smoke") == frozenset()
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started = [], None, 0
+    _FakeWorker.seconds = {"long": 0.6}
+    trainings = _fake_trainings(tmp_path, [("long", (), "a"), ("short", (), "a")])
+    trainings[0].steps = 100
+    job = pipeline.NotebookJob("f9_time_embedding", tmp_path / "f9.ipynb", {}, ["short"])
+
+    def execute(job):
+        _FakeWorker.log.append(("start", job.name, False))
+        _FakeWorker.log.append(("done", job.name, False))
+        return 0.0
+
+    progress = pipeline.Progress([(t.config, 1.0) for t in trainings] + [(job.name, 1.0)], io.StringIO())
+    pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2, notebooks=[(2, job)],
+                        execute=execute, alone=pipeline.lanes.runs_alone("smoke"))
+    events = [(what, name) for what, name, prep in _FakeWorker.log if not prep]
+    assert events.index(("start", "f9_time_embedding")) < events.index(("done", "long"))  # beside the long run
+
+
 def test_a_failed_notebook_stops_the_lanes_and_keeps_what_was_measured(tmp_path, monkeypatch):
     monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
     _FakeWorker.log, _FakeWorker.fail, _FakeWorker.started, _FakeWorker.seconds = [], None, 0, {}

@@ -19,7 +19,8 @@ Runs are trained ``TRAIN_LANES`` (2) at a time in child processes of at most ``R
 the most training steps first (else in the order the registry first names them); a fine-tuning waits for its
 pretraining. The same lanes execute the notebooks, each in a child process as soon as every run it reads is
 finished (before any training that is still waiting), so the notebooks of the early runs are executed while later
-runs train and no lane idles at the end; a notebook that measures the machine (``RUNS_ALONE``) runs last, alone.
+runs train and no lane idles at the end; a notebook that measures the machine (``RUNS_ALONE``) runs last, alone
+(except in the smoke preset: ``runs_alone``).
 
 **Checks before anything runs.** An unknown preset, a notebook that is missing, has no cell tagged ``parameters``
 or is not in ``_toc.yml`` (or the reverse), a Colab cell that clones another repository than ``_config.yml``'s

@@ -18,7 +18,7 @@ from .. import paths
 from ..finetune import FinetuneConfig
 from ..report import book
 from ..runs import is_complete, summary
-from .lanes import DEFAULT_SECONDS, RUNS_ALONE, TRAIN_LANES, Progress, load_state, save_state, train_runs, train_worker
+from .lanes import DEFAULT_SECONDS, TRAIN_LANES, Progress, load_state, runs_alone, save_state, train_runs, train_worker
 from .notebooks import check_figures, execute_notebook
 from .planning import PipelineError, Plan, cache_dir, collect_runs, html_dir, parse_overrides, plan, work_dir
 from .registry import PRESETS, Run
@@ -202,7 +202,7 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
                        0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
     for job in result.notebooks:  # and so do notebooks, but those that run alone
         cached = job.cached and not force
-        share = 1 if job.name in RUNS_ALONE else lanes
+        share = 1 if job.name in runs_alone(preset) else lanes
         steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
                                                                               guess["notebook"]) / share))
     steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
@@ -235,7 +235,7 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
         try:
             train_runs(result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log", lanes,
                        notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
-                       seconds=seconds)
+                       seconds=seconds, alone=runs_alone(preset))
         finally:  # what was measured, even if a run or a notebook failed
             measured.update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
             save_state(state)

@@ -137,10 +137,17 @@ them after everything else, with the other lane idle, so that no other work shar
 measure."""
 
 
+def runs_alone(preset: str) -> frozenset:
+    """The notebooks of ``RUNS_ALONE`` that ``preset`` runs alone: none in the smoke preset, a test of the pipeline
+    whose timings no result rests on (F9 alone kept the other lane idle for about two of the smoke pipeline's nine
+    minutes)."""
+    return frozenset() if preset == "smoke" else RUNS_ALONE
+
+
 def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path,
                lanes: int | None = None, *, notebooks: list[tuple[int, NotebookJob]] = (),
                execute: typing.Callable[[NotebookJob], float] | None = None,
-               seconds: dict[str, float] | None = None) -> dict[str, float]:
+               seconds: dict[str, float] | None = None, alone: frozenset | None = None) -> dict[str, float]:
     """Train the runs that are not complete in ``lanes`` (default ``TRAIN_LANES``) child processes side by side,
     each taking the next run whose pretraining (``Training.after``) has finished, ``RUNS_PER_WORKER`` runs per
     process (``train.main`` or ``finetune.main`` called in turn: one JAX/Levanter start-up per process instead of one
@@ -151,8 +158,8 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     ``notebooks`` (pairs of progress index and job) are executed by the same lanes with ``execute(job)``: a lane
     takes a notebook as soon as every run it reads (``NotebookJob.runs``) is complete, before any run still to
     train, so that notebooks fill the time in which a lane would otherwise wait for the last long run, and two
-    notebooks execute side by side after the last run; one in ``RUNS_ALONE`` waits until nothing else is left or
-    running, and the other lanes wait while it runs. A failed notebook stops the lanes like a failed run.
+    notebooks execute side by side after the last run; one in ``alone`` (default ``RUNS_ALONE``) waits until
+    nothing else is left or running, and the other lanes wait while it runs. A failed notebook stops the lanes like a failed run.
     Returns the measured seconds per config, and per notebook under ``notebook:<name>`` (also filled into
     ``seconds`` as they are measured, so that a caller keeps them when a later run or notebook fails). Every run a
     lane trains must have its ``complete.json`` for its configuration before a notebook reads it.
@@ -189,6 +196,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
             workers[0].close(kill=True)
             raise
 
+    alone = RUNS_ALONE if alone is None else alone
     pending: list = sorted(units, key=lambda u: -u[0].steps)  # longest first (stable: else the registry's order)
     pending_notebooks = list(notebooks)
     finished = {t.config for t in trainings if t.done}
@@ -201,7 +209,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
             while not errors and (pending or pending_notebooks):
                 if not running[1]:
                     ready = next(((i, j) for i, j in pending_notebooks
-                                  if j.name not in RUNS_ALONE and all(r in finished for r in j.runs)), None)
+                                  if j.name not in alone and all(r in finished for r in j.runs)), None)
                     if ready is None:
                         ready = next((u for u in pending if all(a in finished for t in u for a in t.after)), None)
                     if ready is None and not pending and running[0] == 0:
