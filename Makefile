@@ -36,7 +36,7 @@ setup: $(STAMP)
 SMOKE_HOME := $(CURDIR)/_build/smoke-home
 test: setup
 	@status=0; \
-	$(PY) -m pytest -m "not slow and not pipeline" -n 2 --dist loadfile $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -m "not slow and not pipeline" -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no unit tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
 	DIFFEQFORMER_SMOKE_HOME=$(SMOKE_HOME) $(PY) -m pytest -m pipeline -s; rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no pipeline tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
