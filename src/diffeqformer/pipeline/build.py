@@ -200,9 +200,10 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     for t in result.trainings:  # runs trained side by side: each counts for its share of the wall-clock time
         steps.append((f"train {t.config}",
                        0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
+    alone = runs_alone(preset)
     for job in result.notebooks:  # and so do notebooks, but those that run alone
         cached = job.cached and not force
-        share = 1 if job.name in runs_alone(preset) else lanes
+        share = 1 if job.name in alone else lanes
         steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
                                                                               guess["notebook"]) / share))
     steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
@@ -235,7 +236,7 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
         try:
             train_runs(result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log", lanes,
                        notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
-                       seconds=seconds, alone=runs_alone(preset))
+                       seconds=seconds, alone=alone)
         finally:  # what was measured, even if a run or a notebook failed
             measured.update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
             save_state(state)
