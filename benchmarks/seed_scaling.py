@@ -4,7 +4,7 @@
                                       [--rounds 5] [--steps 8]
 
 For each seed count the training step of that many vmapped copies of ``--config``'s model (forward, backward and an
-AdamW update, as ``diffeqformer.population`` trains them; batch and sequence length from the config, random tokens)
+AdamW update, with ``diffeqformer.population``'s loss and optimiser; batch and sequence length from the config, random tokens)
 is compiled once; then the seed counts take turns, ``--steps`` timed steps each per round, so that drifts of the
 machine hit all of them alike. Printed per seed count: the median milliseconds a step, per seed, and the ratio to
 that many one-seed steps (below 1, vmapping the seeds saves arithmetic time; about 1, a population saves only
@@ -24,7 +24,7 @@ import jax.random as jrandom
 import optax
 from levanter.models.lm_model import LmExample
 
-from diffeqformer import train
+from diffeqformer import population, train
 from diffeqformer.data.synthetic import VOCABULARY
 
 
@@ -35,23 +35,25 @@ def make_step(config_path: str, seeds: int):
     # the synthetic language's word-level vocabulary, or the corpus's BPE
     vocab = len(VOCABULARY) if config.data.dataset == "synthetic" else config.data.vocab_size
     Vocab, Seed = hax.Axis("vocab", vocab), hax.Axis("seed", seeds)
-    Batch = hax.Axis("batch", config.trainer.train_batch_size)
     model = hax.vmap(lambda k: mc.build(Vocab, key=k), Seed)(jrandom.split(jrandom.PRNGKey(0), seeds))
-    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
-    opt_state = hax.vmap(opt.init, Seed)(eqx.filter(model, eqx.is_inexact_array))
-    tokens = hax.named(jrandom.randint(jrandom.PRNGKey(1), (seeds, Batch.size, mc.Pos.size), 0, Vocab.size),
-                       (Seed, Batch, mc.Pos))
+    # the population's own loss (the members' losses summed) and optimiser (each member's own AdamW and clipping)
+    opt = population.population_optimizer(optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3)), Seed)
+    opt_state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    population_loss = population.population_loss(Seed)
 
-    def loss(m, t, k):
-        return m.compute_next_token_loss(hax.vmap(LmExample.causal, Batch)(t), key=k).scalar()
+    def loss(model, example, key):  # the summed loss as a scalar for jax.grad (Levanter's trainer unwraps it)
+        total, metrics = population_loss(model, example, key=key)
+        return total.scalar(), metrics
+
+    Batch = hax.Axis("batch", seeds * config.trainer.train_batch_size)  # the members' batches, one after the other
+    tokens = hax.named(jrandom.randint(jrandom.PRNGKey(1), (Batch.size, mc.Pos.size), 0, Vocab.size), (Batch, mc.Pos))
 
     @eqx.filter_jit(donate="all-except-first")
     def step(tokens, model, opt_state, key):
-        keys = jrandom.split(key, seeds)
-        losses, grads = hax.vmap(eqx.filter_value_and_grad(loss), Seed)(model, tokens, keys)
-        params = eqx.filter(model, eqx.is_inexact_array)
-        updates, opt_state = hax.vmap(opt.update, Seed)(grads, opt_state, params)
-        return losses, eqx.apply_updates(model, updates), opt_state
+        example = hax.vmap(LmExample.causal, Batch)(tokens)
+        (total, _), grads = eqx.filter_value_and_grad(loss, has_aux=True)(model, example, key)
+        updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        return total, eqx.apply_updates(model, updates), opt_state
 
     return step, [tokens, model, opt_state]
 
