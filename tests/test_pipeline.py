@@ -7,6 +7,8 @@ import io
 import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import typing
 from pathlib import Path
@@ -200,6 +202,27 @@ def test_failing_notebook_stops_with_its_error_and_keeps_previous_figures(tiny):
     assert {p.name: p.read_bytes() for p in (home / "figures").iterdir()} == before
     assert (pipeline.work_dir() / "failed" / "nb_a.ipynb").exists()
     assert not list(pipeline.work_dir().glob("staging-*"))
+
+
+def test_a_notebook_kernel_listens_on_unix_sockets_of_its_own(tmp_path):
+    """The Papermill child starts its kernel on ZeroMQ's ipc transport, in a folder it removes afterwards: over TCP
+    ports, a kernel started beside another process's kernels could find its port taken and die at start (CI failed
+    so: "Address already in use", then "Kernel died before replying to kernel_info")."""
+    nb = nbformat.v4.new_notebook()
+    nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
+    nb.cells = [nbformat.v4.new_code_cell(
+        "import json, os\nfrom ipykernel import get_connection_file\n"
+        f"json.dump(json.load(open(get_connection_file())), open({str(tmp_path / 'connection.json')!r}, 'w'))\n")]
+    nbformat.write(nb, tmp_path / "in.ipynb")
+    spec = {"input": str(tmp_path / "in.ipynb"), "output": str(tmp_path / "out.ipynb"), "parameters": {},
+            "error": str(tmp_path / "error.json")}
+    out = subprocess.run([sys.executable, "-m", "diffeqformer.pipeline.processes", json.dumps(spec)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    connection = json.loads((tmp_path / "connection.json").read_text())
+    assert connection["transport"] == "ipc", connection
+    sockets = Path(connection["ip"]).parent
+    assert sockets.name.startswith("diffeqformer-kernel-") and not sockets.exists()
 
 
 def test_a_figure_built_without_pyplot_is_an_image_in_the_executed_notebook(tiny, tmp_path):

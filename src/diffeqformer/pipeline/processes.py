@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -32,6 +33,21 @@ def exit_with_parent(poll_s: float = 0.2) -> None:
     threading.Thread(target=watch, daemon=True, name="exit-with-parent").start()
 
 
+def kernel_over_unix_sockets(folder: str):
+    """Jupyter configuration under which the kernel and its client talk over Unix sockets in ``folder`` (ZeroMQ's
+    ``ipc`` transport) instead of TCP ports on localhost. Over TCP the client picks five ports the kernel then binds:
+    a port found free in one process can be taken by a kernel another process starts in between, and that kernel
+    dies at start ("ZMQError: Address already in use", then "Kernel died before replying to kernel_info"). Seen in
+    CI, where the unit tests' pipelines and the two lanes of each start kernels side by side. Sockets in a folder of
+    the child's own cannot collide."""
+    from traitlets.config import Config
+
+    config = Config()
+    config.KernelManager.transport = "ipc"
+    config.KernelManager.ip = os.path.join(folder, "kernel")  # the sockets are kernel-1, kernel-2, ...
+    return config
+
+
 def execute_notebook_child(spec: Mapping[str, Any]) -> None:
     """The child process of ``notebooks.execute_notebook`` (``python -m diffeqformer.pipeline.processes SPEC``):
     Papermill on ``spec['input']`` with its ``parameters`` into ``spec['output']``; a failing cell's exception is written to ``spec['error']`` (JSON) and
@@ -41,8 +57,10 @@ def execute_notebook_child(spec: Mapping[str, Any]) -> None:
 
     exit_with_parent()
     try:
-        papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
-                                   kernel_name="python3", progress_bar=False, log_output=False, cwd=str(paths.HOME))
+        with tempfile.TemporaryDirectory(prefix="diffeqformer-kernel-") as sockets:
+            papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
+                                       kernel_name="python3", progress_bar=False, log_output=False,
+                                       cwd=str(paths.HOME), config=kernel_over_unix_sockets(sockets))
     except PapermillExecutionError as err:
         Path(spec["error"]).write_text(json.dumps({"exec_count": err.exec_count, "ename": err.ename,
                                                    "evalue": err.evalue, "traceback": list(err.traceback)}))
