@@ -46,7 +46,8 @@ def make_step(config_path: str, seeds: int):
         return total.scalar(), metrics
 
     Batch = hax.Axis("batch", seeds * config.trainer.train_batch_size)  # the members' batches, one after the other
-    tokens = hax.named(jrandom.randint(jrandom.PRNGKey(1), (Batch.size, mc.Pos.size), 0, Vocab.size), (Batch, mc.Pos))
+    Pos = mc.max_Pos  # the sequence length of any Levanter LmConfig (DiffEqFormer's, GPT-2's, Llama's)
+    tokens = hax.named(jrandom.randint(jrandom.PRNGKey(1), (Batch.size, Pos.size), 0, Vocab.size), (Batch, Pos))
 
     @eqx.filter_jit(donate="all-except-first")
     def step(tokens, model, opt_state, key):
