@@ -323,6 +323,18 @@ def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monk
                                                                 Run("x/finetune_diffeqformer_lora", module="finetune")]}}})
     page = build.presets_markdown()
     assert f"{steps} steps of 4 on shakespeare; fine-tuning for {steps} steps of 4" in page and "None" not in page
+    assert page.startswith("| preset | training configs | scale |\n")
+    assert "`x` executes 1 notebook, in this order: `nb`." in page
+
+
+def test_presets_page_names_the_notebooks_once():
+    """The project's presets all execute the same notebooks: one sentence says which, and the table has no column that
+    repeats them (it was cut off at the page's edge)."""
+    page = pipeline.build.presets_markdown()
+    table = [line for line in page.splitlines() if line.startswith("|")]
+    assert len(table) == 2 + len(pipeline.PRESETS) and all(line.count("|") == 4 for line in table)
+    names = ", ".join(f"`{nb}`" for nb in pipeline.PRESETS["cpu"])
+    assert page.count(names) == 1 and "`smoke`, `cpu`, `gpu` and `paper` execute 11 notebooks" in page
 
 
 def test_finetune_runs_lists_the_grid_with_pretrainings_first():

@@ -73,8 +73,12 @@ def timings_markdown(result: Plan, state: dict) -> str:
 
 
 def presets_markdown() -> str:
-    """What each preset trains (with the scale, read from the configs) and which notebooks it runs."""
-    lines = ["| preset | training configs | scale | notebooks |", "|---|---|---|---|"]
+    """What each preset trains (with the scale, read from the configs), then which notebooks the presets execute: one
+    sentence for the presets that share a list (all of them, since the table of contents and every preset must name
+    the same notebooks), not a column that repeats it per preset (it made the table wider than the page, which cut
+    the column off)."""
+    lines = ["| preset | training configs | scale |", "|---|---|---|"]
+    executing: dict[tuple[str, ...], list[str]] = {}  # notebook list -> the presets that execute it
     for preset, entries in PRESETS.items():
         trained: list[Run] = []
         collect_runs(list(entries.values()), trained)
@@ -83,9 +87,17 @@ def presets_markdown() -> str:
             configs.setdefault(r.config, r.module)
         scale = "; ".join(dict.fromkeys(config_scale(Run(c, module=module)) for c, module in configs.items()))
         count = len({r.key for r in trained})
-        lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} | "
-                     f"{', '.join(entries)} |")
-    return "\n".join(lines) + "\n"
+        lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} |")
+        executing.setdefault(tuple(entries), []).append(preset)
+    lines.append("")
+    for notebooks, presets in executing.items():
+        names = [f"`{p}`" for p in presets]
+        who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+        count = f"{len(notebooks)} notebook{'' if len(notebooks) == 1 else 's'}"
+        lines.append(f"{who} {'executes' if len(names) == 1 else 'execute'} {count}, in this order: "
+                     f"{', '.join(f'`{nb}`' for nb in notebooks)}.")
+        lines.append("")
+    return "\n".join(lines)
 
 
 def config_scale(run: Run) -> str:
