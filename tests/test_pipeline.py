@@ -211,7 +211,7 @@ def test_a_notebook_kernel_listens_on_unix_sockets_of_its_own(tmp_path):
     nb = nbformat.v4.new_notebook()
     nb.metadata = {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}}
     nb.cells = [nbformat.v4.new_code_cell(
-        "import json, os\nfrom ipykernel import get_connection_file\n"
+        "import json\nfrom ipykernel import get_connection_file\n"
         f"json.dump(json.load(open(get_connection_file())), open({str(tmp_path / 'connection.json')!r}, 'w'))\n")]
     nbformat.write(nb, tmp_path / "in.ipynb")
     spec = {"input": str(tmp_path / "in.ipynb"), "output": str(tmp_path / "out.ipynb"), "parameters": {},
