@@ -20,7 +20,8 @@ from ..report import book
 from ..runs import is_complete, summary
 from .lanes import DEFAULT_SECONDS, TRAIN_LANES, Progress, load_state, runs_alone, save_state, train_runs, train_worker
 from .notebooks import check_figures, execute_notebook
-from .planning import PipelineError, Plan, cache_dir, collect_runs, html_dir, parse_overrides, plan, work_dir
+from .planning import (PipelineError, Plan, cache_dir, collect_runs, html_dir, join_populations, parse_overrides, plan,
+                       work_dir)
 from .registry import PRESETS, Run
 from .sources import LAYERS, module_files, package_hash, sha
 
@@ -80,8 +81,8 @@ def presets_markdown() -> str:
     lines = ["| preset | training configs | scale |", "|---|---|---|"]
     executing: dict[tuple[str, ...], list[str]] = {}  # notebook list -> the presets that execute it
     for preset, entries in PRESETS.items():
-        trained: list[Run] = []
-        collect_runs(list(entries.values()), trained)
+        trained: list[Run] = []  # as the pipeline trains them: a run that is a population's member counts once
+        collect_runs(list(join_populations(entries).values()), trained)
         configs: dict[str, str] = {}  # config file -> the module that trains it
         for r in trained:
             configs.setdefault(r.config, r.module)

@@ -244,7 +244,7 @@ def _map_runs(value, fn):
     return value
 
 
-def _join_populations(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+def join_populations(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """The registry's entries with every ``Run`` that is also a member of a population (``seeded(...,
     population=True)`` elsewhere in the preset) replaced by that member: F1 reading ``Run("cpu/diffeqformer")``
     reads the first seed of F6's population, trained once."""
@@ -291,7 +291,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             raise PipelineError(f"--set names notebook {nb!r}, which preset {preset!r} does not run "
                                 f"(it runs: {', '.join(entries)})")
         entries[nb].update(values)
-    entries = _join_populations(entries)
+    entries = join_populations(entries)
     in_toc = toc_notebooks(TOC if toc is None else toc)
     for nb in in_toc:
         if nb not in entries:
