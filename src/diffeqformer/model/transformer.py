@@ -25,6 +25,7 @@ from typing import Optional, Type
 import equinox as eqx
 import haliax as hax
 import haliax.nn as hnn
+import jax
 import jax.numpy as jnp
 import jax.random as jrandom
 from haliax import Axis, NamedArray
@@ -281,9 +282,15 @@ class DiffEqFormerLMHeadModel(_LmBase):
         return cls(Embeddings.init(Vocab, config, key=k_emb), block, make_norm(config), te, config)
 
     def weights_at(self, t: NamedArray) -> ParallelBlock:
-        """The block f(t, .) with weights W(t); t may carry axes (e.g. ``Layers``), which the weights then carry."""
+        """The block f(t, .) with weights W(t); t may carry axes (e.g. ``Layers``), which the weights then carry.
+
+        The features e(t) are computed in t's precision (float32 from ``time_grid``: sin(1000 t f) in bfloat16 would
+        round the argument to a multiple of 4), then cast to the dtype of the block's parameters, so that W(t) and
+        the state x keep the dtype the model computes in (bfloat16 under Levanter's ``p=f32,c=bfloat16`` policy: a
+        float32 W(t) made the Euler scan's carry float32 and the scan refused it)."""
         if isinstance(self.block, TemporalBlock):
-            return self.block.materialize(self.time_embedding(t))
+            dtype = jax.tree_util.tree_leaves(eqx.filter(self.block, eqx.is_inexact_array))[0].dtype
+            return self.block.materialize(self.time_embedding(t).astype(dtype))
         return self.block if not t.axes else stack_blocks(self.block, t.axes[0])
 
     def vector_field(self, t: NamedArray, x: NamedArray, mask=None, *, pos_ids=None, key=None) -> NamedArray:
