@@ -12,6 +12,11 @@ no network: every other package a training imports must travel with the working 
 the modules the GPU benchmarks use are imported), and every distribution that owns a file of an imported module is
 needed; the ones ``lent-machine-packages.txt`` names are already there. ``download`` writes the parts with a
 ``manifest.json`` (every wheel of every part) in each, which ``benchmarks/gpu/run.sh`` reads on the machine.
+
+``--for measure`` bundles what ``benchmarks/gpu/measure.py`` imports instead (the models and a training step, not
+Levanter's data stack): one part, which one device call installs and measures with. The measurements of
+2026-11-25 carried it with ``--also chex diffrax equinox jaxtyping lineax optax optimistix wadler-lindig`` (the
+JAX libraries at the versions the tests run with, though the machine has its own).
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
              "manylinux1_x86_64"]
 """The lent machines are x86-64 Linux with glibc 2.35 or newer: any of these wheels runs there."""
 
-PROBE = r"""
+TRAIN_PROBE = r"""
 import importlib, importlib.metadata as md, json, os, sys, tempfile
 from diffeqformer import train
 for module in ("diffeqformer.finetune", "diffeqformer.analysis.ablations", "diffeqformer.analysis.inference",
@@ -47,6 +52,18 @@ with tempfile.TemporaryDirectory() as tmp:
     train.use_compilation_cache(os.path.join(tmp, "jax-cache"))
     config = os.path.join(sys.argv[1], "config", "smoke", "diffeqformer.yaml")
     train.main(train.load_config(config, ["--run_dir", os.path.join(tmp, "run")]))
+"""
+"""What a smoke training imports (the modules the GPU benchmarks use too): the full bundle, three parts."""
+MEASURE_PROBE = r"""
+import importlib.metadata as md, json, os, sys
+sys.path.insert(0, os.path.join(sys.argv[1], "benchmarks", "gpu"))
+import measure
+for config in measure.PAIRS["cpu"]:
+    measure.measure(config, [], 2, 1, 100)
+"""
+"""What ``benchmarks/gpu/measure.py`` imports (the models and their training step, not Levanter's data stack nor
+the trainer): one part, so that a single device call installs it and measures."""
+OWNERS = r"""
 owner = {}
 for dist in md.distributions():
     for f in dist.files or []:
@@ -81,21 +98,25 @@ def locked_versions(path: Path = LOCK) -> dict[str, tuple[str, str]]:
     return locked
 
 
-def imported_distributions() -> list[str]:
-    """The distributions that own a module a smoke training (and the GPU benchmarks' imports) load, measured in a
-    child process of this Python."""
-    out = subprocess.run([sys.executable, "-c", PROBE, str(REPO)], capture_output=True, text=True, cwd=REPO)
+PROBES = {"train": TRAIN_PROBE, "measure": MEASURE_PROBE}
+
+
+def imported_distributions(target: str = "train") -> list[str]:
+    """The distributions that own a module the ``target`` probe (``PROBES``) loads, measured in a child process of
+    this Python."""
+    probe = PROBES[target] + OWNERS
+    out = subprocess.run([sys.executable, "-c", probe, str(REPO)], capture_output=True, text=True, cwd=REPO)
     lines = [line for line in out.stdout.splitlines() if line.startswith("@dists ")]
     if out.returncode != 0 or not lines:
         raise SystemExit(f"the probe training failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
     return json.loads(lines[-1].removeprefix("@dists "))
 
 
-def missing_requirements(also: list[str] = ()) -> list[str]:
+def missing_requirements(also: list[str] = (), target: str = "train") -> list[str]:
     """``name==version`` (requirements.lock's) of every imported distribution the lent machine does not have, and
     of ``also`` (packages it has at a version that does not do, as ``verify`` found there)."""
     lent, locked = lent_packages(), locked_versions()
-    wanted = [normalise(d) for d in imported_distributions() if normalise(d) != "diffeqformer"]
+    wanted = [normalise(d) for d in imported_distributions(target) if normalise(d) != "diffeqformer"]
     absent = sorted({d for d in wanted if d not in lent} | {normalise(a) for a in also})
     unlocked = [d for d in absent if d not in locked]
     if unlocked:
@@ -103,11 +124,11 @@ def missing_requirements(also: list[str] = ()) -> list[str]:
     return [f"{locked[d][0]}=={locked[d][1]}" for d in absent]
 
 
-def present_requirements() -> list[str]:
+def present_requirements(target: str = "train") -> list[str]:
     """``name==version`` of every imported distribution the lent machine has: the version seen there where one was
     recorded, else requirements.lock's (a guess). ``simulate.sh`` builds a stand-in of the machine from these."""
     lent, locked = lent_packages(), locked_versions()
-    wanted = sorted({normalise(d) for d in imported_distributions()} & set(lent))
+    wanted = sorted({normalise(d) for d in imported_distributions(target)} & set(lent))
     return [f"{locked[d][0]}=={lent[d] or locked[d][1]}" for d in wanted]
 
 
@@ -192,6 +213,8 @@ def main() -> None:
     parser.add_argument("site", nargs="?", type=Path, help="verify: the folder the bundle is installed in")
     parser.add_argument("--also", nargs="+", default=[], metavar="NAME",
                         help="also carry these packages the machine has at a version that does not do")
+    parser.add_argument("--for", dest="target", choices=sorted(PROBES), default="train",
+                        help="what the bundle is for: a training (default) or benchmarks/gpu/measure.py alone")
     args = parser.parse_args()
     if args.command == "verify":
         if args.site is None:
@@ -204,9 +227,9 @@ def main() -> None:
             "`bundle.py download --also NAME`" if outside else ""))
         return
     if args.command == "present":
-        print("\n".join(present_requirements()))
+        print("\n".join(present_requirements(args.target)))
         return
-    requirements = missing_requirements(args.also)
+    requirements = missing_requirements(args.also, args.target)
     with tempfile.TemporaryDirectory() as tmp:
         wheels = download(requirements, Path(tmp))
         total = sum(w.stat().st_size for w in wheels) / 2**20

@@ -1,0 +1,200 @@
+"""Training-step throughput, model FLOP utilisation and peak memory of DiffEqFormer against GPT-2, on this machine's
+accelerator (issue 13: the paper reports "a slight decrease" in throughput and memory that grows far less than the
+parameter count with d_t).
+
+    python benchmarks/gpu/measure.py [--pairs small medium] [--dt 20 48 96 144] [--batch 16] [--steps 10]
+                                    [--vocab 50257] [--out benchmarks/results/gpu-<device>-<date>.json]
+
+Each measurement runs in a fresh process (so that the accelerator's peak-memory counter is its own): the model of a
+paper config (``PAIRS``; ``--pairs cpu`` takes the cpu preset's configs, to try the script on a CPU) is built with
+random weights, its training step (forward, backward, AdamW, under the config's mixed-precision policy: f32
+parameters, bfloat16 compute in the paper configs) compiled, then ``--steps`` steps on random tokens timed one by one
+(median). Printed and written to ``--out`` (JSON, rewritten after every measurement, so that a run cut short keeps
+what it measured):
+
+* tokens/s and the ratio DiffEqFormer / GPT-2 per pair;
+* model FLOP utilisation: 3 x the forward FLOPs per token (Levanter's ``flops_per_token``: matrix products and
+  attention, as for GPT-2; DiffEqFormer's weight generation and the recomputation of checkpointed steps not counted)
+  x tokens/s, over the peak this device measured for a large bfloat16 matrix product (``--peak-size``);
+* peak memory: the accelerator allocator's ``peak_bytes_in_use`` (GPU, TPU), else None;
+* the same for DiffEqFormer of the first pair at each ``--dt`` (time-embedding size).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PAIRS = {
+    "small": ("config/paper/wikitext103_small_diffeqformer.yaml", "config/paper/wikitext103_small_gpt2.yaml"),
+    "medium": ("config/paper/wikitext103_medium_diffeqformer.yaml", "config/paper/wikitext103_medium_gpt2.yaml"),
+    "cpu": ("config/cpu/diffeqformer.yaml", "config/cpu/gpt2.yaml"),
+}
+"""(DiffEqFormer, GPT-2) configs of the same size: GPT-small (12 x 768, 12 heads, seq 1024), GPT-medium (24 x 1024,
+16 heads), and the cpu preset's 64-d models."""
+
+
+def peak_tflops(n: int, repeats: int = 20) -> float:
+    """Measured bfloat16 matrix-product throughput of the default device: an n x n by n x n product, in TFLOP/s."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jax.random.normal(jax.random.PRNGKey(0), (n, n), dtype=jnp.bfloat16)
+    b = jax.random.normal(jax.random.PRNGKey(1), (n, n), dtype=jnp.bfloat16)
+    mm = jax.jit(lambda a, b: a @ b)
+    mm(a, b).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mm(a, b).block_until_ready()
+        times.append(time.perf_counter() - start)
+    return 2 * n**3 / statistics.median(times) / 1e12
+
+
+def measure(config_path: str, overrides: list[str], batch: int, steps: int, vocab: int) -> dict:
+    """One model's training step, in this process: see the module's docstring. The config's ``model`` section is
+    decoded as Levanter decodes it (its ``type`` picks the class), ``overrides`` (``field=value``) replacing fields;
+    nothing of the training module is imported (its data stack is not needed here, nor installed on a lent GPU)."""
+    import equinox as eqx
+    import haliax as hax
+    import jax
+    import jax.random as jrandom
+    import jmp
+    import levanter.models.gpt2  # noqa: F401  (registers the gpt2 model type)
+    import optax
+    import yaml
+    from draccus.parsers import decoding
+    from levanter.models.lm_model import LmConfig, LmExample
+
+    import diffeqformer.model  # noqa: F401  (registers the diffeqformer model type)
+
+    raw = yaml.safe_load((REPO / config_path).read_text())
+    fields = dict(raw["model"])
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if key not in fields and key != "time_embed_dim":
+            raise ValueError(f"override {item!r}: the model section of {config_path} has no field {key!r}")
+        fields[key] = yaml.safe_load(value)
+    mc = decoding.decode(LmConfig, fields)
+    policy = jmp.get_policy(raw.get("trainer", {}).get("mp", "f32"))
+    Vocab, Batch, Pos = hax.Axis("vocab", vocab), hax.Axis("batch", batch), mc.max_Pos
+    model = mc.build(Vocab, key=jrandom.PRNGKey(0))
+    params = sum(x.size for x in jax.tree_util.tree_leaves(eqx.filter(model, eqx.is_inexact_array)))
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-4, weight_decay=0.1))
+    opt_state = opt.init(eqx.filter(model, eqx.is_inexact_array))
+    tokens = hax.named(jrandom.randint(jrandom.PRNGKey(1), (Batch.size, Pos.size), 0, vocab), (Batch, Pos))
+
+    def loss(model, example, key):
+        value = policy.cast_to_compute(model).compute_next_token_loss(example, key=key)
+        return value.scalar() if hasattr(value, "scalar") else value
+
+    @eqx.filter_jit(donate="all-except-first")
+    def step(tokens, model, opt_state, key):
+        example = hax.vmap(LmExample.causal, Batch)(tokens)
+        value, grads = eqx.filter_value_and_grad(loss)(model, example, key)
+        updates, opt_state = opt.update(grads, opt_state, eqx.filter(model, eqx.is_inexact_array))
+        return value, eqx.apply_updates(model, updates), opt_state
+
+    start = time.perf_counter()
+    value, model, opt_state = step(tokens, model, opt_state, jrandom.PRNGKey(2))
+    jax.block_until_ready(value)
+    compile_s = time.perf_counter() - start
+    times = []
+    for i in range(steps):
+        start = time.perf_counter()
+        value, model, opt_state = step(tokens, model, opt_state, jrandom.PRNGKey(3 + i))
+        jax.block_until_ready(value)
+        times.append(time.perf_counter() - start)
+    step_s = statistics.median(times)
+    stats = jax.devices()[0].memory_stats() or {}
+    flops = mc.flops_per_token(vocab, Pos.size)
+    return {
+        "config": config_path, "overrides": overrides, "model": type(mc).__name__, "layers": mc.num_layers,
+        "hidden": mc.hidden_dim, "heads": mc.num_heads, "seq": Pos.size, "vocab": vocab,
+        "time_embed_dim": getattr(mc, "time_embed_dim", None), "batch": batch, "policy": raw["trainer"].get("mp"),
+        "params": int(params), "compile_s": compile_s, "step_s": step_s, "tokens_per_second": batch * Pos.size / step_s,
+        "train_flops_per_token": 3 * flops if flops else None, "final_loss": float(value),
+        "peak_memory_gib": stats["peak_bytes_in_use"] / 2**30 if "peak_bytes_in_use" in stats else None,
+    }
+
+
+def run_child(args: list[str]) -> dict:
+    """Run this script with ``args`` in a fresh process; its last printed line is its JSON result."""
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=REPO)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pairs", nargs="+", default=["small", "medium"], choices=sorted(PAIRS))
+    p.add_argument("--dt", type=int, nargs="*", default=[20, 48, 96, 144])
+    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--vocab", type=int, default=50257, help="the GPT-2 tokenizer's, as in the paper")
+    p.add_argument("--peak-size", type=int, default=8192)
+    p.add_argument("--out", type=Path)
+    p.add_argument("--one", nargs="+", help=argparse.SUPPRESS)  # child: config path, then overrides
+    p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)  # child: the matrix-product peak
+    args = p.parse_args()
+    if args.batch < 1 or args.steps < 1 or args.vocab < 2 or args.peak_size < 1 or any(d < 1 for d in args.dt):
+        p.error("--batch, --steps, --peak-size and --dt must be positive, --vocab at least 2")
+    if args.peak:
+        import jax
+
+        print(json.dumps({"peak_tflops": peak_tflops(args.peak_size), "device": jax.devices()[0].device_kind,
+                          "platform": jax.devices()[0].platform, "jax": jax.__version__}))
+        return
+    if args.one:
+        print(json.dumps(measure(args.one[0], args.one[1:], args.batch, args.steps, args.vocab)))
+        return
+
+    common = ["--batch", str(args.batch), "--steps", str(args.steps), "--vocab", str(args.vocab)]
+    result = {"date": datetime.date.today().isoformat(), **run_child(["--peak", "--peak-size", str(args.peak_size)]),
+              "pairs": [], "time_embed_dim": []}
+    out = args.out or REPO / "benchmarks" / "results" / (
+        f"{result['platform']}-{result['device'].replace(' ', '_')}-{result['date']}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+
+    def save():
+        out.write_text(json.dumps(result, indent=1) + "\n")
+
+    def mfu(m: dict) -> float | None:
+        return m["train_flops_per_token"] * m["tokens_per_second"] / (result["peak_tflops"] * 1e12) \
+            if m["train_flops_per_token"] else None
+
+    print(f"{result['device']} ({result['platform']}, JAX {result['jax']}): bfloat16 {args.peak_size}^3 product "
+          f"{result['peak_tflops']:.0f} TFLOP/s", flush=True)
+    for name in args.pairs:
+        ours, gpt = (run_child(["--one", c, *common]) for c in PAIRS[name])
+        for m in (ours, gpt):
+            m["mfu"] = mfu(m)
+        entry = {"pair": name, "diffeqformer": ours, "gpt2": gpt,
+                 "ratio": ours["tokens_per_second"] / gpt["tokens_per_second"]}
+        result["pairs"].append(entry)
+        save()
+        for m in (ours, gpt):
+            print(f"{name:6s} {m['model']:20s} {m['params'] / 1e6:7.1f}M params  {m['tokens_per_second']:9.0f} tokens/s"
+                  f"  MFU {m['mfu'] or 0:5.1%}  peak {m['peak_memory_gib'] or 0:6.2f} GiB  compile {m['compile_s']:.0f} s",
+                  flush=True)
+        print(f"{name:6s} DiffEqFormer / GPT-2 tokens/s: {entry['ratio']:.3f}", flush=True)
+    for dt in args.dt:
+        m = run_child(["--one", PAIRS[args.pairs[0]][0], f"time_embed_dim={dt}", *common])
+        m["mfu"] = mfu(m)
+        result["time_embed_dim"].append(m)
+        save()
+        print(f"d_t {dt:4d}: {m['params'] / 1e6:7.1f}M params  {m['tokens_per_second']:9.0f} tokens/s  "
+              f"peak {m['peak_memory_gib'] or 0:6.2f} GiB", flush=True)
+    print(f"written to {out}")
+
+
+if __name__ == "__main__":
+    main()
