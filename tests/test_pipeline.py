@@ -346,6 +346,31 @@ def test_presets_page_counts_the_runs_the_pipeline_trains(tmp_path, monkeypatch)
         assert f"| `{preset}` | {len(pipeline.plan(preset).trainings)} runs of " in page
 
 
+def _measured(d_t, params, tps, peak, mfu=None, model="DiffEqFormerConfig"):
+    return {"model": model, "layers": 12, "hidden": 768, "seq": 1024, "time_embed_dim": d_t, "batch": 16,
+            "params": params, "tokens_per_second": tps, "peak_memory_gib": peak, "mfu": mfu}
+
+
+def test_gpu_page_reads_its_numbers_from_the_measurement_files(tmp_path):
+    """The GPU table and its sentence come from benchmarks/gpu/measure.py's JSON: ratio, MFU and the d_t growth are
+    the file's (here made up), and no file gives a sentence saying so, not an empty table."""
+    assert "No accelerator measurements" in pipeline.build.gpu_markdown(tmp_path)
+    result = {"date": "2026-01-02", "device": "Some GPU", "jax": "0.11.2", "peak_tflops": 500.0, "pairs": [
+        {"pair": "small", "ratio": 0.9, "diffeqformer": _measured(20, 2e8, 90_000, 4.0, 0.25),
+         "gpt2": _measured(None, 1e8, 100_000, 3.0, 0.30, "Gpt2Config")}],
+        "time_embed_dim": [_measured(80, 8e8, 81_000, 10.0, 0.2)]}
+    (tmp_path / "gpu-some-2026-01-02.json").write_text(json.dumps(result))
+    page = pipeline.build.gpu_markdown(tmp_path)
+    assert "**Some GPU**, 2026-01-02, JAX 0.11.2, batches of 16 sequences" in page and "500 TFLOP/s" in page
+    assert "| small (12 x 768, seq 1024) | DiffEqFormer | 20 | 200.0M | 90,000 | 0.900 | 25.0% | 4.00 GiB |" in page
+    assert "| small (12 x 768, seq 1024) | GPT-2 |  | 100.0M | 100,000 |  | 30.0% | 3.00 GiB |" in page
+    assert ("DiffEqFormer trains at 0.90 times GPT-2's tokens/s, the models at 25%-30% model FLOP utilisation. "
+            "From d_t = 20 to 80 the parameters grow 4.0 times, the peak memory 2.5 times, and tokens/s change by "
+            "-10%.") in page
+    # the committed measurements render
+    assert "TFLOP/s" in pipeline.build.gpu_markdown()
+
+
 def test_finetune_runs_lists_the_grid_with_pretrainings_first():
     runs = pipeline.finetune_runs("cpu")
     names = list(runs)

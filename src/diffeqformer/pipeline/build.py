@@ -41,7 +41,66 @@ def generated_pages(result: Plan, state: dict) -> dict[str, str]:
     contents, the API reference's module list. Only numbers that stay the same when nothing is re-run enter them,
     so a cached run rebuilds nothing."""
     return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
-            "api.md": api_markdown()}
+            "api.md": api_markdown(), "gpu.md": gpu_markdown()}
+
+
+GPU_RESULTS = paths.REPO / "benchmarks" / "results"
+"""``benchmarks/gpu/measure.py``'s JSON files (``gpu-*.json``), committed from the machines they were measured on."""
+
+
+def gpu_markdown(folder: Path = GPU_RESULTS) -> str:
+    """The accelerator measurements of ``folder`` as tables, read from their JSON (no number typed by hand): per
+    file, each DiffEqFormer / GPT-2 pair's parameters, tokens/s, their ratio, model FLOP utilisation and peak
+    memory; then DiffEqFormer at each time-embedding size measured (the first pair's model, whose own d_t is in the
+    pair's row)."""
+    files = sorted(folder.glob("gpu-*.json"))
+    if not files:
+        return "No accelerator measurements are committed yet (`benchmarks/gpu/measure.py` makes them).\n"
+    out = []
+    for file in files:
+        r = json.loads(file.read_text())
+        batch = {m["batch"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"])}
+        out += [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, batches of {', '.join(map(str, sorted(batch)))} "
+                f"sequences, bfloat16 matrix-product peak measured at {r['peak_tflops']:.0f} TFLOP/s "
+                f"(`{file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file}`):", "",
+                "| size | model | d_t | parameters | tokens/s | DiffEqFormer / GPT-2 | MFU | peak memory |",
+                "|---|---|---|---|---|---|---|---|"]
+
+        def row(size, name, m, ratio=""):
+            mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "n/a"
+            peak = f"{m['peak_memory_gib']:.2f} GiB" if m.get("peak_memory_gib") is not None else "n/a"
+            return (f"| {size} ({m['layers']} x {m['hidden']}, seq {m['seq']}) | {name} | {m['time_embed_dim'] or ''} "
+                    f"| {m['params'] / 1e6:.1f}M | {m['tokens_per_second']:,.0f} | {ratio} | {mfu} | {peak} |")
+
+        for p in r["pairs"]:
+            out.append(row(p["pair"], "DiffEqFormer", p["diffeqformer"], f"{p['ratio']:.3f}"))
+            out.append(row(p["pair"], "GPT-2", p["gpt2"]))
+        for m in r.get("time_embed_dim", []):
+            out.append(row(r["pairs"][0]["pair"], "DiffEqFormer", m))
+        out += ["", gpu_summary(r), ""]
+    return "\n".join(out) + "\n"
+
+
+def gpu_summary(r: Mapping[str, Any]) -> str:
+    """One sentence on a ``measure.py`` result: the DiffEqFormer / GPT-2 throughput ratios and the model FLOP
+    utilisation measured, and, where several time-embedding sizes were measured, how parameters, peak memory and
+    throughput grow from the smallest d_t to the largest (the paper's Figs. 15-16)."""
+    ratios = [p["ratio"] for p in r["pairs"]]
+    mfus = [m["mfu"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"]) if m.get("mfu") is not None]
+    def span(values, fmt):
+        low, high = format(min(values), fmt), format(max(values), fmt)
+        return low if low == high else f"{low}-{high}"
+
+    text = f"DiffEqFormer trains at {span(ratios, '.2f')} times GPT-2's tokens/s"
+    if mfus:
+        text += f", the models at {span(mfus, '.0%')} model FLOP utilisation"
+    sweep = sorted([r["pairs"][0]["diffeqformer"], *r.get("time_embed_dim", [])], key=lambda m: m["time_embed_dim"])
+    if len(sweep) > 1 and all(m.get("peak_memory_gib") for m in sweep):
+        a, b = sweep[0], sweep[-1]
+        text += (f". From d_t = {a['time_embed_dim']} to {b['time_embed_dim']} the parameters grow "
+                 f"{b['params'] / a['params']:.1f} times, the peak memory {b['peak_memory_gib'] / a['peak_memory_gib']:.1f} "
+                 f"times, and tokens/s change by {b['tokens_per_second'] / a['tokens_per_second'] - 1:+.0%}")
+    return text + "."
 
 
 def timings_markdown(result: Plan, state: dict) -> str:
