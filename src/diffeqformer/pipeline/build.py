@@ -60,17 +60,19 @@ def gpu_markdown(folder: Path = GPU_RESULTS) -> str:
     for file in files:
         r = json.loads(file.read_text())
         batch = {m["batch"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"])}
+        sizes = {p["pair"]: p["diffeqformer"] for p in r["pairs"]}
+        shapes = "; ".join(f"{name}: {m['layers']} x {m['hidden']}, seq {m['seq']}" for name, m in sizes.items())
         out += [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, batches of {', '.join(map(str, sorted(batch)))} "
-                f"sequences, bfloat16 matrix-product peak measured at {r['peak_tflops']:.0f} TFLOP/s "
+                f"sequences ({shapes}), bfloat16 matrix-product peak measured at {r['peak_tflops']:.0f} TFLOP/s "
                 f"(`{file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file}`):", "",
-                "| size | model | d_t | parameters | tokens/s | DiffEqFormer / GPT-2 | MFU | peak memory |",
+                "| size | model | d_t | parameters | tokens/s | ratio to GPT-2 | MFU | peak GiB |",
                 "|---|---|---|---|---|---|---|---|"]
 
         def row(size, name, m, ratio=""):
             mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "n/a"
-            peak = f"{m['peak_memory_gib']:.2f} GiB" if m.get("peak_memory_gib") is not None else "n/a"
-            return (f"| {size} ({m['layers']} x {m['hidden']}, seq {m['seq']}) | {name} | {m['time_embed_dim'] or ''} "
-                    f"| {m['params'] / 1e6:.1f}M | {m['tokens_per_second']:,.0f} | {ratio} | {mfu} | {peak} |")
+            peak = f"{m['peak_memory_gib']:.2f}" if m.get("peak_memory_gib") is not None else "n/a"
+            return (f"| {size} | {name} | {m['time_embed_dim'] or ''} | {m['params'] / 1e6:.0f}M "
+                    f"| {m['tokens_per_second']:,.0f} | {ratio} | {mfu} | {peak} |")
 
         for p in r["pairs"]:
             out.append(row(p["pair"], "DiffEqFormer", p["diffeqformer"], f"{p['ratio']:.3f}"))
