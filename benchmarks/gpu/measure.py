@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import statistics
 import subprocess
 import sys
@@ -58,7 +59,42 @@ def peak_tflops(n: int, repeats: int = 20) -> float:
     return 2 * n**3 / statistics.median(times) / 1e12
 
 
-def measure(config_path: str, overrides: list[str], batch: int, steps: int, vocab: int) -> dict:
+def profile_ops(trace_dir: Path, steps: int, top: int = 15) -> dict:
+    """The ops of a ``jax.profiler`` trace (its Perfetto JSON) that took the most device time, summed by name:
+    the accelerator's "XLA Ops" line where there is one (GPU), else every complete event of the processes named
+    after a device, and on a CPU the events of XLA's threads; milliseconds per step over ``steps`` traced steps, and
+    the share of all of them, by op and by kind of op."""
+    import gzip
+
+    trace = next(trace_dir.rglob("perfetto_trace.json.gz"))
+    events = json.loads(gzip.decompress(trace.read_bytes()))
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    processes = {e["pid"]: e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "process_name"}
+    threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events
+               if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    devices = {pid for pid, name in processes.items() if "/device:" in name}
+    lines = {key for key, name in threads.items() if key[0] in devices and name == "XLA Ops"}
+    if not devices:  # the CPU: XLA's own threads of the host process
+        lines = {key for key, name in threads.items() if name.startswith("tf_XLA")}
+    totals: dict[str, float] = {}
+    for e in events:
+        key = (e.get("pid"), e.get("tid"))
+        if e.get("ph") == "X" and (key in lines if lines else e.get("pid") in devices):
+            totals[e["name"]] = totals.get(e["name"], 0.0) + e.get("dur", 0.0)
+    kinds: dict[str, float] = {}  # the same kind of op: its name without the instance number (fusion.12 -> fusion)
+    for name, us in totals.items():
+        kind = re.sub(r"[.\d]+$", "", name)
+        kinds[kind] = kinds.get(kind, 0.0) + us
+    whole = sum(totals.values()) or 1.0
+
+    def ranked(table):
+        best = sorted(table.items(), key=lambda kv: -kv[1])[:top]
+        return [{"op": name, "ms_per_step": us / 1e3 / steps, "share": us / whole} for name, us in best]
+
+    return {"ms_per_step": whole / 1e3 / steps, "by_kind": ranked(kinds), "by_op": ranked(totals)}
+
+
+def measure(config_path: str, overrides: list[str], batch: int, steps: int, vocab: int, profile: int = 0) -> dict:
     """One model's training step, in this process: see the module's docstring. The config's ``model`` section is
     decoded as Levanter decodes it (its ``type`` picks the class), ``overrides`` (``field=value``) replacing fields;
     nothing of the training module is imported (its data stack is not needed here, nor installed on a lent GPU)."""
@@ -113,7 +149,17 @@ def measure(config_path: str, overrides: list[str], batch: int, steps: int, voca
         jax.block_until_ready(value)
         times.append(time.perf_counter() - start)
     step_s = statistics.median(times)
-    stats = jax.devices()[0].memory_stats() or {}
+    stats = jax.devices()[0].memory_stats() or {}  # before profiling, which could add its own buffers
+    ops = None
+    if profile:
+        import tempfile
+
+        with tempfile.TemporaryDirectory(prefix="diffeqformer-profile-") as folder:
+            with jax.profiler.trace(folder, create_perfetto_trace=True):
+                for i in range(profile):
+                    value, model, opt_state = step(tokens, model, opt_state, jrandom.PRNGKey(1000 + i))
+                    jax.block_until_ready(value)
+            ops = profile_ops(Path(folder), profile)
     flops = mc.flops_per_token(vocab, Pos.size)
     return {
         "config": config_path, "overrides": overrides, "model": type(mc).__name__, "layers": mc.num_layers,
@@ -122,6 +168,7 @@ def measure(config_path: str, overrides: list[str], batch: int, steps: int, voca
         "params": int(params), "compile_s": compile_s, "step_s": step_s, "tokens_per_second": batch * Pos.size / step_s,
         "train_flops_per_token": 3 * flops if flops else None, "final_loss": float(value),
         "peak_memory_gib": stats["peak_bytes_in_use"] / 2**30 if "peak_bytes_in_use" in stats else None,
+        "profile": ops,
     }
 
 
@@ -142,12 +189,15 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--vocab", type=int, default=50257, help="the GPT-2 tokenizer's, as in the paper")
     p.add_argument("--peak-size", type=int, default=8192)
+    p.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                   help="also trace this many steps of each pair's models with JAX's profiler and print their costliest ops")
     p.add_argument("--out", type=Path)
     p.add_argument("--one", nargs="+", help=argparse.SUPPRESS)  # child: config path, then overrides
     p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)  # child: the matrix-product peak
     args = p.parse_args()
-    if args.batch < 1 or args.steps < 1 or args.vocab < 2 or args.peak_size < 1 or any(d < 1 for d in args.dt):
-        p.error("--batch, --steps, --peak-size and --dt must be positive, --vocab at least 2")
+    if args.batch < 1 or args.steps < 1 or args.vocab < 2 or args.peak_size < 1 or any(d < 1 for d in args.dt) \
+            or args.profile < 0:
+        p.error("--batch, --steps, --peak-size and --dt must be positive, --vocab at least 2, --profile not negative")
     if args.peak:
         import jax
 
@@ -155,7 +205,7 @@ def main():
                           "platform": jax.devices()[0].platform, "jax": jax.__version__}))
         return
     if args.one:
-        print(json.dumps(measure(args.one[0], args.one[1:], args.batch, args.steps, args.vocab)))
+        print(json.dumps(measure(args.one[0], args.one[1:], args.batch, args.steps, args.vocab, args.profile)))
         return
 
     common = ["--batch", str(args.batch), "--steps", str(args.steps), "--vocab", str(args.vocab)]
@@ -175,7 +225,7 @@ def main():
     print(f"{result['device']} ({result['platform']}, JAX {result['jax']}): bfloat16 {args.peak_size}^3 product "
           f"{result['peak_tflops']:.0f} TFLOP/s", flush=True)
     for name in args.pairs:
-        ours, gpt = (run_child(["--one", c, *common]) for c in PAIRS[name])
+        ours, gpt = (run_child(["--one", c, *common, "--profile", str(args.profile)]) for c in PAIRS[name])
         for m in (ours, gpt):
             m["mfu"] = mfu(m)
         entry = {"pair": name, "diffeqformer": ours, "gpt2": gpt,
@@ -187,6 +237,11 @@ def main():
                   f"  MFU {m['mfu'] or 0:5.1%}  peak {m['peak_memory_gib'] or 0:6.2f} GiB  compile {m['compile_s']:.0f} s",
                   flush=True)
         print(f"{name:6s} DiffEqFormer / GPT-2 tokens/s: {entry['ratio']:.3f}", flush=True)
+        for m in (ours, gpt):
+            if m["profile"]:
+                print(f"    {m['model']}: {m['profile']['ms_per_step']:.2f} ms of ops a step, by kind:")
+                for op in m["profile"]["by_kind"][:12]:
+                    print(f"      {op['ms_per_step']:8.2f} ms {op['share']:6.1%}  {op['op'][:90]}")
     for dt in args.dt:
         m = run_child(["--one", PAIRS[args.pairs[0]][0], f"time_embed_dim={dt}", *common])
         m["mfu"] = mfu(m)
