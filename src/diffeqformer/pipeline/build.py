@@ -56,6 +56,13 @@ def gpu_markdown(folder: Path = GPU_RESULTS) -> str:
     files = sorted(folder.glob("gpu-*.json"))
     if not files:
         return "No accelerator measurements are committed yet (`benchmarks/gpu/measure.py` makes them).\n"
+
+    def row(size, name, m, ratio=""):
+        mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "n/a"
+        peak = f"{m['peak_memory_gib']:.2f}" if m.get("peak_memory_gib") is not None else "n/a"
+        return (f"| {size} | {name} | {m['time_embed_dim'] or ''} | {m['params'] / 1e6:.0f}M "
+                f"| {m['tokens_per_second']:,.0f} | {ratio} | {mfu} | {peak} |")
+
     out = []
     for file in files:
         r = json.loads(file.read_text())
@@ -67,13 +74,6 @@ def gpu_markdown(folder: Path = GPU_RESULTS) -> str:
                 f"(`{file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file}`):", "",
                 "| size | model | d_t | parameters | tokens/s | ratio to GPT-2 | MFU | peak GiB |",
                 "|---|---|---|---|---|---|---|---|"]
-
-        def row(size, name, m, ratio=""):
-            mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "n/a"
-            peak = f"{m['peak_memory_gib']:.2f}" if m.get("peak_memory_gib") is not None else "n/a"
-            return (f"| {size} | {name} | {m['time_embed_dim'] or ''} | {m['params'] / 1e6:.0f}M "
-                    f"| {m['tokens_per_second']:,.0f} | {ratio} | {mfu} | {peak} |")
-
         for p in r["pairs"]:
             out.append(row(p["pair"], "DiffEqFormer", p["diffeqformer"], f"{p['ratio']:.3f}"))
             out.append(row(p["pair"], "GPT-2", p["gpt2"]))
@@ -89,6 +89,7 @@ def gpu_summary(r: Mapping[str, Any]) -> str:
     throughput grow from the smallest d_t to the largest (the paper's Figs. 15-16)."""
     ratios = [p["ratio"] for p in r["pairs"]]
     mfus = [m["mfu"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"]) if m.get("mfu") is not None]
+
     def span(values, fmt):
         low, high = format(min(values), fmt), format(max(values), fmt)
         return low if low == high else f"{low}-{high}"
