@@ -185,7 +185,12 @@ def test_hypernetwork_headline(tmp_path):
 def test_a_training_step_is_measured_in_a_fresh_process(tmp_path):
     smoke = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
     run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
-    result = ablations.measure_training_step(run, batch=4, steps=3)
+    wide = {**smoke["model"], "time_embed_dim": 4 * smoke["model"]["time_embed_dim"]}
+    wider = fake_run(tmp_path, "wider", model=wide, losses={0: 8.0, 1: 7.0})
+    # two runs: compiled side by side, measured one after the other; each result is its own run's
+    result, other = ablations.measure_training_steps([run, wider], batch=4, steps=3)
+    assert (result["run"], other["run"]) == (run, wider)
+    assert other["xla_planned_mib"] > result["xla_planned_mib"]  # the larger time embedding's parameters
     assert result["backend"] == "cpu" and result["batch"] == 4 and result["steps"] == 3
     assert result["tokens_per_second"] == pytest.approx(4 * 64 / result["step_s"]) and result["step_s"] > 0
     assert result["rss_peak_mib"] >= result["rss_baseline_mib"] > 0
@@ -201,6 +206,10 @@ def test_measure_training_step_rejects_bad_input(tmp_path):
         ablations.measure_training_step(tmp_path, batch=0)
     with pytest.raises(FileNotFoundError, match="no finished run"):
         ablations.measure_training_step(tmp_path / "nothing")
+    smoke = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
+    run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
+    with pytest.raises(FileNotFoundError, match="no finished run"):  # checked before any process starts
+        ablations.measure_training_steps([run, tmp_path / "nothing"])
 
 
 def test_time_embedding_figure_shows_each_seed():
