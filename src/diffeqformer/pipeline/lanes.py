@@ -72,8 +72,10 @@ preset after 32 runs (LLVM: "Cannot allocate memory" while compiling, then a seg
 programs pile up in a long-lived JAX process. Starting one costs about 10 s (JAX, Levanter)."""
 TRAIN_LANES = int(os.environ.get("DIFFEQFORMER_TRAIN_LANES", "2"))
 """Training processes that run side by side (``DIFFEQFORMER_TRAIN_LANES``; 1 trains one run at a time). On the
-two-core machine two 64-d runs of 150 steps took 82 s side by side against 140 s one after the other: a small
-model's XLA program keeps about 1.3 cores busy, and start-up, compilation and evaluation mostly one."""
+two-core machine two 64-d runs of 150 steps took 82 s side by side against 140 s one after the other: start-up,
+compilation and evaluation keep mostly one core busy. The training steps themselves gain nothing: two 3-seed
+populations' steps side by side had 0.97 times the throughput of one (2026-11-26), whose XLA program already keeps
+both cores busy."""
 
 
 class _Worker:
