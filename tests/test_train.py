@@ -151,3 +151,33 @@ def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path
     for a, b in zip(levanters, ours):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
+
+
+_BEFORE_INITIALIZE = """
+import sys
+import levanter.trainer
+from jax._src import xla_bridge
+
+def initialize(config):  # Levanter's, which calls jax.distributed.initialize on a cluster: record, then stop
+    print("backend started before initialize:", xla_bridge.backends_are_initialized(), flush=True)
+    raise SystemExit(0)
+
+levanter.trainer.initialize = initialize
+from diffeqformer import population, train
+config = train.load_config(sys.argv[2], ["--run_dir", sys.argv[3]])
+if sys.argv[1] == "population":
+    population.main(population.members_of(config, 2))
+else:
+    train.main(config)
+"""
+
+
+@pytest.mark.parametrize("module", ["train", "population"])
+def test_levanter_initializes_before_jax_starts_its_backend(module, tmp_path):
+    # jax.distributed.initialize (multi-host, or a cluster Levanter detects) raises once JAX's backend has started;
+    # building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts it. Seen on a lent
+    # H200: "jax.distributed.initialize() must be called before any JAX calls that might initialise the XLA backend".
+    out = subprocess.run([sys.executable, "-c", _BEFORE_INITIALIZE, module, str(SMOKE), str(tmp_path / "run")],
+                         env=_env(tmp_path / "run"), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "backend started before initialize: False" in out.stdout

@@ -259,8 +259,10 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
         trainer_config = dataclasses.replace(
             train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population", train_batch_size=n * batch,
             tracker=(PopulationTrackerConfig(tuple(str(d / "metrics.jsonl") for d in run_dirs)),))
-        inner = train.with_paper_weight_decay(base.optimizer, base.model).build(trainer_config.num_train_steps)
+        # before anything that starts JAX's backend (building the optimiser evaluates its learning-rate schedule):
+        # jax.distributed.initialize, which Levanter calls here on a cluster, refuses to run after it
         levanter.trainer.initialize(trainer_config)
+        inner = train.with_paper_weight_decay(base.optimizer, base.model).build(trainer_config.num_train_steps)
 
         start = time.time()
         with Trainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
