@@ -240,10 +240,7 @@ def main(config: FinetuneConfig) -> dict:
 
         data = config.data.levanter_config()
         trainer_config = trainer_config_of(config, run_dir)
-        # before anything that starts JAX's backend (building the optimiser evaluates its learning-rate schedule):
-        # jax.distributed.initialize, which Levanter calls here on a cluster, refuses to run after it
-        levanter.trainer.initialize(trainer_config)
-        optimizer = with_weight_decay(config.optimizer, DECAY_BASELINE).build(trainer_config.num_train_steps)
+        optimizer = train.initialize_and_build(trainer_config, with_weight_decay(config.optimizer, DECAY_BASELINE))
 
         start = time.time()
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:

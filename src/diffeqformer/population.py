@@ -236,7 +236,6 @@ def member_evaluations(trainer, eval_sets, tokenizer, n: int):
 def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
     """Train the members of a population (or resume it, or skip it when every member is complete) and return each
     member's ``complete.json``."""
-    import levanter.trainer
     from haliax.partitioning import round_axis_for_partitioning
     from .dispatch import Trainer, batched_maps
 
@@ -259,10 +258,7 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
         trainer_config = dataclasses.replace(
             train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population", train_batch_size=n * batch,
             tracker=(PopulationTrackerConfig(tuple(str(d / "metrics.jsonl") for d in run_dirs)),))
-        # before anything that starts JAX's backend (building the optimiser evaluates its learning-rate schedule):
-        # jax.distributed.initialize, which Levanter calls here on a cluster, refuses to run after it
-        levanter.trainer.initialize(trainer_config)
-        inner = train.with_paper_weight_decay(base.optimizer, base.model).build(trainer_config.num_train_steps)
+        inner = train.initialize_and_build(trainer_config, train.with_paper_weight_decay(base.optimizer, base.model))
 
         start = time.time()
         with Trainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:

@@ -29,6 +29,7 @@ from typing import Any, Mapping, Optional
 import draccus
 import jax
 import jax.random as jrandom
+import optax
 from haliax import Axis
 from haliax.partitioning import round_axis_for_partitioning
 from levanter.models.lm_model import LmConfig, LmExample, LmHeadModel
@@ -304,10 +305,18 @@ def trainer_config_of(config: TrainConfig, run_dir: Path) -> TrainerConfig:
     )
 
 
-def main(config: TrainConfig) -> dict:
-    """Train (or resume, or skip a finished run) and return the contents of ``complete.json``."""
+def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConfig) -> optax.GradientTransformation:
+    """Levanter's initialisation for ``trainer_config``, then ``optimizer`` built for its steps: in that order, since
+    building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts JAX's backend, and
+    jax.distributed.initialize (which Levanter calls on a cluster) refuses to run after that."""
     import levanter.trainer
 
+    levanter.trainer.initialize(trainer_config)
+    return optimizer.build(trainer_config.num_train_steps)
+
+
+def main(config: TrainConfig) -> dict:
+    """Train (or resume, or skip a finished run) and return the contents of ``complete.json``."""
     validate(config)
     run_dir = run_dir_of(config)
     with run_lock(run_dir):
@@ -318,10 +327,7 @@ def main(config: TrainConfig) -> dict:
 
         data = config.data.levanter_config()
         trainer_config = trainer_config_of(config, run_dir)
-        # before anything that starts JAX's backend (building the optimiser evaluates its learning-rate schedule):
-        # jax.distributed.initialize, which Levanter calls here on a cluster, refuses to run after it
-        levanter.trainer.initialize(trainer_config)
-        optimizer = with_paper_weight_decay(config.optimizer, config.model).build(trainer_config.num_train_steps)
+        optimizer = initialize_and_build(trainer_config, with_paper_weight_decay(config.optimizer, config.model))
 
         start = time.time()
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
