@@ -153,6 +153,39 @@ def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
 
 
+
+_COUNT_SAVEABLE = """
+import sys
+import levanter.trainer_state as ts
+import diffeqformer.train as t
+
+levanters = ts.TrainerState.saveable_state
+steps = []
+ts.TrainerState.saveable_state = property(lambda state: steps.append(int(state.step)) or levanters.fget(state))
+t.cli(sys.argv[1:])
+print("saveable_state at steps", steps)
+"""
+
+
+def test_train_state_is_filtered_for_checkpoints_only(full_run, tmp_path):
+    """Our Trainer's checkpoint hook has Levanter's ``saveable_state`` computed when a checkpoint is written, not
+    after every step (Levanter's own hook does, 20 times in this run); the run is the full run, bit for bit (and
+    ``test_resume_after_sigkill_equals_uninterrupted_run`` resumes from such checkpoints)."""
+    full_dir, _ = full_run
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-c", _COUNT_SAVEABLE, "--config", str(SMOKE), "--run_dir", str(run_dir),
+           "--trainer.checkpointer.keep", '[{"every": 5}]']
+    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    saved = sorted(int(line.rsplit(" ", 1)[1].rstrip(".")) for line in out.stderr.splitlines()
+                   if "Saving checkpoint at step" in line and " to " not in line)
+    steps = eval(out.stdout.split("saveable_state at steps", 1)[1])
+    assert saved == [5, 10, 15, 19] and sorted(steps) == [s + 1 for s in saved], (saved, steps)
+    ours = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
+    full = jax.tree_util.tree_leaves(eqx.filter(load_model(full_dir), eqx.is_array))
+    for a, b in zip(ours, full):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
 _BEFORE_INITIALIZE = """
 import sys
 import levanter.trainer

@@ -30,6 +30,7 @@ import numpy as np
 from haliax.partitioning import ResourceMapping, infer_resource_partitions
 from levanter.data.dataset import AsyncDataset, MappedAsyncDataset, PermutationDataset
 from levanter.data.mixture import MixtureDataset
+from levanter.callbacks import LambdaCallback, ProgressEvent, progress_event_scope
 from levanter.data.text.datasets import CausalLmDataset, NamedLmDataset
 from levanter.trainer import Trainer as LevanterTrainer
 
@@ -124,8 +125,23 @@ def _array_leaves(shape, resources) -> list:
     return [r for x, r in zip(arrays, per_leaf) if isinstance(x, jax.ShapeDtypeStruct)]
 
 
+class _Saveable:
+    """The state a checkpoint would hold, computed only when a checkpoint is written (see ``Trainer``)."""
+
+    def __init__(self, state):
+        self.state = state
+
+
 class Trainer(LevanterTrainer):
-    """Levanter's ``Trainer``, its training step called through ``FlatJit`` (everything else is Levanter's)."""
+    """Levanter's ``Trainer``, its training step called through ``FlatJit`` and its checkpoint hook filtering the
+    train state only when a checkpoint is written (everything else is Levanter's).
+
+    Levanter's checkpoint hook computes ``TrainerState.saveable_state`` after every step, and then its checkpointer
+    decides whether to save: a mask over the whole train state and a filter of the state with it, Python walks of an
+    Equinox tree. On the cpu preset's synthetic population that was 43% of the training loop's Python time (py-spy,
+    400 steps), the hook took 8.0-8.9 ms a step. Here the hook hands the checkpointer a ``_Saveable`` of the state,
+    and the checkpointer's ``save_checkpoint``, which is where its ``on_step`` uses the tree, computes Levanter's
+    ``saveable_state`` from it: the same checkpoint, computed when one is written."""
 
     @cached_property
     def _jit_train_step_fn(self):
@@ -134,6 +150,26 @@ class Trainer(LevanterTrainer):
     @cached_property
     def _jit_train_step_fn_no_hook(self):
         return FlatJit(functools.partial(self._train_step, _no_hooks=True), self.parameter_axis_mapping)
+
+    def _add_default_hooks(self):
+        super()._add_default_hooks()
+        hooks = [h for h in self.hooks.hooks if getattr(getattr(h.fn, "fn", None), "__name__", "") == "checkpoint_hook"]
+        if len(hooks) != 1:  # Levanter's hooks changed: keep its own
+            return
+        checkpointer = self._checkpointer
+        save = checkpointer.save_checkpoint
+
+        def save_checkpoint(tree, *args, **kwargs):
+            return save(tree.state.saveable_state if isinstance(tree, _Saveable) else tree, *args, **kwargs)
+
+        def checkpoint_hook(info, force=False):  # Levanter's, the state to save computed when it is saved
+            with progress_event_scope(
+                info.emit_event, ProgressEvent.CHECKPOINT_STARTED, ProgressEvent.CHECKPOINT_FINISHED
+            ):
+                checkpointer.on_step(tree=_Saveable(info.state), step=info.step, force=force)
+
+        checkpointer.save_checkpoint = save_checkpoint
+        hooks[0].fn = LambdaCallback(checkpoint_hook)
 
 
 _MAPS = (CausalLmDataset, NamedLmDataset)
