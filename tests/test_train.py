@@ -27,6 +27,15 @@ def _env(run_dir):
     return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(run_dir.parent / "jax-cache")}
 
 
+def _assert_same_parameters(run_dir, other_dir, err_msg=""):
+    """The two runs' saved models have the same parameters, bit for bit."""
+    a = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
+    b = jax.tree_util.tree_leaves(eqx.filter(load_model(other_dir), eqx.is_array))
+    assert len(a) == len(b) > 10
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=err_msg)
+
+
 def _run(run_dir):
     # A subprocess, as a user runs it: Levanter's trainer sets global JAX and logging state.
     env = _env(run_dir)
@@ -86,11 +95,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     seed = kill_seed()
     kills, stderr = run_with_kills(_train_cmd(run_dir), _env(run_dir), run_dir, seed)
     check_kills(kills, stderr, seed)
-    resumed = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
-    full = jax.tree_util.tree_leaves(eqx.filter(load_model(full_dir), eqx.is_array))
-    assert len(resumed) == len(full) > 10
-    for a, b in zip(resumed, full):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b), err_msg=f"kill seed {seed}: {kills}")
+    _assert_same_parameters(run_dir, full_dir, err_msg=f"kill seed {seed}: {kills}")
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
 
 
@@ -145,16 +150,12 @@ def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path
     cmd = [sys.executable, "-c", script, "--config", str(SMOKE), "--run_dir", str(run_dir)]
     out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    levanters = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
-    ours = jax.tree_util.tree_leaves(eqx.filter(load_model(full_dir), eqx.is_array))
-    assert len(levanters) == len(ours) > 10
-    for a, b in zip(levanters, ours):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _assert_same_parameters(run_dir, full_dir)
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
 
 
-
 _COUNT_SAVEABLE = """
+import json
 import sys
 import levanter.trainer_state as ts
 import diffeqformer.train as t
@@ -163,7 +164,7 @@ levanters = ts.TrainerState.saveable_state
 steps = []
 ts.TrainerState.saveable_state = property(lambda state: steps.append(int(state.step)) or levanters.fget(state))
 t.cli(sys.argv[1:])
-print("saveable_state at steps", steps)
+print("saveable_state at steps", json.dumps(steps))
 """
 
 
@@ -179,12 +180,10 @@ def test_train_state_is_filtered_for_checkpoints_only(full_run, tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
     saved = sorted(int(line.rsplit(" ", 1)[1].rstrip(".")) for line in out.stderr.splitlines()
                    if "Saving checkpoint at step" in line and " to " not in line)
-    steps = eval(out.stdout.split("saveable_state at steps", 1)[1])
+    steps = json.loads(out.stdout.split("saveable_state at steps", 1)[1])
     assert saved == [5, 10, 15, 19] and sorted(steps) == [s + 1 for s in saved], (saved, steps)
-    ours = jax.tree_util.tree_leaves(eqx.filter(load_model(run_dir), eqx.is_array))
-    full = jax.tree_util.tree_leaves(eqx.filter(load_model(full_dir), eqx.is_array))
-    for a, b in zip(ours, full):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    _assert_same_parameters(run_dir, full_dir)
+
 
 _BEFORE_INITIALIZE = """
 import sys

@@ -28,9 +28,9 @@ import jax
 import jax.tree_util as jtu
 import numpy as np
 from haliax.partitioning import ResourceMapping, infer_resource_partitions
+from levanter.callbacks import LambdaCallback, ProgressEvent, progress_event_scope
 from levanter.data.dataset import AsyncDataset, MappedAsyncDataset, PermutationDataset
 from levanter.data.mixture import MixtureDataset
-from levanter.callbacks import LambdaCallback, ProgressEvent, progress_event_scope
 from levanter.data.text.datasets import CausalLmDataset, NamedLmDataset
 from levanter.trainer import Trainer as LevanterTrainer
 
