@@ -187,9 +187,10 @@ def test_a_training_step_is_measured_in_a_fresh_process(tmp_path):
     run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
     wide = {**smoke["model"], "time_embed_dim": 4 * smoke["model"]["time_embed_dim"]}
     wider = fake_run(tmp_path, "wider", model=wide, losses={0: 8.0, 1: 7.0})
-    # two runs: compiled side by side, measured one after the other; each result is its own run's
+    # two runs: compiled side by side, started side by side, timed one after the other; each result is its own run's
     result, other = ablations.measure_training_steps([run, wider], batch=4, steps=3)
     assert (result["run"], other["run"]) == (run, wider)
+    assert result["timed_from"] < result["timed_to"] < other["timed_from"] < other["timed_to"]
     assert other["xla_planned_mib"] > result["xla_planned_mib"]  # the larger time embedding's parameters
     assert result["backend"] == "cpu" and result["batch"] == 4 and result["steps"] == 3
     assert result["tokens_per_second"] == pytest.approx(4 * 64 / result["step_s"]) and result["step_s"] > 0

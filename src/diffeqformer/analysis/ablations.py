@@ -460,9 +460,15 @@ def _peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
 
 
-def _measure(run, batch: int, steps: int) -> dict:
+READY = "@ready to time"
+"""What ``_measure(wait_turn=True)`` prints when its step is compiled and has run once, before it waits for its turn."""
+
+
+def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
     """In this process (which must be fresh): the run's model built from its config, ``steps`` AdamW steps on random
-    tokens, the memory that took and the time per step."""
+    tokens, the memory that took and the time per step. ``wait_turn``: after the compilation and one step, print
+    ``READY`` and time the steps only once a line arrives on standard input (``measure_training_steps`` starts the
+    processes of several runs side by side and lets them time their steps one after the other)."""
     import statistics
     import time
 
@@ -480,17 +486,25 @@ def _measure(run, batch: int, steps: int) -> dict:
     step, params, opt_state, planned = compiled_train_step(model, tokens)
     compile_s = time.perf_counter() - start
     del model
+    if wait_turn:
+        params, opt_state, loss = step(params, opt_state, tokens)
+        jax.block_until_ready(loss)
+        print(READY, flush=True)
+        sys.stdin.readline()
     seconds = []
+    timed_from = time.time()
     for _ in range(steps):
         start = time.perf_counter()
         params, opt_state, loss = step(params, opt_state, tokens)
         jax.block_until_ready(loss)
         seconds.append(time.perf_counter() - start)
+    timed_to = time.time()
     peak = _peak_rss_mib()
     stats = jax.devices()[0].memory_stats() or {}
     step_s = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
     return {"run": str(run), "batch": batch, "steps": steps, "backend": jax.default_backend(),
             "step_s": step_s, "tokens_per_second": batch * config.model.max_Pos.size / step_s, "compile_s": compile_s,
+            "timed_from": timed_from, "timed_to": timed_to,
             "rss_baseline_mib": baseline, "rss_peak_mib": peak, "training_mib": peak - baseline,
             "peak_since": "runtime start" if reset else "process start",
             "xla_planned_mib": planned / 2**20 if planned is not None else None,
@@ -520,8 +534,9 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
 def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, progress: bool = False) -> list[dict]:
     """``measure_training_step`` for each of ``runs``: their compiling processes run side by side (nothing in them
     is timed that a result uses: ``first_compile_s`` is then the time of a compilation beside the others, and one
-    keeps about one core busy), then the measuring processes one after the other, so that no two timed steps share
-    the machine. ``progress``: a progress bar over the runs'
+    keeps about one core busy), then their measuring processes: these start, load their compiled step and run it
+    once side by side too, then time their steps one after the other, each while the others wait on their standard
+    input, so that no two timed steps share the machine. ``progress``: a progress bar over the runs' timed
     measurements. Measured with F9's three cpu runs on the two-core machine, with the packages' bytecode compiled:
     each run took 24-28 s with its two processes one after the other."""
     import os
@@ -534,42 +549,47 @@ def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, 
     for run in runs:
         require_complete(run)
 
-    def command(run, n: int, cache: str) -> tuple[list[str], dict]:
+    def start(run, n: int, cache: str, *extra: str) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "diffeqformer.analysis.ablations", "--measure", str(run_path(run)),
-               "--batch", str(batch), "--steps", str(n)]
+               "--batch", str(batch), "--steps", str(n), *extra]
         env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
                "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
-        return cmd, env
+        # standard error to a file: a pipe nobody reads while the process waits for its turn could fill and block it
+        with Path(f"{cache}-{'measure' if extra else 'compile'}.err").open("w") as err:
+            p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+        p.err_path = err.name
+        return p
 
-    def result(run, returncode: int, stdout: str, stderr: str) -> dict:
-        if returncode != 0:
+    def result(run, p: subprocess.Popen, stdin: str | None = None) -> dict:
+        stdout, _ = p.communicate(stdin)
+        if p.returncode != 0:
+            stderr = Path(p.err_path).read_text(errors="replace")
             raise RuntimeError(f"measuring a training step of {run} failed:\n{stderr[-3000:]}")
         return json.loads(stdout.strip().splitlines()[-1])
 
     with tempfile.TemporaryDirectory(prefix="diffeqformer-measure-") as tmp:
         caches = [str(Path(tmp) / f"cache-{i}") for i in range(len(runs))]  # one private cache per run
-        procs = []
-        try:
-            for run, cache in zip(runs, caches):
-                cmd, env = command(run, 1, cache)
-                procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
-            compiled = []
+        procs: list[subprocess.Popen] = []
+        try:  # a failed run stops the others
+            procs = [start(run, 1, cache) for run, cache in zip(runs, caches)]
+            compiled = [result(run, p) for run, p in zip(runs, procs)]
+            procs = [start(run, steps, cache, "--wait-turn") for run, cache in zip(runs, caches)]
             for run, p in zip(runs, procs):
-                stdout, stderr = p.communicate()
-                compiled.append(result(run, p.returncode, stdout, stderr))
+                line = p.stdout.readline()
+                if line.strip() != READY:
+                    result(run, p)  # raises with the process's error, or says what it printed instead
+                    raise RuntimeError(f"measuring a training step of {run}: expected {READY!r}, got {line!r}")
+            out = []
+            for run, p, first in tqdm(list(zip(runs, procs, compiled)), desc="time and memory of a training step",
+                                      disable=not progress):
+                measured = result(run, p, "go\n")
+                measured.update(run=str(run), compile_mib=first["training_mib"], first_compile_s=first["compile_s"])
+                out.append(measured)
         finally:
-            for p in procs:  # a failed run stops the others' compilations
+            for p in procs:
                 if p.poll() is None:
                     p.kill()
                     p.wait()
-        out = []
-        for run, cache, first in tqdm(list(zip(runs, caches, compiled)), desc="time and memory of a training step",
-                                      disable=not progress):
-            cmd, env = command(run, steps, cache)
-            proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-            measured = result(run, proc.returncode, proc.stdout, proc.stderr)
-            measured.update(run=str(run), compile_mib=first["training_mib"], first_compile_s=first["compile_s"])
-            out.append(measured)
     return out
 
 
@@ -621,10 +641,12 @@ def _main(argv: list[str] | None = None) -> None:
                         help="measure time and peak memory of training steps of this run's model (one JSON line)")
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--wait-turn", action="store_true",
+                        help=f"after compiling and one step, print '{READY}' and time once a line comes on stdin")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.steps < 1:
         raise SystemExit(f"error: --batch and --steps must be positive, got {args.batch} and {args.steps}")
-    print(json.dumps(_measure(args.measure, args.batch, args.steps)))
+    print(json.dumps(_measure(args.measure, args.batch, args.steps, wait_turn=args.wait_turn)))
 
 
 if __name__ == "__main__":
