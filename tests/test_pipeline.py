@@ -431,9 +431,11 @@ class _FakeWorker:
     started = 0
     seconds: dict = {}
     sent: list = []
+    cpus: list = []
 
-    def __init__(self, log, env):
+    def __init__(self, log, env, cpus=None):
         type(self).started += 1
+        type(self).cpus.append(cpus)
         self.runs = 0
         self.proc = self
 
@@ -495,6 +497,64 @@ def test_training_lanes_respect_dependencies_and_prepare_each_dataset_once(tmp_p
     assert events.index(("done", "pre")) < events.index(("start", "ft2"))
     assert _FakeWorker.started >= -(-5 // 2)  # a fresh process after every RUNS_PER_WORKER runs
     assert out.getvalue().count("done in") == 5
+
+
+def test_each_lane_trains_on_cores_of_its_own(tmp_path, monkeypatch):
+    monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
+    monkeypatch.setattr(pipeline.lanes.os, "sched_getaffinity", lambda pid: {4, 5, 6, 7, 8}, raising=False)
+    _FakeWorker.log, _FakeWorker.fail, _FakeWorker.cpus = [], None, []
+    trainings = _fake_trainings(tmp_path, [("a", (), "d"), ("b", (), "d"), ("c", (), "d")])
+    progress = pipeline.Progress([(f"train {t.config}", 1.0) for t in trainings], io.StringIO())
+    pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=2)
+    assert sorted(_FakeWorker.cpus) == [[4, 5], [6, 7]]  # lane 0's process prepared the data, then trained
+    # the number of lanes asked for splits the cores, also when fewer runs than lanes are left (same threads, same
+    # bits, whether a run trains beside another or alone, or resumes); one lane, or more lanes than cores: no pinning
+    assert pipeline.lanes.lane_cpus(1, 2) == [6, 7] and pipeline.lanes.lane_cpus(0, 5) == [4]
+    assert pipeline.lanes.lane_cpus(0, 1) is None and pipeline.lanes.lane_cpus(0, 6) is None
+    _FakeWorker.cpus = []
+    pipeline.train_runs(_fake_trainings(tmp_path, [("alone", (), "d")]), progress, 0, tmp_path / "train.log", lanes=2)
+    assert _FakeWorker.cpus == [[4, 5]]
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the system cannot pin processes")
+def test_a_training_process_pins_itself_to_its_lanes_cores(tmp_path):
+    core = min(os.sched_getaffinity(0))
+    worker = pipeline.lanes._Worker(tmp_path / "worker.log", dict(os.environ), [core])
+    try:
+        deadline = time.time() + 60
+        while os.sched_getaffinity(worker.proc.pid) != {core}:
+            assert worker.proc.poll() is None and time.time() < deadline, (tmp_path / "worker.log").read_text()
+            time.sleep(0.05)
+    finally:
+        worker.close()
+
+
+def test_the_processes_of_a_pipeline_reuse_freed_memory(monkeypatch):
+    from diffeqformer.pipeline import build, processes
+
+    assert processes.keep_heap(None) == ":".join(processes.KEPT_HEAP)
+    assert processes.keep_heap("glibc.malloc.trim_threshold=0:glibc.rtld.x=1") == \
+        "glibc.malloc.trim_threshold=0:glibc.rtld.x=1:" + processes.KEPT_HEAP[0]  # the user's own settings stay
+    monkeypatch.delenv("GLIBC_TUNABLES", raising=False)  # restored after the test
+
+    def stop(*args, **kwargs):
+        raise PipelineError("stopped after setting up the environment")
+
+    monkeypatch.setattr(build, "plan", stop)
+    with pytest.raises(PipelineError, match="stopped"):
+        build.run("smoke")
+    assert os.environ["GLIBC_TUNABLES"] == processes.keep_heap(None)  # what the processes it starts inherit
+    if sys.platform.startswith("linux") and os.confstr("CS_GNU_LIBC_VERSION"):
+        # what the settings do (glibc): 64 MiB allocated and freed again and again, faulting pages in every time or
+        # reused from the heap
+        script = ("import resource\nfor i in range(3): b = bytearray(64 << 20); del b\n"
+                  "r = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+                  "for i in range(10): b = bytearray(64 << 20); del b\n"
+                  "print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - r) // 10)")
+        faults = {tunables: int(subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                                               env={**os.environ, "GLIBC_TUNABLES": tunables}).stdout)
+                  for tunables in ("", processes.keep_heap(None))}
+        assert faults[""] > 10_000 and faults[processes.keep_heap(None)] < 100, faults
 
 
 def test_a_failed_run_stops_the_other_lanes_with_its_error(tmp_path, monkeypatch):

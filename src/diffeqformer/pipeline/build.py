@@ -22,6 +22,7 @@ from .lanes import DEFAULT_SECONDS, TRAIN_LANES, Progress, load_state, runs_alon
 from .notebooks import check_figures, execute_notebook
 from .planning import (PipelineError, Plan, cache_dir, collect_runs, html_dir, join_populations, parse_overrides, plan,
                        work_dir)
+from .processes import keep_heap
 from .registry import PRESETS, Run
 from .sources import LAYERS, module_files, package_hash, sha
 
@@ -262,6 +263,8 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     project's own, for tests."""
     stream = stream or sys.stdout
     t0 = time.time()
+    # for every process started from here on: training workers, notebook kernels and theirs, the book's build
+    os.environ["GLIBC_TUNABLES"] = keep_heap(os.environ.get("GLIBC_TUNABLES"))
     result = plan(preset, overrides, **plan_options)
     WORK, HTML = work_dir(), html_dir()
     _remove_stale_staging()

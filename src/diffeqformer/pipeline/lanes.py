@@ -75,19 +75,48 @@ TRAIN_LANES = int(os.environ.get("DIFFEQFORMER_TRAIN_LANES", "2"))
 two-core machine two 64-d runs of 150 steps took 82 s side by side against 140 s one after the other: start-up,
 compilation and evaluation keep mostly one core busy. The training steps themselves gain nothing: two 3-seed
 populations' steps side by side had 0.97 times the throughput of one (2026-11-26), whose XLA program already keeps
-both cores busy."""
+both cores busy: so each lane's processes run on cores of their own (``lane_cpus``)."""
+WORKER_CPUS = "DIFFEQFORMER_WORKER_CPUS"
+"""Environment variable through which a lane tells its training process the cores it runs on (``lane_cpus``)."""
+
+
+def lane_cpus(k: int, lanes: int) -> list[int] | None:
+    """The cores on which lane ``k`` of ``lanes`` trains: this process's cores split into ``lanes`` equal parts
+    (a remainder unused), or None (no pinning) with one lane, with fewer cores than lanes, or where the system cannot
+    pin processes. XLA starts one compute thread per core a process may run on; unpinned, each of two lanes started
+    as many threads as the machine has cores, and their threads competed. ``lanes`` is the number of lanes asked
+    for, not of those that had work: a run trains on the same number of cores (and so, with XLA's thread-dependent
+    rounding, to the same bits) whether it is the pipeline's last run or one of many, and when it resumes."""
+    if lanes < 2 or not hasattr(os, "sched_getaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    per = len(cpus) // lanes
+    if per < 1:
+        return None
+    return cpus[k * per:(k + 1) * per]
+
+
+def pin_to_worker_cpus() -> None:
+    """In a training process: run on the cores its lane was given (``WORKER_CPUS``), before JAX starts its CPU
+    backend (which sizes its thread pool by the cores the process may run on)."""
+    cpus = os.environ.get(WORKER_CPUS)
+    if cpus:
+        os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
 class _Worker:
     """A ``--train-worker`` child process: it reads one run spec (JSON) per line on its standard input, trains it
     and answers ``@pipeline done`` on its standard output; everything else it prints goes to ``log``."""
 
-    def __init__(self, log: Path, env: Mapping[str, str]):
+    def __init__(self, log: Path, env: Mapping[str, str], cpus: list[int] | None = None):
         self.log = log
         self.out = log.open("a")
+        env = {k: v for k, v in env.items() if k != WORKER_CPUS}
+        if cpus is not None:
+            env[WORKER_CPUS] = ",".join(map(str, cpus))
         self.proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--train-worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.out, text=True,
-                                     env=dict(env), cwd=paths.REPO)
+                                     env=env, cwd=paths.REPO)
         self.runs = 0
 
     def do(self, spec: Mapping[str, Any]) -> None:
@@ -179,7 +208,9 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
         return seconds
     if notebooks and execute is None:
         raise ValueError("train_runs: notebooks need an execute function")
-    lanes = max(1, min(TRAIN_LANES if lanes is None else lanes, len(units) + len(notebooks)))
+    asked = TRAIN_LANES if lanes is None else lanes
+    lanes = max(1, min(asked, len(units) + len(notebooks)))
+    cpus = [lane_cpus(k, asked) for k in range(lanes)]
     index = {id(t): first_step + i for i, t in enumerate(trainings)}
     log.parent.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -190,7 +221,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     for t in todo:
         first_of.setdefault(t.data, t)
     if first_of:
-        workers[0] = _Worker(logs[0], env)
+        workers[0] = _Worker(logs[0], env, cpus[0])
         try:
             for t in first_of.values():
                 workers[0].do(_spec(t, prepare=True))
@@ -230,7 +261,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
             workers[k].close()
             workers[k] = None
         if workers[k] is None:
-            workers[k] = _Worker(logs[k], env)
+            workers[k] = _Worker(logs[k], env, cpus[k])
         together = f" (one of a population of {len(unit)}, trained together)" if len(unit) > 1 else ""
         started = [progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}{together}") for t in unit]
         workers[k].do(_spec(unit if len(unit) > 1 else unit[0]))
@@ -295,6 +326,7 @@ def train_worker() -> None:
     "population", "prepare": bool}``, a population's with ``"members"``: a spec of each member."""
     import gc
 
+    pin_to_worker_cpus()
     import jax
 
     train.use_compilation_cache()
