@@ -19,15 +19,18 @@ from typing import Any, Mapping
 from .. import paths
 
 
-KEPT_HEAP = ("glibc.malloc.mmap_threshold=4294967296", "glibc.malloc.trim_threshold=4294967296")
-"""glibc malloc settings (``GLIBC_TUNABLES``) under which allocations of up to 4 GiB come from the heap and freed
-memory stays there, to be reused. By default glibc maps every allocation above its threshold (at most 32 MiB) afresh
-and unmaps it when freed; XLA's CPU runtime allocates a step's buffers on every call, so that each step of the
-synthetic population touched about 43 MiB of new pages: 11,100 page faults and 21-25 ms of system time a step.
-Measured on the two-core machine (2026-11-26), two synthetic populations side by side: 232-242 ms a step as before,
-205-213 ms with these settings, 181-195 ms with them and each process on a core of its own (``lanes.lane_cpus``);
-the trained parameters are the same, bit for bit. glibc reads them at a process's start, so they apply to the
-processes the pipeline starts; elsewhere (macOS, musl) they are ignored."""
+KEPT_HEAP = ("glibc.malloc.mmap_threshold=4294967296", "glibc.malloc.trim_threshold=4294967296",
+             "glibc.malloc.arena_max=1")
+"""glibc malloc settings (``GLIBC_TUNABLES``) under which allocations of up to 4 GiB come from one heap (no arena
+per thread) and freed memory stays there, to be reused. By default glibc maps every allocation above its threshold
+(at most 32 MiB) afresh and unmaps it when freed, and the arenas of other threads give memory back as well; XLA's CPU
+runtime allocates a step's buffers on every call, so that each step touched new pages: the synthetic population's
+11,100 page faults (21-25 ms of system time) a step, the cpu DiffEqFormer population's 30,000 (60 ms). Measured on
+the two-core machine (2026-11-26): two synthetic populations side by side took 232-242 ms a step as before, 205-213
+ms with the first two settings, 181-195 ms with them and each process on a core of its own (``lanes.lane_cpus``);
+alone on one core, the cpu DiffEqFormer population's step took 376-388 ms with the first two and 327 ms with all
+three (no page fault, 0.1 ms of system time). The trained parameters are the same, bit for bit. glibc reads them at
+a process's start, so they apply to the processes the pipeline starts; elsewhere (macOS, musl) they are ignored."""
 
 
 def keep_heap(tunables: str | None) -> str:
