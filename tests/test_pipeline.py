@@ -518,6 +518,8 @@ def test_each_lane_trains_on_cores_of_its_own(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the system cannot pin processes")
 def test_a_training_process_pins_itself_to_its_lanes_cores(tmp_path):
+    from diffeqformer.pipeline import processes
+
     core = min(os.sched_getaffinity(0))
     worker = pipeline.lanes._Worker(tmp_path / "worker.log", dict(os.environ), [core])
     try:
@@ -527,6 +529,12 @@ def test_a_training_process_pins_itself_to_its_lanes_cores(tmp_path):
             time.sleep(0.05)
     finally:
         worker.close()
+    # and a pinned process allocates from one heap (on one core it compiles no slower), one on every core does not
+    env = {"GLIBC_TUNABLES": processes.keep_heap(None), pipeline.lanes.WORKER_CPUS: "7"}
+    pinned, free = pipeline.lanes.worker_env(env, [core]), pipeline.lanes.worker_env(env, None)
+    assert pinned == {"GLIBC_TUNABLES": ":".join(processes.KEPT_HEAP + processes.ONE_ARENA),
+                      pipeline.lanes.WORKER_CPUS: str(core)}
+    assert free == {"GLIBC_TUNABLES": processes.keep_heap(None)}
 
 
 def test_the_processes_of_a_pipeline_reuse_freed_memory(monkeypatch):
@@ -534,7 +542,9 @@ def test_the_processes_of_a_pipeline_reuse_freed_memory(monkeypatch):
 
     assert processes.keep_heap(None) == ":".join(processes.KEPT_HEAP)
     assert processes.keep_heap("glibc.malloc.trim_threshold=0:glibc.rtld.x=1") == \
-        ":".join(["glibc.malloc.trim_threshold=0", "glibc.rtld.x=1", *processes.KEPT_HEAP[::2]])  # the user's stay
+        ":".join(["glibc.malloc.trim_threshold=0", "glibc.rtld.x=1", processes.KEPT_HEAP[0]])  # the user's stay
+    assert processes.keep_heap("a=1", processes.ONE_ARENA) == ":".join(["a=1", *processes.ONE_ARENA])
+    assert not any("arena" in t for t in processes.KEPT_HEAP)  # one arena slowed multi-threaded compilation
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)  # restored after the test
 
     def stop(*args, **kwargs):

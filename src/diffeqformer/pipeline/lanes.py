@@ -15,7 +15,7 @@ from .. import finetune, paths, population, train
 from ..runs import is_complete
 from .notebooks import stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
-from .processes import exit_with_parent
+from .processes import ONE_ARENA, exit_with_parent, keep_heap
 
 DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
                    "cpu": {"train": 90, "notebook": 60, "book": 90},
@@ -104,19 +104,27 @@ def pin_to_worker_cpus() -> None:
         os.sched_setaffinity(0, {int(c) for c in cpus.split(",")})
 
 
+def worker_env(env: Mapping[str, str], cpus: list[int] | None) -> dict[str, str]:
+    """The environment of a training process on ``cpus`` (None: every core): ``env`` with its cores
+    (``WORKER_CPUS``) and, pinned, one heap for all its threads (``processes.ONE_ARENA``)."""
+    env = {k: v for k, v in env.items() if k != WORKER_CPUS}
+    if cpus is not None:
+        env[WORKER_CPUS] = ",".join(map(str, cpus))
+        env["GLIBC_TUNABLES"] = keep_heap(env.get("GLIBC_TUNABLES"), ONE_ARENA)
+    return env
+
+
 class _Worker:
     """A ``--train-worker`` child process: it reads one run spec (JSON) per line on its standard input, trains it
-    and answers ``@pipeline done`` on its standard output; everything else it prints goes to ``log``."""
+    and answers ``@pipeline done`` on its standard output; everything else it prints goes to ``log``. Given
+    ``cpus``, it runs on those cores and allocates from one heap (``processes.ONE_ARENA``)."""
 
     def __init__(self, log: Path, env: Mapping[str, str], cpus: list[int] | None = None):
         self.log = log
         self.out = log.open("a")
-        env = {k: v for k, v in env.items() if k != WORKER_CPUS}
-        if cpus is not None:
-            env[WORKER_CPUS] = ",".join(map(str, cpus))
         self.proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--train-worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.out, text=True,
-                                     env=env, cwd=paths.REPO)
+                                     env=worker_env(env, cpus), cwd=paths.REPO)
         self.runs = 0
 
     def do(self, spec: Mapping[str, Any]) -> None:

@@ -19,25 +19,30 @@ from typing import Any, Mapping
 from .. import paths
 
 
-KEPT_HEAP = ("glibc.malloc.mmap_threshold=4294967296", "glibc.malloc.trim_threshold=4294967296",
-             "glibc.malloc.arena_max=1")
-"""glibc malloc settings (``GLIBC_TUNABLES``) under which allocations of up to 4 GiB come from one heap (no arena
-per thread) and freed memory stays there, to be reused. By default glibc maps every allocation above its threshold
-(at most 32 MiB) afresh and unmaps it when freed, and the arenas of other threads give memory back as well; XLA's CPU
-runtime allocates a step's buffers on every call, so that each step touched new pages: the synthetic population's
-11,100 page faults (21-25 ms of system time) a step, the cpu DiffEqFormer population's 30,000 (60 ms). Measured on
-the two-core machine (2026-11-26): two synthetic populations side by side took 232-242 ms a step as before, 205-213
-ms with the first two settings, 181-195 ms with them and each process on a core of its own (``lanes.lane_cpus``);
-alone on one core, the cpu DiffEqFormer population's step took 376-388 ms with the first two and 327 ms with all
-three (no page fault, 0.1 ms of system time). The trained parameters are the same, bit for bit. glibc reads them at
-a process's start, so they apply to the processes the pipeline starts; elsewhere (macOS, musl) they are ignored."""
+KEPT_HEAP = ("glibc.malloc.mmap_threshold=4294967296", "glibc.malloc.trim_threshold=4294967296")
+"""glibc malloc settings (``GLIBC_TUNABLES``) for every process the pipeline starts: allocations of up to 4 GiB come
+from the heap and freed memory stays there, to be reused. By default glibc maps every allocation above its threshold
+(at most 32 MiB) afresh and unmaps it when freed; XLA's CPU runtime allocates a step's buffers on every call, so that
+each step touched new pages: the synthetic population's 11,100 page faults (21-25 ms of system time) a step, the cpu
+DiffEqFormer population's 30,000 (60 ms). Measured on the two-core machine (2026-11-26): two synthetic populations
+side by side took 232-242 ms a step as before, 205-213 ms with these settings, 181-195 ms with them and each process
+on a core of its own (``lanes.lane_cpus``) and ``ONE_ARENA``. The trained parameters are the same, bit for bit. glibc
+reads them at a process's start, so they apply to the processes the pipeline starts; elsewhere (macOS, musl) they are
+ignored."""
+ONE_ARENA = ("glibc.malloc.arena_max=1",)
+"""Added for a training process pinned to cores of its own (``lanes.lane_cpus``): one heap for all its threads, whose
+own arenas otherwise gave freed memory back as well. Alone on one core the cpu DiffEqFormer population's step took
+376-388 ms under ``KEPT_HEAP`` and 327 ms with this too (no page fault, 0.1 ms of system time). Not for the processes
+that run on every core (notebook kernels, F9's measuring processes): there it made XLA's multi-threaded compilation
+slower, the cpu DiffEqFormer population's first step 9.7-10.3 s against 6.4-7.4 s (its steps no faster), while on
+one core it made no difference to compilation."""
 
 
-def keep_heap(tunables: str | None) -> str:
-    """``GLIBC_TUNABLES`` with ``KEPT_HEAP`` added, keeping any setting of the same names already in ``tunables``."""
+def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> str:
+    """``GLIBC_TUNABLES`` with ``settings`` added, keeping any setting of the same names already in ``tunables``."""
     items = [t for t in (tunables or "").split(":") if t]
     names = {t.split("=", 1)[0] for t in items}
-    return ":".join(items + [t for t in KEPT_HEAP if t.split("=", 1)[0] not in names])
+    return ":".join(items + [t for t in settings if t.split("=", 1)[0] not in names])
 
 
 def exit_with_parent(poll_s: float = 0.2) -> None:
