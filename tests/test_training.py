@@ -17,6 +17,7 @@ from levanter.optim.config import AdamConfig
 from levanter.tracker import NoopConfig
 from levanter.trainer import Trainer, TrainerConfig
 
+from diffeqformer import train
 from diffeqformer.train import next_token_loss
 
 STEPS = 25
@@ -35,8 +36,8 @@ def _dataset(Pos, n=8 * STEPS, seed=0):
     return ListAsyncDataset(examples)
 
 
-def _train(tmp_path, model_init, Pos, *, is_trainable=True, steps=STEPS, lr=3e-2):
-    """Run Levanter's Trainer for `steps` steps; return (losses, final model)."""
+def _trainer(tmp_path, steps=STEPS, lr=3e-2) -> Trainer:
+    """Levanter's Trainer for `steps` steps, configured as diffeqformer.train configures it (to be entered)."""
     config = TrainerConfig(
         num_train_steps=steps,
         train_batch_size=8,
@@ -54,10 +55,15 @@ def _train(tmp_path, model_init, Pos, *, is_trainable=True, steps=STEPS, lr=3e-2
     )
     optimizer = AdamConfig(learning_rate=lr, warmup=0.0, weight_decay=0.0, min_lr_ratio=1.0).build(steps)
     config.initialize()
+    return Trainer(config, optimizer, next_token_loss)
+
+
+def _train(tmp_path, model_init, Pos, *, is_trainable=True, steps=STEPS, lr=3e-2):
+    """Run Levanter's Trainer for `steps` steps; return (losses, final model)."""
     losses = []
     # Levanter's trainer internals mix integer step counters with floats; the strict promotion of our tests is for our
     # code, so the trainer runs under JAX's standard rules.
-    with jax.numpy_dtype_promotion("standard"), Trainer(config, optimizer, next_token_loss) as trainer:
+    with jax.numpy_dtype_promotion("standard"), _trainer(tmp_path, steps, lr) as trainer:
         state = trainer.initial_state(jax.random.PRNGKey(0), model_init=model_init, is_trainable=is_trainable)
         loader = trainer.data_loader(_dataset(Pos)).iter_from_step(0)
         for info in trainer.training_steps(state, loader):
@@ -86,6 +92,26 @@ def test_levanter_baselines_train_at_same_dims(tmp_path, kind):
     assert (base.hidden_dim, base.num_layers, base.num_heads, base.max_seq_len) == (16, 4, 2, 12)
     losses, _ = _train(tmp_path, lambda: base.build(VOCAB, key=jax.random.PRNGKey(1)), base.max_Pos)
     _assert_learns(losses)
+
+
+@pytest.mark.parametrize("kind", ["diffeqformer", "gpt2"])
+def test_a_fresh_state_is_levanters_own_bit_for_bit(tmp_path, kind):
+    """train.initial_state builds the model in a program of its own, compiled at a lower XLA optimisation level
+    (a third of the start-up of a cpu population): the state it starts from is the one Levanter's own compiled
+    initialisation gives, bit for bit."""
+    config = tiny() if kind == "diffeqformer" else baseline_config(tiny(), kind)
+    model_init = lambda: config.build(VOCAB, key=jax.random.PRNGKey(1))  # noqa: E731
+    states = []
+    for own in (True, False):
+        with jax.numpy_dtype_promotion("standard"), _trainer(tmp_path / str(own)) as trainer:
+            key = jax.random.PRNGKey(3)
+            states.append(train.initial_state(trainer, key, model_init) if own else
+                          trainer.initial_state(key, model_init=model_init))
+    leaves = [jax.tree_util.tree_leaves(eqx.filter(state, eqx.is_array)) for state in states]
+    assert len(leaves[0]) == len(leaves[1]) > 10
+    for a, b in zip(*leaves):
+        assert a.dtype == b.dtype and a.shape == b.shape
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_lora_on_discretized_model_trains_only_lora_params(tmp_path):

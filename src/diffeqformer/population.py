@@ -265,8 +265,8 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model, training: as train.main
             model_keys = jnp.stack([k[1] for k in keys])
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
-            state = trainer.initial_state(
-                keys[0][2], model_init=lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
+            state = train.initial_state(
+                trainer, keys[0][2], lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
             Pos = base.model.max_Pos
             member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
             train_set = Interleaved([batched_maps(data.train_set(Pos, member_schedule, key=k[0])) for k in keys], batch)
