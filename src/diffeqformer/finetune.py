@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import equinox as eqx
+import haliax as hax
 import jax
 import jax.random as jrandom
 import levanter
@@ -222,6 +223,15 @@ def adapt(model, config: FinetuneConfig, *, key):
     return model
 
 
+def compiled_adapt(model, config: FinetuneConfig, *, key, axis_mapping=None):
+    """``adapt`` as one program, compiled as a fresh model's initialisation is (``train.INIT_COMPILER_OPTIONS``) and
+    sharded by ``axis_mapping``: on one core 1.7 s for the cpu preset's 18-step DiffEqFormer with LoRA, against
+    4.8-5.1 s op by op. Its discretisation rounds differently from the op-by-op one (by up to 2e-9 in the smoke
+    model's weights); resumed, a fine-tuning runs the same program again, so its frozen weights are the same."""
+    return hax.named_jit(lambda m, k: adapt(m, config, key=k), axis_resources=axis_mapping,
+                         compiler_options=train.INIT_COMPILER_OPTIONS)(model, key)
+
+
 def trainable(config: FinetuneConfig, model):
     """The trainer's ``is_trainable`` filter: the LoRA adapters only, or everything."""
     return lora_trainable_params_filter(model) if config.method == "lora" else True
@@ -248,7 +258,8 @@ def main(config: FinetuneConfig) -> dict:
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
             if Vocab != pretraining.Vocab:
                 raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
-            model = adapt(train.load_model(pretraining.run_dir), config, key=adapter_key)
+            model = compiled_adapt(train.load_model(pretraining.run_dir), config, key=adapter_key,
+                                   axis_mapping=trainer.parameter_axis_mapping)
             # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones
             # from here.
             state = trainer.initial_state(training_key, model=model, is_trainable=trainable(config, model))
