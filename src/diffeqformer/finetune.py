@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Literal, Optional
 
 import equinox as eqx
-import haliax as hax
 import jax
 import jax.random as jrandom
 import levanter
@@ -224,12 +223,11 @@ def adapt(model, config: FinetuneConfig, *, key):
 
 
 def compiled_adapt(model, config: FinetuneConfig, *, key, axis_mapping=None):
-    """``adapt`` as one program, compiled as a fresh model's initialisation is (``train.INIT_COMPILER_OPTIONS``) and
-    sharded by ``axis_mapping``: on one core 1.7 s for the cpu preset's 18-step DiffEqFormer with LoRA, against
-    4.8-5.1 s op by op. Its discretisation rounds differently from the op-by-op one (by up to 2e-9 in the smoke
-    model's weights); resumed, a fine-tuning runs the same program again, so its frozen weights are the same."""
-    return hax.named_jit(lambda m, k: adapt(m, config, key=k), axis_resources=axis_mapping,
-                         compiler_options=train.INIT_COMPILER_OPTIONS)(model, key)
+    """``adapt`` as one program, compiled as a fresh model's initialisation is (``train.compiled_once``) and sharded
+    by ``axis_mapping``: on one core 1.7 s for the cpu preset's 18-step DiffEqFormer with LoRA, against 4.8-5.1 s op
+    by op. Its discretisation rounds differently from the op-by-op one (by up to 2e-9 in the smoke model's weights);
+    resumed, a fine-tuning runs the same program again, so its frozen weights are the same."""
+    return train.compiled_once(lambda m, k: adapt(m, config, key=k), axis_mapping)(model, key)
 
 
 def trainable(config: FinetuneConfig, model):

@@ -316,26 +316,30 @@ def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConf
 
 
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-"""XLA options for the programs that run once at a run's start: the one that initialises a fresh model
-(``initial_state``) and the fine-tuning's adaptation of a pretrained one (``finetune.adapt``). At the default level
-(2) the initialisation's compilation was most of a run's start-up. Measured on one core of the two-core machine, as a pipeline lane runs
-(2026-11-26), from ``Trainer`` to initial state: the cpu DiffEqFormer's population of three 21.1 s with Levanter's
-own compiled initialisation, 6.9 s this way; the cpu GPT-2's 7.7 s and 3.6 s. The states are the same, bit for bit
-(level 0: 5.8 s, but other bits). The training step stays at the default level: 369-381 ms a step against 424 ms
-at level 1 (cpu DiffEqFormer population)."""
+"""XLA options for the programs that run once at a run's start (``compiled_once``): the one that initialises a
+fresh model (``initial_state``) and the fine-tuning's adaptation of a pretrained one (``finetune.compiled_adapt``).
+At the default level (2) the initialisation's compilation was most of a run's start-up. Measured on one core of the
+two-core machine, as a pipeline lane runs (2026-11-26), from ``Trainer`` to initial state: the cpu DiffEqFormer's
+population of three 21.1 s with Levanter's own compiled initialisation, 6.9 s this way; the cpu GPT-2's 7.7 s and
+3.6 s. The states are the same, bit for bit (level 0: 5.8 s, but other bits). The training step stays at the default
+level: 369-381 ms a step against 424 ms at level 1 (cpu DiffEqFormer population)."""
+
+
+def compiled_once(fn, axis_mapping=None):
+    """``fn`` as one program compiled with ``INIT_COMPILER_OPTIONS``, its output sharded by ``axis_mapping`` (in the
+    mesh of the trainer entered, if any): for a program that runs once at a run's start."""
+    import haliax as hax
+
+    return hax.named_jit(fn, axis_resources=axis_mapping, compiler_options=INIT_COMPILER_OPTIONS)
 
 
 def initial_state(trainer: Trainer, training_key, model_init):
-    """``trainer.initial_state``: a run's checkpoint if it has one, else a fresh state whose model ``model_init``
-    builds in a program of its own, compiled with ``INIT_COMPILER_OPTIONS`` and placed as the trainer shards its
+    """``trainer.initial_state`` (inside ``with trainer``): a run's checkpoint if it has one, else a fresh state
+    whose model ``model_init`` builds in a program of its own (``compiled_once``), placed as the trainer shards its
     parameters (Levanter then adds the optimiser state without compiling the model's initialisation again)."""
-    import haliax as hax
-
     if trainer.checkpoint_load_plan()[1]:  # resuming: the model's shape is enough
         return trainer.initial_state(training_key, model_init=model_init)
-    with hax.partitioning.set_mesh(trainer.device_mesh):
-        model = hax.named_jit(model_init, axis_resources=trainer.parameter_axis_mapping,
-                              compiler_options=INIT_COMPILER_OPTIONS)()
+    model = compiled_once(model_init, trainer.parameter_axis_mapping)()
     return trainer.initial_state(training_key, model=model)
 
 
