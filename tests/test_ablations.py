@@ -110,7 +110,8 @@ def seed_runs(root, name, finals, **kwargs):
 
 def test_beta2_table_and_verdict(tmp_path):
     """Three seeds per setting: the table holds the mean over seeds, the change against beta2 = 0.999 and its
-    verdict; the paper's claim is reproduced only where both changes are results in the claimed directions."""
+    verdict (seed k of both settings matched: the paired t-test); the paper's claim is reproduced only where both
+    changes are results in the claimed directions."""
     runs = {
         "ours": [seed_runs(tmp_path, "o1", [6.00, 6.01, 5.99], model=ODE),
                  seed_runs(tmp_path, "o2", [5.90, 5.91, 5.89], model=ODE, optimizer={"beta2": 0.95})],
@@ -124,11 +125,11 @@ def test_beta2_table_and_verdict(tmp_path):
     assert table.loc[0, "vs 0.999 %"] == pytest.approx(change) and table.loc[1, "vs 0.999 %"] == 0
     assert list(table.verdict) == ["result", "", "result", ""]
     words = ablations.beta2_headline(table)
-    assert words["verdict"].startswith("Reproduced") and "a result for the lower beta2" in words["ours"]
+    assert words["verdict"].startswith("Reproduced") and "(the lower beta2: -9.5%, a result: " in words["ours"]
     runs["gpt"][1] = seed_runs(tmp_path, "g3", [5.80, 5.81, 5.79], model=GPT, optimizer={"beta2": 0.95})
     verdict = ablations.beta2_headline(ablations.beta2_table(runs))["verdict"]
     assert verdict.startswith("Not reproduced") and "helps GPT-2" in verdict
-    # the same directions inside the seeds' spread are no result
+    # the same directions, but the seed-matched differences spread too much: no result
     runs["gpt"][1] = seed_runs(tmp_path, "g4", [6.30, 5.90, 6.40], model=GPT, optimizer={"beta2": 0.95})
     verdict = ablations.beta2_headline(ablations.beta2_table(runs))["verdict"]
     assert verdict.startswith("Not reproduced") and "changes nothing beyond noise for GPT-2" in verdict
@@ -140,7 +141,7 @@ def test_one_seed_reproduces_nothing(tmp_path):
             "gpt": [fake_run(tmp_path, "g1", model=GPT, losses={0: 8.0, 10: 6.0}),
                     fake_run(tmp_path, "g2", model=GPT, optimizer={"beta2": 0.95}, losses={0: 8.0, 10: 6.2})]}
     table = ablations.beta2_table(runs)
-    assert list(table.verdict) == ["untested (one seed)", "", "untested (one seed)", ""]
+    assert list(table.verdict) == ["untested: 1 seed", "", "untested: 1 seed", ""]
     assert ablations.beta2_headline(table)["verdict"].startswith("Not reproduced")
 
 
@@ -164,7 +165,8 @@ def test_time_embedding_table_and_headline(tmp_path):
     assert text["verdict"].startswith("Perplexity improves") and ("grows less" in text["verdict"]) == (1.5 < ratio)
     noisy = table.assign(finals=[(400.0, 380.0, 420.0), (399.0, 420.0, 378.0)])  # -0.2% in a spread of 5%
     assert ablations.time_embedding_headline(noisy)["verdict"].startswith(
-        "Perplexity does not change beyond the seeds' spread (-0.2%, within noise)")
+        "Perplexity does not change beyond noise (-0.2%, within noise: ")
+    assert "paired t-test over 3 seeds" in ablations.time_embedding_headline(noisy)["verdict"]
     worse = table.assign(finals=[(400.0, 401.0, 399.0), (420.0, 421.0, 419.0)])
     assert ablations.time_embedding_headline(worse)["verdict"].startswith("Perplexity worsens")
 

@@ -6,10 +6,12 @@ import jax
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 from diffeqformer.data.synthetic import VOCABULARY, Prompt, encode, prompts
 
 from diffeqformer import DiffEqFormerConfig
-from diffeqformer.analysis.attribution import attribution_benchmark, headline, over_seeds, plot_summary, summarize
+from diffeqformer.analysis.attribution import (attribution_benchmark, claim, headline, over_seeds, plot_summary,
+                                              summarize)
 from diffeqformer.analysis.lyapunov import METHODS, raw_attention_scores
 
 
@@ -83,8 +85,9 @@ def test_headline_quotes_the_summary():
     rows = [{"prompt": p, "task": t, "method": m, "rank": 1 + (p + 2 * i) % 4, "truth_finite": p != 1 or i != 0,
              "nonfinite": 2 * (p == 1 and i == 0), "correct_prediction": p < 2, "length": 20}
             for p, t in enumerate(("agreement", "induction") * 3) for i, m in enumerate(METHODS)]
-    summary = summarize(pd.DataFrame(rows))
-    text = headline(summary)
+    results = pd.DataFrame(rows)
+    summary = summarize(results)
+    text = headline(results)
     assert text["best_agreement"] == "lyapunov (max exponent), raw attention and gradient x input"
     row = summary[(summary.task == "induction") & (summary.method == "raw attention")].iloc[0]
     assert text["hit1_induction_attention"] == f"{row.hit_at_1:.2f}"
@@ -95,33 +98,43 @@ def test_headline_quotes_the_summary():
     assert text["best_agreement"] == (best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1])
     assert (text["nonfinite_induction"], text["truth_nonfinite_induction"]) == ("2", "1")  # prompt 1 is induction
     assert (text["nonfinite_agreement"], text["truth_nonfinite_agreement"]) == ("0", "0")
-    tie = headline(summary.assign(hit_at_1=0.5))
-    assert tie["best_induction"] == "none: all methods tie at 0.50"
+    tie = headline(results.assign(rank=1))
+    assert tie["best_induction"] == "none: all methods tie at 1.00"
+
+
+def _claim_rows(hits_per_seed, prompts):
+    """Per-prompt results of one task: seed s's model ranks the true token first for the first ``lyap`` prompts by
+    the largest exponent and the first ``attn`` by attention."""
+    return [{"seed": seed, "prompt": p, "task": "agreement", "method": method, "rank": 1 if p < hits else 2,
+             "truth_finite": True, "nonfinite": 0, "correct_prediction": True, "length": 12}
+            for seed, (lyap, attn) in enumerate(hits_per_seed) for p in range(prompts)
+            for method, hits in (("lyapunov (max exponent)", lyap), ("raw attention", attn))]
 
 
 def test_hit_rates_over_seeds_and_the_claim():
     """Three seeds' benchmarks: the table averages each rate over the seeds' models, the headline quotes mean ± sd,
-    and the largest exponent against attention is a result only beyond the seeds' spread."""
-    rows = []
-    for seed, (lyap, attn) in enumerate([(4, 1), (4, 2), (3, 1)]):  # prompts (of 4) each method puts first
-        for p in range(4):
-            for method, hits in (("lyapunov (max exponent)", lyap), ("raw attention", attn)):
-                rows.append({"seed": seed, "prompt": p, "task": "agreement", "method": method,
-                             "rank": 1 if p < hits else 2, "truth_finite": True, "nonfinite": 0,
-                             "correct_prediction": True, "length": 12})
+    and the largest exponent against attention is judged by McNemar's test with the prompt as the unit."""
+    rows = _claim_rows([(4, 1), (4, 2), (3, 1)], 4)  # prompts (of 4) each method puts first, per seed
     summary = summarize(pd.DataFrame(rows))
     assert len(summary) == 2 * 3  # a row per method and seed
     mean = over_seeds(summary).set_index("method")
     assert mean.loc["raw attention", "hit_at_1"] == pytest.approx(np.mean([0.25, 0.5, 0.25]))
     assert mean.loc["raw attention", "hit_at_1_sd"] == pytest.approx(np.std([0.25, 0.5, 0.25], ddof=1))
     assert mean.loc["raw attention", "seeds"] == 3
-    text = headline(summary)
+    text = headline(pd.DataFrame(rows))
     assert text["seeds_agreement"] == "3 seeds" and " ± " in text["hit1_agreement_attention"]
-    assert text["claim_agreement"].startswith("the largest exponent's hit@1 is above attention's by 0.58 (a result)")
-    close = summary.assign(hit_at_1=[0.5, 0.75, 0.25, 0.5, 0.5, 0.25])  # lyap, attn alternate by row
-    assert "(within noise)" in headline(close)["claim_agreement"]
-    one = summarize(pd.DataFrame([r for r in rows if r["seed"] == 0]))
-    assert headline(one)["claim_agreement"].endswith("(one seed only)")
+    # 3 of 4 prompts favour the largest exponent, none attention: p = 0.25, too few prompts for a result
+    assert text["claim_agreement"].startswith("the largest exponent's hit@1 is above attention's by 0.58 (within "
+                                              "noise; share of the 4 prompts it wins less the share attention wins "
+                                              "+0.75, 95% CI [")
+    assert text["claim_agreement"].endswith(f"p = {stats.binomtest(3, 3).pvalue:.2g}, exact McNemar test)")
+    many = _claim_rows([(30, 10), (28, 12), (25, 9)], 40)  # prompts 9-29 favour the largest exponent: a result
+    assert "(a result; share of the 40 prompts" in headline(pd.DataFrame(many))["claim_agreement"]
+    c, hits = claim(pd.DataFrame(many))
+    assert c.p == pytest.approx(stats.binomtest(21, 21).pvalue) and hits == pytest.approx((83 - 31) / 120)
+    one = pd.DataFrame([r for r in rows if r["seed"] == 0])
+    assert claim(one)[0].p == pytest.approx(stats.binomtest(3, 3).pvalue)  # one seed: McNemar on the prompts
+    assert headline(one[one.prompt == 0])["claim_agreement"].endswith("(untested: 1 pair)")
 
 
 def _tiny_synthetic_model():

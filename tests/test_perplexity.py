@@ -44,7 +44,7 @@ def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
     assert table.loc["ours", "vs baseline %"] == pytest.approx(100 * (math.exp(4.5) / math.exp(5.0) - 1))
     assert math.isnan(table.loc["gpt", "vs baseline %"])
     assert table.loc["ours", "paper row"] == "T1 Our model-small"
-    assert table.loc["ours", "seeds"] == 1 and table.loc["ours", "verdict"] == "untested (one seed)"
+    assert table.loc["ours", "seeds"] == 1 and table.loc["ours", "verdict"] == "untested: 1 seed"
     words = perplexity.headline(table)
     assert words["ppl_ours"] == f"{math.exp(4.5):.1f}" and words["steps"] == "20" and words["seeds"] == "1 seed"
     assert words["llama_sentence"] == "No Llama pair is trained at this preset."
@@ -57,8 +57,9 @@ def _seeds(tmp_path, name, finals):
 
 
 def test_seeds_give_mean_spread_and_verdict(tmp_path):
-    """Three seeds per row: the table holds the mean and standard deviation of the final perplexities; a difference
-    larger than twice its standard error is a result, a smaller one is within noise."""
+    """Three seeds per row: the table holds the mean and standard deviation of the final perplexities; seed k of
+    every row is matched (the paired t-test of seeds.RULE): a difference whose p is below 0.05 is a result, another
+    within noise."""
     gpt = [5.00, 5.02, 4.98]
     runs = {"gpt": _seeds(tmp_path, "g", gpt), "ours": _seeds(tmp_path, "o", [4.50, 4.53, 4.47]),
             "shared": _seeds(tmp_path, "s", [4.90, 5.10, 5.03])}
@@ -75,6 +76,9 @@ def test_seeds_give_mean_spread_and_verdict(tmp_path):
     assert words["seeds"] == "3 seeds" and " ± " in words["ppl_ours"]
     assert words["ours_sentence"].startswith("DiffEqFormer ends below GPT-2 by") and "a result" in words["ours_sentence"]
     assert "within noise" in words["shared_sentence"]
+    ours = perplexity.comparisons(frame)["ours"]
+    assert ours.test == "paired t-test" and ours.p < 0.05 and f"p = {ours.p:.2g}, paired t-test over 3 seeds" in \
+        words["ours_sentence"]
     ax = perplexity.plot_curves(frame)
     assert len(ax.collections) == 3  # one band per row
 

@@ -1,10 +1,136 @@
-"""diffeqformer.analysis.seeds: spreads over seeds and the rule that tells a result from noise."""
+"""diffeqformer.analysis.seeds: spreads over seeds and the rule that tells a result from noise.
+
+The rule is checked by simulation: with no true difference it calls at most 5% of comparisons results (within the
+simulation's error), and it finds a clear difference most of the time; the rule it replaced (twice Welch's standard
+error) fails the first check, so the check can fail."""
 
 import math
 
+import numpy as np
 import pytest
+from scipy import stats
 
-from diffeqformer.analysis.seeds import NOISE, RESULT, UNTESTED, all_runs, as_list, compare, spread
+from diffeqformer.analysis.seeds import (MCNEMAR, NOISE, PAIRED, RESULT, UNTESTED, WELCH, all_runs, as_list, compare,
+                                         mcnemar, sign_word, spread)
+
+DRAWS = 2000
+BOUND = 0.05 + 3 * math.sqrt(0.05 * 0.95 / DRAWS)
+"""The largest false-positive rate a 5% test may show in ``DRAWS`` simulated comparisons (three binomial errors)."""
+
+
+def _seed_values(rng, n, difference, *, shared=0.0):
+    """[DRAWS, n] seed values of two settings (standard normal per seed, means ``difference`` apart); ``shared``:
+    the variance of each seed's value that seed k of both settings shares (its data order), of 1 in all."""
+    common = math.sqrt(shared) * rng.standard_normal((DRAWS, n))
+    own = math.sqrt(1 - shared)
+    a = difference + common + own * rng.standard_normal((DRAWS, n))
+    return a, common + own * rng.standard_normal((DRAWS, n))
+
+
+def _rate(a, b, rule):
+    return float(np.mean([rule(x, y) for x, y in zip(a, b)]))
+
+
+def _welch(x, y):
+    return compare(x, y).is_result
+
+
+def _paired(x, y):
+    return compare(x, y, paired=True).is_result
+
+
+def _twice_the_standard_error(x, y):
+    """The rule ``seeds`` used before: |mean difference| > 2 Welch standard errors."""
+    return abs(x.mean() - y.mean()) > 2 * math.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y))
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_no_more_than_five_percent_false_results(n):
+    rng = np.random.default_rng(36)
+    for rule, shared in ((_welch, 0.0), (_paired, 0.0), (_paired, 0.5)):
+        a, b = _seed_values(rng, n, 0.0, shared=shared)
+        assert _rate(a, b, rule) <= BOUND, (rule.__name__, n, shared)
+    a, b = _seed_values(rng, n, 0.0)
+    assert _rate(a, b, _twice_the_standard_error) > BOUND  # the old rule fails this test
+
+
+def test_three_seeds_find_a_difference_of_three_standard_deviations():
+    rng = np.random.default_rng(37)
+    a, b = _seed_values(rng, 3, 3.0)
+    assert _rate(a, b, _welch) > 0.5
+    a, b = _seed_values(rng, 3, 3.0, shared=0.5)  # seed k of both sides shares half its variance
+    assert _rate(a, b, _paired) > 0.5
+
+
+def test_mcnemar_false_results_and_power():
+    rng = np.random.default_rng(38)
+    pairs = 100
+    null = [mcnemar(rng.random(pairs) < 0.5, rng.random(pairs) < 0.5).is_result for _ in range(DRAWS)]
+    assert np.mean(null) <= BOUND
+    clear = [mcnemar(rng.random(pairs) < 0.7, rng.random(pairs) < 0.4).is_result for _ in range(DRAWS)]
+    assert np.mean(clear) > 0.5
+
+
+def test_mcnemar_counts_each_prompt_once_over_seeds():
+    """The same prompts seen by 3 seeds' models, each prompt suiting one method or the other (no difference
+    overall): pooling the prompts x seeds as independent pairs finds false results far more often than 5%;
+    counting each prompt once does not."""
+    rng = np.random.default_rng(39)
+    prompts, replicates = 30, 3
+    once, pooled = [], []
+    for _ in range(DRAWS // 2):
+        suits_a = rng.random((prompts, 1)) < 0.5
+        a = rng.random((prompts, replicates)) < np.where(suits_a, 0.8, 0.2)
+        b = rng.random((prompts, replicates)) < np.where(suits_a, 0.2, 0.8)
+        once.append(mcnemar(a, b).is_result)
+        pooled.append(mcnemar(a.reshape(-1), b.reshape(-1)).is_result)
+    assert np.mean(once) <= 0.05 + 3 * math.sqrt(0.05 * 0.95 / len(once))
+    assert np.mean(pooled) > 0.1
+
+
+def test_mcnemar_counts_discordant_pairs():
+    a = [1] * 9 + [0] * 2 + [1] * 5 + [0] * 4  # 9 pairs only a hits, 2 only b, 5 both, 4 neither
+    b = [0] * 9 + [1] * 2 + [1] * 5 + [0] * 4
+    c = mcnemar(a, b)
+    exact = stats.binomtest(9, 11)
+    assert c.test == MCNEMAR and c.p == pytest.approx(exact.pvalue) and c.n == 20
+    assert c.difference == pytest.approx(np.mean(a) - np.mean(b)) == pytest.approx(7 / 20)
+    ci = exact.proportion_ci(method="exact")
+    assert (c.low, c.high) == pytest.approx(((2 * ci.low - 1) * 11 / 20, (2 * ci.high - 1) * 11 / 20))
+    assert c.low < c.difference < c.high
+    assert mcnemar([1, 1], [1, 1]).verdict == NOISE  # no discordant pair: no difference
+    assert mcnemar([1], [0]).verdict == f"{UNTESTED}: 1 pair"
+    with pytest.raises(ValueError, match="binary"):
+        mcnemar([0.5, 1], [0, 1])
+
+
+def test_interval_and_p_are_scipys():
+    a, b = [1.0, 2.5, 3.0], [0.0, 1.0, 2.2]
+    welch, paired = compare(a, b), compare(a, b, paired=True)
+    for c, want in ((welch, stats.ttest_ind(a, b, equal_var=False)), (paired, stats.ttest_rel(a, b))):
+        ci = want.confidence_interval()
+        assert (c.low, c.high, c.p) == pytest.approx((ci.low, ci.high, want.pvalue), rel=1e-12)
+        assert c.difference == pytest.approx(np.mean(a) - np.mean(b)) and c.low < c.difference < c.high
+    assert (welch.test, paired.test) == (WELCH, PAIRED)
+    # the seeds share a lot: the paired differences (1.0, 1.5, 0.8) are tighter than the two spreads
+    assert paired.is_result and not welch.is_result
+    assert paired.text() == f"+1.1 (+103.1%), 95% CI [{paired.low:+.1f}, {paired.high:+.1f}], p = {paired.p:.2g}, " \
+                            "paired t-test: result"
+
+
+def test_untested_and_degenerate():
+    assert compare([2.0], [1.0, 1.1]).verdict == f"{UNTESTED}: 1 seed"  # one seed: no spread to judge by
+    assert compare([2.0], [1.0], paired=True).text() == "+1.0 (+100.0%): untested: 1 seed"
+    with pytest.raises(ValueError, match="same seeds"):
+        compare([1.0, 2.0], [1.0, 2.0, 3.0], paired=True)
+    assert compare([1.0, 1.0], [1.0, 1.0]).verdict == NOISE  # identical seeds, no difference
+    assert compare([2.0, 3.0], [1.0, 2.0], paired=True).verdict == RESULT  # the same offset in every seed
+
+
+def test_sign_word():
+    lower = compare([1.0, 1.2, 0.9], [2.0, 2.1, 1.9], paired=True)
+    assert lower.is_result and sign_word(lower, "helps", "hurts", "same") == "helps"
+    assert sign_word(compare([1.0, 2.0, 3.0], [0.0, 1.0, 2.0]), "helps", "hurts", "same") == "same"
 
 
 def test_spread_is_mean_and_sample_deviation():
@@ -12,15 +138,6 @@ def test_spread_is_mean_and_sample_deviation():
     assert (s.n, s.mean, s.sd) == (3, 2.0, 1.0)
     assert s.se == pytest.approx(1 / math.sqrt(3))
     assert s.text() == "2.0 ± 1.0 (3 seeds)" and spread([4.0]).text() == "4.0 (1 seed)"
-
-
-def test_rule_twice_the_welch_standard_error():
-    # difference 1.0; standard error sqrt(1/3 + 1/3) = 0.816: 1.0 < 2 SE, within noise
-    within = compare([1.0, 2.0, 3.0], [0.0, 1.0, 2.0])
-    assert within.se == pytest.approx(math.sqrt(2 / 3)) and within.verdict == NOISE
-    # the same difference with ten times less spread: a result
-    assert compare([1.9, 2.0, 2.1], [0.9, 1.0, 1.1]).verdict == RESULT
-    assert compare([2.0], [1.0, 1.1]).verdict == UNTESTED  # one seed: no spread to judge by
 
 
 def test_no_verdict_on_nan_or_nothing():

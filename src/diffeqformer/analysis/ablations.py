@@ -24,7 +24,7 @@ from ..report.figures import log_perplexity_axis
 from ..runs import config as run_config
 from ..runs import config_field, is_finetuning, model_type, pretrain_config, require_complete, run_path, summary
 from ..train import median_throughput, next_token_loss, read_metrics
-from .seeds import NOISE, RESULT, UNTESTED, Comparison, as_list, compare, sign_word, spread
+from .seeds import NOISE, RESULT, Comparison, as_list, compare, sign_word, spread
 
 # --------------------------------------------------------------------------------------------------- one run
 
@@ -291,17 +291,29 @@ def plot_ablation_curves(table, label, *, log: bool = True, ax=None, styles: Map
     return ax
 
 
+def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
+    """Final perplexities of two settings over seeds compared by ``seeds.RULE``. Seeds are matched by their place in
+    the lists: the pipeline trains every setting as seeds 0..n-1 (``pipeline.seeded``), and seed k of two settings
+    reads the training sequences in the same order, so settings with as many seeds are compared by the paired
+    t-test, others by Welch's."""
+    return compare(a, b, paired=len(a) == len(b))
+
+
 def _verdict_words(comparison: Comparison) -> str:
-    """``+2.9%, a result`` / ``+0.4%, within noise`` / ``+0.4%, one seed``."""
-    words = {RESULT: "a result", NOISE: "within noise", UNTESTED: "one seed"}
-    return f"{100 * comparison.relative:+.1f}%, {words[comparison.verdict]}"
+    """``+2.9%, a result: +11.2, 95% CI [+5.0, +17.4], p = 0.01, paired t-test over 3 seeds`` /
+    ``+0.4%, within noise: ...`` / ``+0.4%, untested: 1 seed``."""
+    change = f"{100 * comparison.relative:+.1f}%"
+    if comparison.untested:
+        return f"{change}, {comparison.verdict}"
+    word = {RESULT: "a result", NOISE: "within noise"}[comparison.verdict]
+    return f"{change}, {word}: {comparison.difference:+.1f}, {comparison.interval()} over {comparison.n} seeds"
 
 
 def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
     """F8 (Fig. 7): one row per setting of ``runs`` (model key, e.g. ``ours`` / ``gpt`` -> its runs, or lists of
     seed runs, differing in Adam's beta2): final and best validation perplexity (means over seeds), the change of
     the final one against the same model at beta2 = 0.999 in percent (negative: better), and whether that change
-    is a result or within noise (``seeds.RULE``)."""
+    is a result or within noise (``seeds.RULE``; seeds matched as in ``_settings``)."""
     import pandas as pd
 
     parts = []
@@ -311,7 +323,7 @@ def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
         base = t[t.beta2 == 0.999]
         ref = base.finals.iloc[0] if len(base) else None
         t["vs 0.999 %"] = [100 * (f / base["final ppl"].iloc[0] - 1) if ref else math.nan for f in t["final ppl"]]
-        t["verdict"] = ["" if (ref is None or b == 0.999) else compare(f, ref).verdict
+        t["verdict"] = ["" if (ref is None or b == 0.999) else _settings(f, ref).verdict
                         for f, b in zip(t.finals, t.beta2)]
         parts.append(t.sort_values("beta2"))
     return pd.concat(parts, ignore_index=True)
@@ -326,8 +338,8 @@ def beta2_headline(table) -> dict[str, str]:
         values = ", ".join(f"{spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
         base, low = rows[rows.beta2 == 0.999], rows[rows.beta2 < 0.999]
         if len(base) and len(low):
-            change[key] = compare(low.finals.iloc[0], base.finals.iloc[0])
-            out[key] = f"{rows.model.iloc[0]}: {values} ({_verdict_words(change[key])} for the lower beta2)"
+            change[key] = _settings(low.finals.iloc[0], base.finals.iloc[0])
+            out[key] = f"{rows.model.iloc[0]}: {values} (the lower beta2: {_verdict_words(change[key])})"
         else:
             out[key] = f"{rows.model.iloc[0]}: {values}"
     ours, gpt = change.get("ours"), change.get("gpt")
@@ -336,8 +348,8 @@ def beta2_headline(table) -> dict[str, str]:
         return out
     effect = lambda c: sign_word(c, "helps", "hurts", "changes nothing beyond noise for")  # noqa: E731
     if ours.is_result and gpt.is_result and ours.difference < 0 < gpt.difference:
-        out["verdict"] = ("Reproduced at this scale: the lower beta2 helps DiffEqFormer and hurts GPT-2, both beyond "
-                          "the seeds' spread.")
+        out["verdict"] = ("Reproduced at this scale: the lower beta2 helps DiffEqFormer and hurts GPT-2, both results "
+                          "(p < 0.05).")
     else:
         out["verdict"] = (f"Not reproduced at this scale: the lower beta2 {effect(ours)} DiffEqFormer and "
                           f"{effect(gpt)} GPT-2; the paper has it helping DiffEqFormer and hurting GPT.")
@@ -348,7 +360,7 @@ def time_embedding_headline(table) -> dict[str, str]:
     """Sentences for F9: how perplexity (mean over seeds), parameters, throughput and measured memory change from
     the smallest to the largest d_t, and a verdict on the paper's claims (perplexity improves with d_t; parameters
     grow; throughput drops only slightly; memory grows far less than the parameter count). The perplexity change
-    from the smallest to the largest d_t is judged against the seeds' spread (``seeds.RULE``)."""
+    from the smallest to the largest d_t is judged by ``seeds.RULE`` (seeds matched as in ``_settings``)."""
     lo, hi = table.iloc[0], table.iloc[-1]
     memory = next((c for c in ("device peak MiB", "training MiB") if c in table), None)
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
@@ -361,10 +373,11 @@ def time_embedding_headline(table) -> dict[str, str]:
         "throughput": f"x{ratio(speed):.2f}",
         "memory": f"x{ratio(memory):.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB)" if memory else "not measured",
     }
-    change = compare(hi.finals, lo.finals)
+    change = _settings(hi.finals, lo.finals)
     improves = change.is_result and change.difference < 0
     trend = {True: "improves", False: "worsens"}[change.difference < 0] if change.is_result else (
-        f"does not change beyond the seeds' spread ({_verdict_words(change)})")
+        "does not change beyond noise")
+    trend += f" ({_verdict_words(change)})"
     mem_less = memory is not None and ratio(memory) < ratio("params")
     out["verdict"] = (
         f"Perplexity {trend} from the smallest to the largest d_t at this scale "
@@ -376,20 +389,20 @@ def time_embedding_headline(table) -> dict[str, str]:
 
 def hypernetwork_headline(table) -> dict[str, str]:
     """Sentences for F10: per-weight MLPs against one shared MLP (final validation perplexity over seeds,
-    parameters) and a verdict on the paper's claim that the per-weight design is better, judged against the
-    seeds' spread (``seeds.RULE``)."""
+    parameters) and a verdict on the paper's claim that the per-weight design is better, judged by ``seeds.RULE``
+    (seeds matched as in ``_settings``)."""
     rows = table.set_index("hypernet")
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
         return {"comparison": "The preset did not train both hypernetwork designs.", "verdict": ""}
     a, b = rows.loc["per_weight"], rows.loc["shared_mlp"]
-    change = compare(a.finals, b.finals)
+    change = _settings(a.finals, b.finals)
     better = change.is_result and change.difference < 0
     return {
         "comparison": (f"per-weight MLPs {spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) against one "
                        f"shared MLP {spread(b.finals).text()} ({b.params / 1e6:.2f}M): {_verdict_words(change)}"),
-        "verdict": ("Reproduced at this scale: the per-weight design is better, beyond the seeds' spread."
+        "verdict": ("Reproduced at this scale: the per-weight design is better, a result (p < 0.05)."
                     if better else
-                    "Not reproduced at this scale: the per-weight design is not better beyond the seeds' spread."),
+                    "Not reproduced at this scale: the per-weight design is not better as a result (p < 0.05)."),
     }
 
 

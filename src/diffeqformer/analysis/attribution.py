@@ -4,8 +4,8 @@ token of a synthetic prompt (``synthetic.prompts``) first (hit@1) or in its top 
 The synthetic language knows which earlier token each prediction depends on (the antecedent of a pronoun, the first
 occurrence of a copied word); scoring the methods against it turns the paper's qualitative Fig. 3 into a measurement.
 ``attribution_benchmark`` ranks the methods' scores per prompt (cached by a hash of the model and the prompts),
-``summarize`` and ``over_seeds`` turn the ranks into hit rates, ``plot_summary`` draws them and ``headline`` gives the
-numbers the book quotes.
+``summarize`` and ``over_seeds`` turn the ranks into hit rates, ``plot_summary`` draws them, ``claim`` tests the paper's
+claim on the per-prompt hits and ``headline`` gives the numbers the book quotes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..data.synthetic import VOCABULARY, Prompt, encode
 from ..numerics import cached, digest, fingerprint
 from .lyapunov import METHOD_KEYS, attribution_scores
-from .seeds import compare
+from .seeds import NOISE, RESULT, Comparison, mcnemar
 
 
 def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir: str | Path | None = None,
@@ -201,17 +201,18 @@ CLAIM = ("lyapunov (max exponent)", "raw attention")
 """The paper's claim, compared per task: the largest Lyapunov exponent attributes better than attention weights."""
 
 
-def headline(summary: pd.DataFrame) -> dict[str, str]:
-    """The numbers (as text) the book's prose quotes about the benchmark, keyed for ``figures.glue``.
+def headline(results: pd.DataFrame) -> dict[str, str]:
+    """The numbers (as text) the book's prose quotes about the benchmark, keyed for ``figures.glue``, from the
+    per-prompt results of ``attribution_benchmark`` (with a ``seed`` column where there are several seeds' models).
 
     For each task t and method (short key k of ``lyapunov.METHOD_KEYS``): ``hit1_t_k`` (mean over seeds, ``± sd``
     with several), ``hit3_t_k``, ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none);
     per task: ``accuracy_t``, ``chance1_t``, ``chance3_t``, ``prompts_t``, ``seeds_t``, ``best_t`` (the method with
     the highest mean hit@1, ties listed; "none" when every method ties), ``claim_t`` (the largest exponent's hit@1
-    against attention's over seeds, a result or within noise: ``seeds.RULE``), ``nonfinite_t`` and
-    ``truth_nonfinite_t`` (``summarize``'s counts of scores that were not finite, summed over the methods and seeds:
-    the hit rates rank finite scores only).
+    against attention's: ``claim``), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of scores
+    that were not finite, summed over the methods and seeds: the hit rates rank finite scores only).
     """
+    summary = summarize(results)
     mean = over_seeds(summary)
     out = {}
     for task, sub in mean.groupby("task", sort=False):
@@ -235,12 +236,33 @@ def headline(summary: pd.DataFrame) -> dict[str, str]:
             out[f"best_{task}"] = f"none: all methods tie at {sub['hit_at_1'].max():.2f}"
         else:
             out[f"best_{task}"] = best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1]
-        per_seed = summary[summary["task"] == task]
-        lyap, attn = (per_seed[per_seed["method"] == m].sort_values("seed")["hit_at_1"] for m in CLAIM)
-        if len(lyap) and len(attn):
-            c = compare(lyap, attn)
-            words = {"result": "a result", "within noise": "within noise", "untested (one seed)": "one seed only"}
-            side = "above" if c.difference > 0 else "below" if c.difference < 0 else "equal to"
-            out[f"claim_{task}"] = (f"the largest exponent's hit@1 is {side} attention's by {abs(c.difference):.2f} "
-                                    f"({words[c.verdict]})")
+        if set(CLAIM) <= set(sub["method"]):
+            c, hits = claim(results[results["task"] == task])
+            side = "above" if hits > 0 else "below" if hits < 0 else "equal to"
+            word = {RESULT: "a result", NOISE: "within noise"}.get(c.verdict, c.verdict)
+            net = "" if c.untested else (f"; share of the {c.n} prompts it wins less the share attention wins "
+                                         f"{c.difference:+.2f}, {c.interval(2)}")
+            out[f"claim_{task}"] = (f"the largest exponent's hit@1 is {side} attention's by {abs(hits):.2f} "
+                                    f"({word}{net})")
     return out
+
+
+def claim(results: pd.DataFrame) -> tuple[Comparison, float]:
+    """The paper's claim (``CLAIM``) on one task's per-prompt results: the largest exponent's hits at 1 against
+    attention's, by the exact McNemar test of ``seeds.RULE`` (``seeds.mcnemar``), and the difference of their hit@1
+    rates (means over prompts and seeds).
+
+    Both methods rank the true token of the same prompts with the same model, so their hits are paired by prompt.
+    Each seed's model answers the same prompts: a prompt's hits over the seeds are not independent (a prompt that
+    suits one method suits it in every seed), so the unit of the test is the prompt, not the (prompt, seed) pair:
+    a prompt favours a method when that method ranks its true token first in more of the seeds' models than the
+    other does, and McNemar's test asks whether the prompts that favour one method outnumber those that favour the
+    other beyond chance. With one seed this is McNemar's test on the per-prompt hits; pooling the prompts of all
+    seeds as independent pairs would call too many results (``tests/test_seeds.py`` simulates it). Only prompts
+    every seed's model answered are compared."""
+    results = results[results["method"].isin(CLAIM)]
+    results = results if "seed" in results else results.assign(seed=0)
+    hits = results.assign(hit=(results["rank"] <= 1).astype(int)).pivot_table(
+        index="prompt", columns=["method", "seed"], values="hit").dropna()
+    a, b = (hits[m].to_numpy() for m in CLAIM)
+    return mcnemar(a, b), float(a.mean() - b.mean())
