@@ -99,36 +99,6 @@ def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
 
 
-def _decayed_paths(optimizer_config, model):
-    mask = optimizer_config.build_weight_decay_mask()(model)
-    paths_and_flags = jax.tree_util.tree_flatten_with_path(mask)[0]
-    return {jax.tree_util.keystr(p): bool(flag) for p, flag in paths_and_flags if isinstance(flag, bool)}
-
-
-def test_paper_weight_decay_masks():
-    """ODE model: decay on the embeddings only; baselines: attention/MLP weights and embeddings (not biases, norms)."""
-    from diffeqformer.model.baselines import baseline_config
-    from helpers import VOCAB, tiny
-    from levanter.optim.config import AdamConfig
-
-    from diffeqformer.train import with_paper_weight_decay
-
-    ode = tiny().build(VOCAB, key=jax.random.PRNGKey(0))
-    flags = _decayed_paths(with_paper_weight_decay(AdamConfig(), ode.config), ode)
-    decayed = {p for p, f in flags.items() if f}
-    assert decayed and all("embeddings" in p for p in decayed), decayed
-    assert any("token_embeddings" in p for p in decayed) and any("position_embeddings" in p for p in decayed)
-    assert not any(f for p, f in flags.items() if "block" in p)
-
-    gpt_config = baseline_config(tiny(), "gpt2")
-    gpt = gpt_config.build(VOCAB, key=jax.random.PRNGKey(0))
-    flags = _decayed_paths(with_paper_weight_decay(AdamConfig(), gpt_config), gpt)
-    decayed = {p for p, f in flags.items() if f}
-    assert any("c_attn" in p and "weight" in p for p in decayed)
-    assert any("mlp" in p and "weight" in p for p in decayed)
-    assert not any("bias" in p or "ln_" in p for p in decayed), decayed
-
-
 def test_non_finite_loss_stops_with_a_message(tmp_path):
     run_dir = tmp_path / "run"
     cmd = _train_cmd(run_dir) + ["--optimizer.learning_rate", "1e30", "--optimizer.warmup", "0"]

@@ -51,9 +51,14 @@ counter, which jaxlib 0.7.2 needed for a resumed run to end bit-identical to an 
 Levanter's own trainer does, donation and all: ``tests/test_train.py`` kills and resumes runs to check it.)"""
 
 DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
-"""The paper's code decays only the embeddings of the ODE model (its hypernetworks are not decayed)."""
-DECAY_BASELINE = r".*attn.*weight|.*mlp.*weight|.*token_embeddings.*|.*position_embeddings.*"
-"""... and the attention/MLP weights and embeddings of the baselines (nanoGPT's convention)."""
+"""Weight decay of the ODE model, a regex for Levanter's ``weight_decay_modules`` (``re.match`` on each parameter's
+path): the paper's code decays only its embeddings (not the hypernetworks, norms or biases)."""
+DECAY_BASELINE = r"(?!.*norm)(.*\.)?(attn|self_attn|mlp)\.(.*\.)?weight$|.*token_embeddings.*|.*position_embeddings.*"
+"""Weight decay of the baselines (GPT-2, Llama, the weight-shared model) and of every fine-tuned model (a discretised
+DiffEqFormer or a baseline), nanoGPT's convention: the weight matrices of the attention and MLP submodules
+(``attn``/``self_attn``/``mlp``, LoRA adapters included) and the embeddings; never a norm or a bias. A path that
+names a norm anywhere is excluded: the parallel block's ``attn_norm``/``mlp_norm`` (GPT-2's ``ln_1``/``ln_2``) are
+norms, although their names begin like the submodules'."""
 
 
 @dataclass(frozen=True)
@@ -112,6 +117,29 @@ def validate(config: TrainConfig) -> None:
         raise ValueError(
             f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
             f"({config.model.num_heads})"
+        )
+    validate_regularisers(config.model)
+
+
+def validate_regularisers(model: LmConfig) -> None:
+    """Reject a dropout rate outside [0, 1), and a regulariser that the model would not apply, naming the field.
+
+    Levanter's GPT-2 has an ``attn_pdrop`` field that its attention never reads: ``Gpt2Attention`` calls
+    ``dot_product_attention`` without a dropout rate, so the rate is that function's default, 0, whatever the
+    attention backend (the field only travels to and from Hugging Face configs). A GPT-2 config with attention
+    dropout would claim a regulariser it does not have; DiffEqFormer, like the official code, has none either."""
+    from levanter.models.gpt2 import Gpt2Config
+
+    if not isinstance(model, Gpt2Config):  # DiffEqFormerConfig checks its own rates; Levanter's Llama has none
+        return
+    for name in ("embed_pdrop", "resid_pdrop", "attn_pdrop"):
+        rate = getattr(model, name)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"model.{name} must be in [0, 1), got {rate!r}")
+    if model.attn_pdrop != 0:
+        raise ValueError(
+            f"model.attn_pdrop must be 0, got {model.attn_pdrop!r}: Levanter's GPT-2 does not apply attention "
+            "dropout (its attention passes no dropout rate to dot_product_attention), so the value would do nothing"
         )
 
 
