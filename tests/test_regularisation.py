@@ -89,6 +89,18 @@ def test_lora_decays_the_adapter_matrices_never_a_norm_or_bias():
     assert not any("norm" in p or p.endswith("bias") for p in decayed), decayed
 
 
+@pytest.mark.parametrize("name, retrained", [("shared", True), ("gpt2", True), ("diffeqformer", False)])
+def test_a_run_trained_with_another_weight_decay_mask_is_trained_again(monkeypatch, name, retrained):
+    """The mask is not in the config file, so its regex is hashed: changing the baselines' mask changes the hash of
+    the runs that use it (GPT-2, the weight-shared model), not of DiffEqFormer's."""
+    from diffeqformer import train
+
+    config = load_config(paths.CONFIG / "cpu" / f"{name}.yaml")
+    before = train.config_hash(config)
+    monkeypatch.setattr(train, "DECAY_BASELINE", train.DECAY_BASELINE + "|.*norm.*")
+    assert (train.config_hash(config) != before) == retrained
+
+
 # Every dropout rate of every model kind: the field must change a training forward pass, or be refused by the
 # config validation with a message naming it.
 def _dropout_fields(config) -> list[str]:

@@ -198,13 +198,17 @@ def config_hash(config: TrainConfig, *, population: Optional[list[int]] = None) 
 
     Model fields left at their class default are not hashed, so that adding a model option whose default keeps the
     old behaviour (e.g. ``random_step_offset``) does not invalidate finished runs. Any value that differs from the
-    default is hashed, so two configs that train differently never share a hash."""
+    default is hashed, so two configs that train differently never share a hash. So is the weight-decay mask the run
+    trains with (``with_paper_weight_decay``), which the config leaves to the code: a run trained with another mask
+    is trained again."""
     import yaml
 
     tree = plain_tree(dataclasses.replace(config, run_dir=None, wandb=False))
     defaults = plain_tree(type(config.model)())
     tree["model"] = {k: v for k, v in tree["model"].items() if k not in defaults or defaults[k] != v}
     tree["training_loop"] = LOOP_VERSION
+    if config.optimizer.weight_decay:
+        tree["weight_decay_modules"] = with_paper_weight_decay(config.optimizer, config.model).weight_decay_modules
     if population is not None:
         tree["population"] = [int(seed) for seed in population]
     return hashlib.sha256(yaml.safe_dump(tree, sort_keys=False).encode()).hexdigest()[:16]
