@@ -162,13 +162,50 @@ def test_time_embedding_table_and_headline(tmp_path):
     assert text["ppl"].endswith("(3 seeds)")
     ratio = table.params.iloc[1] / table.params.iloc[0]
     assert text["params"].endswith(f"(x{ratio:.2f})") and text["memory"].startswith("x1.50")
-    assert text["verdict"].startswith("Perplexity improves") and ("grows less" in text["verdict"]) == (1.5 < ratio)
+    assert text["verdict"].startswith("Perplexity improves with d_t") and ("grows less" in text["verdict"]) == (
+        1.5 < ratio)
+    # two d_t, matched seeds: the slope per doubling is the paired difference over log2(8 / 2) = 2 doublings
+    finals = [[math.exp(v) for v in (6.00, 6.01, 5.99)], [math.exp(v) for v in (5.80, 5.81, 5.79)]]
+    slope = ablations.time_embedding_trend(table)
+    assert slope.slope == pytest.approx((sum(finals[1]) - sum(finals[0])) / 3 / 2) and slope.df == 2
+    assert f"slope against log2 d_t: {slope.slope:+.1f} per doubling of d_t, 95% CI" in text["verdict"]
     noisy = table.assign(finals=[(400.0, 380.0, 420.0), (399.0, 420.0, 378.0)])  # -0.2% in a spread of 5%
     assert ablations.time_embedding_headline(noisy)["verdict"].startswith(
-        "Perplexity does not change beyond noise (-0.2%, within noise: ")
-    assert "paired t-test over 3 seeds" in ablations.time_embedding_headline(noisy)["verdict"]
+        "Perplexity shows no trend over d_t beyond noise at this scale (against the paper's Fig. 14; slope against "
+        "log2 d_t: -0.5 per doubling of d_t, 95% CI [")
     worse = table.assign(finals=[(400.0, 401.0, 399.0), (420.0, 421.0, 419.0)])
-    assert ablations.time_embedding_headline(worse)["verdict"].startswith("Perplexity worsens")
+    assert ablations.time_embedding_headline(worse)["verdict"].startswith("Perplexity worsens with d_t")
+
+
+def _dt_table(d_ts, finals):
+    import pandas as pd
+
+    return pd.DataFrame({"d_t": d_ts, "finals": [tuple(f) for f in finals],
+                         "final ppl": [sum(f) / len(f) for f in finals], "params": [1.0] * len(d_ts),
+                         "tokens/s": [1.0] * len(d_ts)})
+
+
+def test_time_embedding_trend_over_every_d_t():
+    """The trend uses every d_t, not the two ends: a known slope per doubling with seed offsets is found exactly; a
+    curve that falls from the smallest to the largest d_t but not along the way is no trend; one seed of two d_t
+    is untested."""
+    d_ts = [2, 4, 8, 16]
+    known = _dt_table(d_ts, [[500 - 3 * k + 10 * s for s in range(3)] for k in range(4)])  # -3 per doubling
+    slope = ablations.time_embedding_trend(known)
+    assert slope.slope == pytest.approx(-3.0) and slope.is_result and (slope.n, slope.groups) == (12, 3)
+    assert ablations.time_embedding_headline(known)["verdict"].startswith("Perplexity improves with d_t")
+    # ends 5 apart (a result of the paired test of the ends alone), the middle settings up and down: no trend
+    bumpy = _dt_table(d_ts, [[500.0, 501.0, 499.0], [520.0, 480.0, 530.0], [470.0, 530.0, 485.0],
+                             [495.0, 496.0, 494.0]])
+    ends = ablations._settings(bumpy.finals.iloc[-1], bumpy.finals.iloc[0])
+    assert ends.is_result and ends.difference < 0
+    assert ablations.time_embedding_trend(bumpy).verdict == "within noise"
+    assert ablations.time_embedding_headline(bumpy)["verdict"].startswith("Perplexity shows no trend over d_t")
+    one = _dt_table([2, 8], [[500.0], [480.0]])
+    assert ablations.time_embedding_trend(one).verdict == "untested: 2 values in 1 seed"
+    assert ablations.time_embedding_headline(one)["verdict"].startswith("Perplexity is not tested over d_t")
+    # unequal seed counts: seeds are not matched, one intercept
+    assert ablations.time_embedding_trend(_dt_table([2, 8], [[500.0, 505.0], [480.0]])).test == "t-test of the slope"
 
 
 def test_hypernetwork_headline(tmp_path):

@@ -96,3 +96,90 @@ def test_bad_runs_are_named(runs, tmp_path):
 def test_plot_has_one_line_pair_per_run(runs):
     ax = perplexity.plot_curves(perplexity.curves(runs))
     assert len(ax.lines) == 6 and ax.get_yscale() == "log" and not ax.collections  # one seed: no band
+
+
+def _curve_run(path, evals, trains, name="run"):
+    """A finished run whose metrics hold validation losses ``evals`` and training losses ``trains`` (step -> loss)."""
+    path.mkdir(parents=True)
+    lines = [{"step": s, "time": 0.0, "train/loss": v} for s, v in trains.items()]
+    lines += [{"step": s, "time": 0.0, "eval/loss": v} for s, v in evals.items()]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    (path / "complete.json").write_text(json.dumps({"name": name, "steps": max(evals), "tokens_per_second": 1.0}))
+    return str(path)
+
+
+def test_overfitting_measures_of_a_known_curve(tmp_path):
+    """Best validation loss at step 100, higher at the end: the rise is exp(final) - exp(best); the gap is the final
+    validation loss less the mean training loss of steps 101-200 (not of every step, not of step 200 alone)."""
+    evals = {0: 8.0, 100: 4.0, 200: 4.5}
+    trains = {s: (5.0 if s <= 100 else 3.0 + (s - 101) / 99) for s in range(1, 201)}  # 3.0 .. 4.0 after step 100
+    run = _curve_run(tmp_path / "g", evals, trains)
+    frame = perplexity.curves({"gpt": run})
+    assert list(frame.train_loss_interval) == pytest.approx([math.nan, 5.0, 3.5], nan_ok=True)
+    measures = perplexity.overfitting(frame)["gpt"]
+    assert measures["rise"] == [pytest.approx(math.exp(4.5) - math.exp(4.0))]
+    assert measures["gap"] == [pytest.approx(4.5 - 3.5)]
+    table = perplexity.final_table({"gpt": run})
+    assert table.loc["gpt", "rise ppl"] == pytest.approx(math.exp(4.5) - math.exp(4.0))
+    assert table.loc["gpt", "gap nats"] == pytest.approx(1.0) and math.isnan(table.loc["gpt", "gap sd"])
+    best_last = perplexity.overfitting(perplexity.curves({"gpt": _curve_run(tmp_path / "b", {0: 8.0, 100: 4.0},
+                                                                            {100: 3.9})}))["gpt"]
+    assert best_last == {"rise": [0.0], "gap": [pytest.approx(0.1)]}  # the last evaluation is the best: no rise
+
+
+def _overfit_seeds(tmp_path, name, rises, gaps):
+    """Seed runs with validation loss 4.0 at step 10 and 4.0 + rise at step 20, training loss 4.0 + rise - gap over
+    steps 11-20."""
+    return [_curve_run(tmp_path / f"{name}{k}", {0: 8.0, 10: 4.0, 20: 4.0 + r},
+                       {s: 4.0 + r - g for s in range(11, 21)}, name)
+            for k, (r, g) in enumerate(zip(rises, gaps))]
+
+
+def test_overfits_less_is_judged_on_each_measure(tmp_path):
+    gpt = _overfit_seeds(tmp_path, "g", [0.30, 0.32, 0.28], [0.50, 0.52, 0.47])
+    ours = _overfit_seeds(tmp_path, "o", [0.00, 0.00, 0.00], [0.20, 0.22, 0.19])
+    frame = perplexity.curves({"gpt": gpt, "ours": ours})
+    versus = perplexity.overfit_comparisons(perplexity.overfitting(frame))["ours"]
+    assert versus["gap"].difference == pytest.approx(-0.2933333, abs=1e-6) and versus["gap"].test == "paired t-test"
+    assert versus["gap"].is_result and versus["rise"].is_result and versus["rise"].difference < 0
+    table = perplexity.final_table({"gpt": gpt, "ours": ours})
+    text = perplexity.headline(table, frame)["overfit_sentence"]
+    assert text.startswith("Overfitting, DiffEqFormer against GPT-2: the final rise of the validation perplexity "
+                           "above its best is 0.0 ± 0.0 against ")
+    assert "the final gap of validation over training loss is 0.203 ± 0.015 against 0.497 ± 0.025 nats (-0.293, " \
+           "95% CI [" in text
+    assert text.endswith("DiffEqFormer overfits less than GPT-2 as a result on both measures, as the paper reports.")
+    # the same gaps, but DiffEqFormer's validation perplexity rises as much as GPT-2's: less on the gap only
+    ours = _overfit_seeds(tmp_path, "p", [0.30, 0.33, 0.27], [0.20, 0.22, 0.19])
+    text = perplexity.sentences(perplexity.final_table({"gpt": gpt, "ours": ours}),
+                                perplexity.curves({"gpt": gpt, "ours": ours}))["overfit"]
+    assert text.endswith("as a result on the final gap of validation over training loss only.")
+    # DiffEqFormer fits its training data further beyond the validation data: more on the gap, not less
+    ours = _overfit_seeds(tmp_path, "q", [0.30, 0.33, 0.27], [0.80, 0.83, 0.79])
+    text = perplexity.sentences(perplexity.final_table({"gpt": gpt, "ours": ours}),
+                                perplexity.curves({"gpt": gpt, "ours": ours}))["overfit"]
+    assert text.endswith("does not overfit less than GPT-2 as a result on either measure; it overfits more on the "
+                         "final gap of validation over training loss.")
+
+
+def test_weight_sharing_is_worst_only_when_worse_than_both(tmp_path):
+    """The weight-shared model against GPT-2 and against DiffEqFormer, each by the paired t-test: worst only where
+    both are results with it above."""
+    gpt, ours = _seeds(tmp_path, "g", [5.00, 5.02, 4.98]), _seeds(tmp_path, "o", [4.50, 4.53, 4.47])
+    worst = {"gpt": gpt, "ours": ours, "shared": _seeds(tmp_path, "s", [5.30, 5.31, 5.29])}
+    frame = perplexity.curves(worst)
+    versus = perplexity.worst_comparisons(perplexity.final_perplexities(frame))["shared"]
+    assert set(versus) == {"gpt", "ours"} and all(c.is_result and c.difference > 0 for c in versus.values())
+    text = perplexity.sentences(perplexity.final_table(worst), frame)["shared"]
+    assert text.startswith("Weight-shared ends above GPT-2 by ") and "Weight-shared ends above DiffEqFormer by " in text
+    assert text.endswith("So weight sharing is the worst of the three, worse than GPT-2 and DiffEqFormer as results, "
+                         "as the paper reports.")
+    # between the two: worse than DiffEqFormer, better than GPT-2, so not the worst
+    between = {**worst, "shared": _seeds(tmp_path, "t", [4.80, 4.81, 4.79])}
+    text = perplexity.sentences(perplexity.final_table(between), perplexity.curves(between))["shared"]
+    assert "Weight-shared ends below GPT-2 by " in text
+    assert text.endswith("it is worse as a result than DiffEqFormer.")
+    # no DiffEqFormer: the claim cannot be shown
+    alone = {"gpt": gpt, "shared": worst["shared"]}
+    text = perplexity.sentences(perplexity.final_table(alone), perplexity.curves(alone))["shared"]
+    assert "DiffEqFormer" not in text.split(". So")[0] and text.endswith("it is worse as a result than GPT-2.")

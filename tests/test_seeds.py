@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from diffeqformer.analysis.seeds import (MCNEMAR, NOISE, PAIRED, RESULT, UNTESTED, WELCH, all_runs, as_list, compare,
-                                         mcnemar, sign_word, spread)
+from diffeqformer.analysis.seeds import (MCNEMAR, NOISE, PAIRED, RESULT, SEED_SLOPE, SLOPE, UNTESTED, WELCH, all_runs,
+                                         as_list, compare, mcnemar, sign_word, spread, trend)
 
 DRAWS = 2000
 BOUND = 0.05 + 3 * math.sqrt(0.05 * 0.95 / DRAWS)
@@ -152,3 +152,66 @@ def test_no_verdict_on_nan_or_nothing():
 def test_runs_of_a_parameter():
     assert as_list("a") == ["a"] and as_list(["a", "b"]) == ["a", "b"]
     assert all_runs({"ours": [["a0", "a1"], ["b0", "b1"]], "gpt": ["c0"]}) == ["a0", "a1", "b0", "b1", "c0"]
+
+
+def test_trend_of_one_intercept_is_scipys_linregress():
+    x = [1.0, 2.0, 3.0, 4.0, 5.0, 1.0, 3.0]
+    y = [4.1, 3.2, 2.2, 0.7, 0.1, 3.7, 1.9]
+    t, want = trend(x, y), stats.linregress(x, y)
+    half = stats.t(len(x) - 2).ppf(0.975) * want.stderr
+    assert (t.slope, t.p) == pytest.approx((want.slope, want.pvalue), rel=1e-12)
+    assert (t.low, t.high) == pytest.approx((want.slope - half, want.slope + half), rel=1e-12)
+    assert (t.test, t.df, t.n, t.groups) == (SLOPE, 5, 7, 1) and t.is_result
+
+
+def test_trend_with_an_intercept_per_seed():
+    """Against a least-squares fit with a column per seed (numpy), and with two settings against the paired
+    t-test: the slope is the mean seed-matched difference over the settings' distance, with the same p."""
+    rng = np.random.default_rng(40)
+    x = np.tile([1.0, 3.0, 5.0], 3)
+    seeds = np.repeat([0, 1, 2], 3)
+    y = 10.0 * seeds - 0.3 * x + rng.normal(0, 0.2, 9)  # seeds far apart: one intercept would hide the slope
+    t = trend(x, y, seeds)
+    design = np.column_stack([x, seeds == 0, seeds == 1, seeds == 2]).astype(float)
+    coef, rss, *_ = np.linalg.lstsq(design, y, rcond=None)
+    se = math.sqrt(rss[0] / (9 - 4) * np.linalg.inv(design.T @ design)[0, 0])
+    assert (t.slope, t.df, t.test) == (pytest.approx(coef[0], rel=1e-10), 5, SEED_SLOPE)
+    assert t.p == pytest.approx(2 * stats.t(5).sf(abs(coef[0]) / se), rel=1e-8)
+    assert t.is_result and not trend(x, y).is_result  # the seeds' offsets swamp the pooled fit
+    a, b = [4.0, 4.5, 3.9], [3.1, 3.9, 3.2]
+    two = trend([2.0] * 3 + [6.0] * 3, a + b, [0, 1, 2] * 2)
+    paired = compare(b, a, paired=True)
+    assert two.slope == pytest.approx(paired.difference / 4) and two.p == pytest.approx(paired.p, rel=1e-10)
+    assert (two.low, two.high) == pytest.approx((paired.low / 4, paired.high / 4), rel=1e-10)
+
+
+def test_trend_known_slope_flat_trend_and_untested():
+    exact = trend([1, 2, 3] * 2, [5.0, 3.0, 1.0, 6.0, 4.0, 2.0], [0, 0, 0, 1, 1, 1])  # slope -2, no residual
+    assert (exact.slope, exact.p, exact.verdict) == (pytest.approx(-2.0), 0.0, RESULT)
+    flat = trend([1, 2, 3] * 3, [5.0, 5.3, 4.9, 4.2, 3.8, 4.1, 6.0, 6.2, 5.9], [0] * 3 + [1] * 3 + [2] * 3)
+    assert flat.verdict == NOISE and flat.low < 0 < flat.high
+    assert flat.text(2, " per step").endswith(f"{SEED_SLOPE} (9 values, 3 seeds): within noise")
+    one = trend([1.0, 2.0], [5.0, 4.0])  # two settings of one seed: nothing left to judge the slope by
+    assert one.verdict == f"{UNTESTED}: 2 values in 1 seed" and one.text() == "-1.0: untested: 2 values in 1 seed"
+    with pytest.raises(ValueError, match="two settings"):
+        trend([1.0, 1.0], [5.0, 4.0])
+    with pytest.raises(ValueError, match="non-finite"):
+        trend([1.0, 2.0, 3.0], [5.0, math.nan, 4.0])
+
+
+def test_trend_no_more_than_five_percent_false_results():
+    """No trend, seeds sharing half their variance across settings: both fits call at most 5% results; the
+    per-seed intercepts find a clear slope more often than one intercept does."""
+    rng = np.random.default_rng(41)
+    x = np.tile(np.log2([2.0, 8.0, 32.0]), 3)
+    seeds = np.repeat([0, 1, 2], 3)
+
+    def draws(slope):
+        shared = math.sqrt(0.5) * rng.standard_normal((DRAWS, 3))[:, seeds]
+        return slope * x + shared + math.sqrt(0.5) * rng.standard_normal((DRAWS, 9))
+
+    null = draws(0.0)
+    assert np.mean([trend(x, y, seeds).is_result for y in null]) <= BOUND
+    assert np.mean([trend(x, y).is_result for y in null]) <= BOUND
+    clear = draws(-0.4)
+    assert np.mean([trend(x, y, seeds).is_result for y in clear]) > np.mean([trend(x, y).is_result for y in clear])

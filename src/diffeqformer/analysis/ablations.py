@@ -24,7 +24,7 @@ from ..report.figures import log_perplexity_axis
 from ..runs import config as run_config
 from ..runs import config_field, is_finetuning, model_type, pretrain_config, require_complete, run_path, summary
 from ..train import median_throughput, next_token_loss, read_metrics
-from .seeds import NOISE, RESULT, Comparison, as_list, compare, sign_word, spread
+from .seeds import NOISE, RESULT, Comparison, Trend, as_list, compare, sign_word, spread, trend
 
 # --------------------------------------------------------------------------------------------------- one run
 
@@ -356,15 +356,28 @@ def beta2_headline(table) -> dict[str, str]:
     return out
 
 
+def time_embedding_trend(table) -> Trend:
+    """F9's perplexity trend: the slope of every seed's final validation perplexity against log2 d_t (perplexity
+    per doubling of d_t), over all settings of ``table`` (``time_embedding_table``), judged by ``seeds.trend``.
+    Seeds are matched by their place in each setting's list where every setting has as many (seed k of every d_t
+    reads the training sequences in the same order: an intercept per seed), otherwise one intercept."""
+    matched = len({len(f) for f in table.finals}) == 1
+    return trend([math.log2(d) for d, finals in zip(table.d_t, table.finals) for _ in finals],
+                 [v for finals in table.finals for v in finals],
+                 [k for finals in table.finals for k in range(len(finals))] if matched else None)
+
+
 def time_embedding_headline(table) -> dict[str, str]:
     """Sentences for F9: how perplexity (mean over seeds), parameters, throughput and measured memory change from
-    the smallest to the largest d_t, and a verdict on the paper's claims (perplexity improves with d_t; parameters
-    grow; throughput drops only slightly; memory grows far less than the parameter count). The perplexity change
-    from the smallest to the largest d_t is judged by ``seeds.RULE`` (seeds matched as in ``_settings``)."""
+    the smallest to the largest d_t, the perplexity trend over every d_t (``time_embedding_trend``) and a verdict
+    on the paper's claims (perplexity improves with d_t; parameters grow; throughput drops only slightly; memory
+    grows far less than the parameter count). Perplexity improves with d_t only where the slope is negative as a
+    result (``seeds.RULE``)."""
     lo, hi = table.iloc[0], table.iloc[-1]
     memory = next((c for c in ("device peak MiB", "training MiB") if c in table), None)
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     ratio = lambda c: hi[c] / lo[c]  # noqa: E731
+    slope = time_embedding_trend(table)
     out = {
         "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
         "ppl": f"{spread(lo.finals).text()} to {spread(hi.finals).text()}",
@@ -372,17 +385,20 @@ def time_embedding_headline(table) -> dict[str, str]:
         "params": f"{lo.params / 1e6:.2f}M to {hi.params / 1e6:.2f}M (x{ratio('params'):.2f})",
         "throughput": f"x{ratio(speed):.2f}",
         "memory": f"x{ratio(memory):.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB)" if memory else "not measured",
+        "trend": slope.text(1, " per doubling of d_t"),
     }
-    change = _settings(hi.finals, lo.finals)
-    improves = change.is_result and change.difference < 0
-    trend = {True: "improves", False: "worsens"}[change.difference < 0] if change.is_result else (
-        "does not change beyond noise")
-    trend += f" ({_verdict_words(change)})"
+    improves = slope.is_result and slope.slope < 0
+    if slope.untested:
+        words = "is not tested over d_t (too few values to judge a slope by)"
+    elif slope.is_result:
+        words = f"{'improves' if slope.slope < 0 else 'worsens'} with d_t"
+    else:
+        words = "shows no trend over d_t beyond noise"
     mem_less = memory is not None and ratio(memory) < ratio("params")
     out["verdict"] = (
-        f"Perplexity {trend} from the smallest to the largest d_t at this scale "
-        f"({'as' if improves else 'against'} the paper's Fig. 14); measured memory grows "
-        f"{'less' if mem_less else 'more'} than the parameter count ({'as' if mem_less else 'against'} Fig. 16)."
+        f"Perplexity {words} at this scale ({'as' if improves else 'against'} the paper's Fig. 14; slope against "
+        f"log2 d_t: {out['trend']}); measured memory grows {'less' if mem_less else 'more'} than the parameter count "
+        f"({'as' if mem_less else 'against'} Fig. 16)."
     )
     return out
 

@@ -6,7 +6,7 @@ order of the training sequences and other dropout masks. The pipeline trains a c
 (``pipeline.seeded``: seeds 0..n-1 of each setting, named ``<name>``, ``<name>-seed1``, ...); the analyses take a run
 or a list of seed runs wherever they took a run.
 
-The rule (``RULE``), in code once (``compare``, ``mcnemar``):
+The rule (``RULE``), in code once (``compare``, ``mcnemar``, ``trend``):
 
 - Seed k of two settings shares its data order, so where the caller says the seeds are matched
   (``compare(a, b, paired=True)``) the test is a paired t-test on the n seed-matched differences
@@ -16,6 +16,10 @@ The rule (``RULE``), in code once (``compare``, ``mcnemar``):
 - Per-item hits of two methods on the same items (F5's attribution methods on the same prompts): the exact McNemar
   test, a binomial test of the discordant items (one method right, the other wrong) against one half; an item seen
   by several seeds' models counts once (``mcnemar``).
+
+A trend over more than two settings (F9's perplexity against d_t) is judged by the same test of one number, the
+slope of a least-squares line through every seed's value (``trend``): with an intercept per seed where seed k of
+every setting shares its data order (the paired t-test is its two-setting case), otherwise one intercept.
 
 A difference is a *result* when the test's p-value is below 0.05 (then its 95% confidence interval excludes zero),
 otherwise *within noise*. Fewer than two seeds on a side (or fewer than two pairs) leave nothing to judge the
@@ -52,6 +56,9 @@ RESULT, NOISE, UNTESTED = "result", "within noise", "untested"
 
 PAIRED, WELCH, MCNEMAR = "paired t-test", "Welch's t-test", "exact McNemar test"
 """The tests of ``RULE``, as ``Comparison.test`` names them."""
+
+SEED_SLOPE, SLOPE = "t-test of the slope with an intercept per seed", "t-test of the slope"
+"""The tests of a ``Trend``: seeds matched across the settings, or not."""
 
 
 def as_list(runs) -> list:
@@ -243,6 +250,87 @@ def mcnemar(a: Sequence, b: Sequence) -> Comparison:
         return (2 * ci.low - 1) * m / n, (2 * ci.high - 1) * m / n
 
     return Comparison(sa, sb, MCNEMAR, difference, float(result.pvalue), n, "pair", bounds=bounds)
+
+
+@dataclass(frozen=True)
+class Trend:
+    """The slope of a quantity against a setting (e.g. final perplexity per doubling of d_t), judged by ``RULE``:
+    ``slope`` with its 95% confidence interval ``low``, ``high`` and two-sided p-value ``p`` of the t-test of
+    "slope 0" with ``df`` degrees of freedom, over ``n`` values in ``groups`` seeds (``test``: ``SEED_SLOPE`` or
+    ``SLOPE``). No residual degree of freedom (e.g. two settings of one seed): untested, NaN interval and p."""
+
+    slope: float
+    low: float
+    high: float
+    p: float
+    df: int
+    n: int
+    groups: int
+    test: str
+
+    @property
+    def untested(self) -> bool:
+        return math.isnan(self.p)
+
+    @property
+    def verdict(self) -> str:
+        """``RESULT`` (p < ``LEVEL``), ``NOISE``, or ``untested: <n> values``."""
+        if self.untested:
+            return f"{UNTESTED}: {self.n} value{'' if self.n == 1 else 's'} in {self.groups} seed" + \
+                ("" if self.groups == 1 else "s")
+        return RESULT if self.p < LEVEL else NOISE
+
+    @property
+    def is_result(self) -> bool:
+        return self.verdict == RESULT
+
+    def text(self, digits: int = 1, unit: str = "") -> str:
+        """``-4.1 per doubling, 95% CI [-6.0, -2.2], p = 0.002, t-test of the slope with an intercept per seed (9
+        values, 3 seeds): result`` with ``unit`` = `` per doubling``."""
+        if self.untested:
+            return f"{self.slope:+.{digits}f}{unit}: {self.verdict}"
+        p = f"p = {self.p:.2g}" if self.p >= 1e-3 else "p < 0.001"
+        return (f"{self.slope:+.{digits}f}{unit}, 95% CI [{self.low:+.{digits}f}, {self.high:+.{digits}f}], {p}, "
+                f"{self.test} ({self.n} values, {self.groups} seed{'' if self.groups == 1 else 's'}): {self.verdict}")
+
+
+def trend(x: Sequence[float], y: Sequence[float], seeds: Sequence | None = None) -> Trend:
+    r"""``Trend`` of the values ``y`` against ``x`` (one pair per seed and setting): the least-squares slope
+    :math:`\hat\beta` of :math:`y = \alpha_s + \beta x + \varepsilon` and the t-test of :math:`\beta = 0`.
+
+    ``seeds`` (the seed of each value) gives each seed its own intercept :math:`\alpha_s`: seed k of every setting
+    shares its data order, and what it shares then cancels from the slope, as it does from a paired difference
+    (with two settings the test is the paired t-test, the slope the mean difference over the settings' distance).
+    Without ``seeds``, one intercept: ``scipy.stats.linregress``'s test. Degrees of freedom: values less seeds
+    less one. The interval is :math:`\hat\beta \pm t_{0.975,\,df}\,\mathrm{se}`."""
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1:
+        raise ValueError(f"a trend needs one x per value, got shapes {x.shape} and {y.shape}")
+    spread(y)  # finite values only
+    labels = np.zeros(len(x), dtype=int) if seeds is None else np.unique(np.asarray(seeds), return_inverse=True)[1]
+    if len(labels) != len(x):
+        raise ValueError(f"one seed per value: {len(labels)} seeds for {len(x)} values")
+    groups = int(labels.max()) + 1 if len(labels) else 0
+    # within each seed, distances from the seed's means: the per-seed intercepts drop out
+    xc, yc = x.copy(), y.copy()
+    for g in range(groups):
+        xc[labels == g] -= x[labels == g].mean()
+        yc[labels == g] -= y[labels == g].mean()
+    sxx = float(xc @ xc)
+    if sxx == 0:
+        raise ValueError("a trend needs at least two settings of x within a seed")
+    slope = float(xc @ yc) / sxx
+    df = len(x) - groups - 1
+    test = SLOPE if seeds is None else SEED_SLOPE
+    if df < 1:
+        return Trend(slope, math.nan, math.nan, math.nan, df, len(x), groups, test)
+    residual = yc - slope * xc
+    se = math.sqrt(float(residual @ residual) / df / sxx)
+    if se == 0:  # every point on the line: scipy's t would be d/0
+        return Trend(slope, slope, slope, 1.0 if slope == 0 else 0.0, df, len(x), groups, test)
+    t = stats.t(df)
+    half = float(t.ppf(1 - LEVEL / 2)) * se
+    return Trend(slope, slope - half, slope + half, float(2 * t.sf(abs(slope) / se)), df, len(x), groups, test)
 
 
 def sign_word(comparison: Comparison, lower: str, higher: str, same: str) -> str:
