@@ -42,7 +42,7 @@ def make_step(config_path: str, seeds: int):
     population_loss = population.population_loss(Seed)
 
     def loss(model, example, key):  # the summed loss as a scalar for jax.grad (Levanter's trainer unwraps it)
-        total, metrics = population_loss(model, example, key=key)
+        total, metrics = population_loss(model, example, member_keys=jrandom.split(key, Seed.size))
         return total.scalar(), metrics
 
     Batch = hax.Axis("batch", seeds * config.trainer.train_batch_size)  # the members' batches, one after the other

@@ -11,7 +11,9 @@ one model whose every weight has a leading ``seed`` axis (``haliax.vmap``):
 - each member has its own Adam state and its own gradient clipping (``population_optimizer`` vmaps the optimiser), and
   the loss is the sum of the members' losses, whose gradient with respect to a member's weights is its own loss's:
   no member's update depends on another's;
-- dropout draws from one key per member, split from the trainer's key of the step (not the solo run's keys);
+- member k draws its dropout masks from the keys its solo run would draw them from: the trainer's state holds the
+  members' training keys side by side, and each step splits member k's as Levanter's step splits a solo run's
+  (``PopulationTrainer``), so with dropout too a member follows its solo run up to floating-point rounding;
 - checkpoints (Levanter's, of the whole population) live in the first member's run directory; each member's metrics
   go to its own ``metrics.jsonl`` (``PopulationTracker``), and each member ends as an ordinary run: its own
   ``config.yaml``, ``model.eqx`` and ``complete.json``, read by ``train.load_model`` like any other.
@@ -42,6 +44,7 @@ from levanter.data.dataset import AsyncDataset
 from levanter.tracker import Tracker, TrackerConfig
 
 from . import paths, train
+from .dispatch import Trainer, batched_maps
 
 SEED = "seed"
 """The name of the population's axis."""
@@ -74,6 +77,9 @@ def check_members(configs: Sequence[train.TrainConfig]) -> list[int]:
         raise ValueError("a population logs to its members' metrics.jsonl only: set wandb false")
     if not isinstance(configs[0].trainer.train_batch_size, int):
         raise ValueError("a population needs a fixed trainer.train_batch_size (not a schedule)")
+    if configs[0].trainer.per_device_parallelism >= 0:  # Levanter's microbatches are contiguous slices of the batch
+        raise ValueError("a population's loss splits its batch by member, which microbatches would cut across: leave "
+                         "trainer.per_device_parallelism at -1")
     return seeds
 
 
@@ -144,9 +150,16 @@ def population_optimizer(inner: optax.GradientTransformation, Seed: Axis) -> opt
 
 def population_loss(Seed: Axis):
     """The trainer's loss: the sum over the members of each one's next-token loss on its part of the batch, and each
-    member's loss as the metric ``member<k>/loss`` (logged ``train/member<k>/loss``)."""
+    member's loss as the metric ``member<k>/loss`` (logged ``train/member<k>/loss``).
 
-    def loss(model, example, *, key=None):
+    Member k's dropout key is ``member_keys[k]`` (``[seed, key]``, passed by ``PopulationTrainer``); Levanter's one
+    key of the step, ``key``, is not used. Without ``member_keys`` the members run without dropout keys, as Levanter
+    evaluates (``key=None``)."""
+
+    def loss(model, example, *, key=None, member_keys=None):
+        if key is not None and member_keys is None:
+            raise ValueError("a population member draws dropout from its own key: train it with PopulationTrainer, "
+                             "which passes member_keys")
         Batch = example.tokens.resolve_axis("batch")
         Member = Axis("batch", Batch.size // Seed.size)
 
@@ -156,11 +169,29 @@ def population_loss(Seed: Axis):
             return x
 
         example = jax.tree.map(split, example, is_leaf=lambda x: isinstance(x, NamedArray))
-        keys = None if key is None else jrandom.split(key, Seed.size)
-        losses = hax.vmap(lambda m, e, k: m.compute_next_token_loss(e, key=k), Seed)(model, example, keys)
+        losses = hax.vmap(lambda m, e, k: m.compute_next_token_loss(e, key=k), Seed)(model, example, member_keys)
         return losses.sum(), {f"member{k}/loss": losses.array[k] for k in range(Seed.size)}
 
     return loss
+
+
+class PopulationTrainer(Trainer):
+    """``dispatch.Trainer`` for a population: its state's ``training_key`` is the members' training keys side by side
+    (``[seed, key]``, member k's the one ``train.main`` gives the solo run of its seed), and its step splits each
+    member's key as Levanter's step splits a solo run's (``key, new_key = split(training_key)``): the first half is
+    member k's dropout key of the step (``population_loss``'s ``member_keys``), the second its next training key. So
+    member k's dropout masks are its solo run's, step for step.
+
+    Levanter's step splits one key of shape ``[key]``; a stack of keys cannot pass through it (``jax.random.split``
+    refuses a batch of keys). So this step hands Levanter's a placeholder key, whose halves go unused, and puts the
+    members' next keys in the new state itself."""
+
+    def _train_step(self, state, batch, batch_kwargs, _no_hooks=False):
+        halves = jax.vmap(jrandom.split)(state.training_key)  # [seed, 2, key]: each member's split, as a solo step's
+        result = super()._train_step(eqx.tree_at(lambda s: s.training_key, state, state.training_key[0]), batch,
+                                     {**batch_kwargs, "member_keys": halves[:, 0]}, _no_hooks=_no_hooks)
+        new_state = eqx.tree_at(lambda s: s.training_key, result.new_state, halves[:, 1])
+        return dataclasses.replace(result, new_state=new_state)
 
 
 def member(tree, k: int):
@@ -237,7 +268,6 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
     """Train the members of a population (or resume it, or skip it when every member is complete) and return each
     member's ``complete.json``."""
     from haliax.partitioning import round_axis_for_partitioning
-    from .dispatch import Trainer, batched_maps
 
     for config in configs:
         train.validate(config)
@@ -261,12 +291,12 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
         inner = train.initialize_and_build(trainer_config, train.with_paper_weight_decay(base.optimizer, base.model))
 
         start = time.time()
-        with Trainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
+        with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model, training: as train.main
-            model_keys = jnp.stack([k[1] for k in keys])
+            model_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
             state = train.initial_state(
-                trainer, keys[0][2], lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
+                trainer, training_keys, lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
             Pos = base.model.max_Pos
             member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
             train_set = Interleaved([batched_maps(data.train_set(Pos, member_schedule, key=k[0])) for k in keys], batch)
