@@ -109,6 +109,9 @@ class FinetuneConfig:
     """'lora' (Levanter's LoRA adapters, the rest frozen) or 'full' (every parameter)."""
     lora: PaperLoraConfig = field(default_factory=PaperLoraConfig)
     """Levanter's LoRA: rank r, alpha (adapters scaled by alpha/r), dropout, target_modules (None: every linear map)."""
+    lora_embeddings: bool = True
+    """LoRA also trains the embeddings (token and position embeddings, tied with the output layer; an untied output
+    layer too), as the paper's code does. Without them the output layer cannot follow the target domain's words."""
     data: DataConfig = field(default_factory=DataConfig)
     """The target domain; its tokenizer must be the pretraining's."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(tracker=NoopConfig()))
@@ -231,8 +234,16 @@ def compiled_adapt(model, config: FinetuneConfig, *, key, axis_mapping=None):
 
 
 def trainable(config: FinetuneConfig, model):
-    """The trainer's ``is_trainable`` filter: the LoRA adapters only, or everything."""
-    return lora_trainable_params_filter(model) if config.method == "lora" else True
+    """The trainer's ``is_trainable`` filter: everything (full fine-tuning), or the LoRA adapters and, with
+    ``lora_embeddings``, the embeddings and an untied output layer."""
+    if config.method != "lora":
+        return True
+    spec = lora_trainable_params_filter(model)
+    if config.lora_embeddings:
+        spec = eqx.tree_at(lambda s: s.embeddings, spec, True)
+        if getattr(model, "lm_head", None) is not None:
+            spec = eqx.tree_at(lambda s: s.lm_head, spec, True)
+    return spec
 
 
 def main(config: FinetuneConfig) -> dict:
