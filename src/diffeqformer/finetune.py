@@ -207,11 +207,17 @@ def validate(config: FinetuneConfig) -> Pretraining:
     return pretraining
 
 
-def config_hash(config: FinetuneConfig, pretrain_config_hash: str) -> str:
+def config_hash(config: FinetuneConfig, pretrain_config_hash: str, *,
+                population: Optional[list[int]] = None) -> str:
     """Hash of what determines the fine-tuned parameters: the fine-tuning config without its paths, and the
-    pretraining's config hash (so the same file at another path, or the same run moved, hashes the same)."""
+    pretraining's config hash (so the same file at another path, or the same run moved, hashes the same).
+
+    ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, as
+    ``train.config_hash`` hashes them."""
     relevant = dataclasses.replace(config, run_dir=None, wandb=False, pretrain=PretrainRef())
     text = dump_config(relevant) + f"pretrain_config_hash: {pretrain_config_hash}\n"
+    if population is not None:
+        text += f"population: {[int(seed) for seed in population]}\n"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -284,7 +290,7 @@ def main(config: FinetuneConfig) -> dict:
             return finish_run(
                 config, run_dir, state.model, digest, start,
                 vocab_size=Vocab.size, method=config.method, euler_steps=config.steps, **counts,
-                pretrained_eval_loss=_initial_eval_loss(run_dir), pretrain_config_hash=pretraining.config_hash,
+                pretrained_eval_loss=initial_eval_loss(run_dir), pretrain_config_hash=pretraining.config_hash,
             )
 
 
@@ -307,7 +313,8 @@ def load_model(run_dir: str | Path, *, merged: bool = False):
     return merge_lora_modules(model) if merged else model
 
 
-def _initial_eval_loss(run_dir: Path) -> Optional[float]:
+def initial_eval_loss(run_dir: Path) -> Optional[float]:
+    """The validation loss of the pretrained model, before fine-tuning (logged at step -1), from ``metrics.jsonl``."""
     metrics = read_metrics(run_dir)
     if -1 not in metrics.index or "eval/loss" not in metrics:
         return None

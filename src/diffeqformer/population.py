@@ -20,6 +20,12 @@ one model whose every weight has a leading ``seed`` axis (``haliax.vmap``):
 
 A member's config hash covers the population (``train.config_hash(config, population=seeds)``): a run trained in a
 population is not taken for the solo run of the same config, nor the reverse.
+
+A population of fine-tunings (``finetune.FinetuneConfig`` members, ``finetune_main``) starts every member from the
+same checked pretraining: member k gets its solo fine-tuning's adapter, data and training keys, so its LoRA
+initialisation, batches and dropout masks; only the weights it trains have the ``seed`` axis (the frozen ones are the
+same in every member and kept once). It ends as an ordinary fine-tuning run (``finetune.load_model`` reads it); its
+config hash is ``finetune.config_hash(config, ..., population=seeds)``.
 """
 
 from __future__ import annotations
@@ -43,15 +49,19 @@ from haliax import Axis, NamedArray
 from levanter.data.dataset import AsyncDataset
 from levanter.tracker import Tracker, TrackerConfig
 
-from . import paths, train
+from . import finetune, paths, train
 from .dispatch import Trainer, batched_maps
+from .model.transformer import count_params
 
 SEED = "seed"
 """The name of the population's axis."""
 _MEMBER_METRIC = re.compile(r"(train|eval)/member(\d+)/(.+)")
 
 
-def check_members(configs: Sequence[train.TrainConfig]) -> list[int]:
+Config = train.TrainConfig | finetune.FinetuneConfig
+
+
+def check_members(configs: Sequence[Config]) -> list[int]:
     """The members' seeds, after checking that the configs differ in name, run directory and ``trainer.seed`` only
     (and in all three)."""
     if len(configs) < 2:
@@ -264,11 +274,35 @@ def member_evaluations(trainer, eval_sets, tokenizer, n: int):
 # ------------------------------------------------------------------------------------------------- training
 
 
-def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
+def _trainer_config(base: Config, run_dirs: Sequence[Path]):
+    """Levanter's trainer config of a population whose first member is ``base``: the members' batches side by side,
+    checkpoints in the first member's run directory, each member's metrics to its own ``metrics.jsonl``."""
+    return dataclasses.replace(
+        train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population",
+        train_batch_size=len(run_dirs) * base.trainer.train_batch_size,
+        tracker=(PopulationTrackerConfig(tuple(str(d / "metrics.jsonl") for d in run_dirs)),))
+
+
+def _train_set(data, trainer_config, Pos: Axis, data_keys, batch: int) -> Interleaved:
+    """The members' training batches side by side, member k's those its solo run reads with ``data_keys[k]``."""
+    member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
+    return Interleaved([batched_maps(data.train_set(Pos, member_schedule, key=k)) for k in data_keys], batch)
+
+
+def _member_throughput(run_dir: Path, n: int) -> Optional[float]:
+    """A member's share of the population's training tokens/s (``train.median_throughput``)."""
+    throughput = train.median_throughput(train.read_metrics(run_dir))
+    return throughput / n if throughput is not None else None
+
+
+def main(configs: Sequence[Config]) -> list[dict]:
     """Train the members of a population (or resume it, or skip it when every member is complete) and return each
-    member's ``complete.json``."""
+    member's ``complete.json``. Members are training runs (``train.TrainConfig``) or fine-tunings
+    (``finetune.FinetuneConfig``, ``finetune_main``)."""
     from haliax.partitioning import round_axis_for_partitioning
 
+    if configs and all(isinstance(c, finetune.FinetuneConfig) for c in configs):
+        return finetune_main(configs)
     for config in configs:
         train.validate(config)
     seeds = check_members(configs)
@@ -285,9 +319,7 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
         Seed = Axis(SEED, n)
         batch = base.trainer.train_batch_size
         data = base.data.levanter_config()
-        trainer_config = dataclasses.replace(
-            train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population", train_batch_size=n * batch,
-            tracker=(PopulationTrackerConfig(tuple(str(d / "metrics.jsonl") for d in run_dirs)),))
+        trainer_config = _trainer_config(base, run_dirs)
         inner = train.initialize_and_build(trainer_config, train.with_paper_weight_decay(base.optimizer, base.model))
 
         start = time.time()
@@ -298,8 +330,7 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
             state = train.initial_state(
                 trainer, training_keys, lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
             Pos = base.model.max_Pos
-            member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
-            train_set = Interleaved([batched_maps(data.train_set(Pos, member_schedule, key=k[0])) for k in keys], batch)
+            train_set = _train_set(data, trainer_config, Pos, [k[0] for k in keys], batch)
             flops = base.model.flops_per_token(Vocab.size, base.model.max_seq_len)
             state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
                               run_dir=run_dirs[0], train_set=train_set,
@@ -307,16 +338,89 @@ def main(configs: Sequence[train.TrainConfig]) -> list[dict]:
             models = [member(state.model, k) for k in range(n)]
             summaries = []
             for k, (config, run_dir, digest, model) in enumerate(zip(configs, run_dirs, digests, models)):
-                throughput = train.median_throughput(train.read_metrics(run_dir))
                 summaries.append(train.finish_run(
                     config, run_dir, model, digest, start, vocab_size=Vocab.size,
-                    tokens_per_second=throughput / n if throughput is not None else None,
+                    tokens_per_second=_member_throughput(run_dir, n),
                     population={"seeds": seeds, "member": k,
                                 "checkpoints": paths.home_relative(run_dirs[0] / "checkpoints")}))
             return summaries
 
 
-def members_of(config: train.TrainConfig, n: int) -> list[train.TrainConfig]:
+def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
+    """Fine-tune the members of a population from their one pretraining (or resume, or skip it when every member is
+    complete) and return each member's ``complete.json``, whose fields are those of a solo fine-tuning's
+    (``finetune.main``) plus ``population``.
+
+    Member k is its solo fine-tuning of its seed: the pretrained model adapted (discretised, LoRA adapters drawn
+    from the member's adapter key: ``finetune.adapt`` vmapped over the keys; the frozen weights, the same in every
+    member, are kept once and shared), trained where ``finetune.trainable`` says (the trainable weights have the
+    population's axis), on its own batches and dropout keys, with its own Adam state;
+    its pretrained model's validation loss is logged at step -1. Resumed, Levanter restores the trainable part of
+    the population's checkpoint and takes the frozen part from the same adaptation run again."""
+    from haliax.partitioning import round_axis_for_partitioning
+
+    seeds = check_members(configs)
+    pretraining = finetune.validate(configs[0])  # the members differ from it in name, run_dir and seed only
+    run_dirs = [train.run_dir_of(c) for c in configs]
+    with contextlib.ExitStack() as locks:
+        for run_dir in run_dirs:
+            locks.enter_context(train.run_lock(run_dir))
+        digests = [finetune.config_hash(c, pretraining.config_hash, population=seeds) for c in configs]
+        finished = [train.start_run(c, d, h) for c, d, h in zip(configs, run_dirs, digests)]
+        if all(f is not None for f in finished):
+            return finished
+        for run_dir in run_dirs:
+            paths.write_atomic(run_dir / finetune.PRETRAIN_CONFIG, (pretraining.run_dir / "config.yaml").read_text())
+
+        base, n = configs[0], len(configs)
+        Seed = Axis(SEED, n)
+        data = base.data.levanter_config()
+        trainer_config = _trainer_config(base, run_dirs)
+        inner = train.initialize_and_build(trainer_config, train.with_weight_decay(base.optimizer,
+                                                                                    train.DECAY_BASELINE))
+        start = time.time()
+        with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
+            keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, adapter, training: finetune.main
+            adapter_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
+            Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
+            if Vocab != pretraining.Vocab:
+                raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
+
+            def adapt_each(pretrained, adapter_keys):
+                adapted = hax.vmap(lambda key: finetune.adapt(pretrained, base, key=key), Seed)(adapter_keys)
+                # adapt draws only the adapters: the frozen weights are the same in every member, so they are kept
+                # once, without the population's axis (the loss's vmap broadcasts them: one matrix product over
+                # the members' batches instead of one per member)
+                spec, named = finetune.trainable(base, adapted), lambda x: isinstance(x, NamedArray)
+                return eqx.combine(eqx.filter(adapted, spec, is_leaf=named),
+                                   eqx.filter(member(adapted, 0), spec, inverse=True, is_leaf=named), is_leaf=named)
+
+            model = train.compiled_once(adapt_each, trainer.parameter_axis_mapping)(
+                train.load_model(pretraining.run_dir), adapter_keys)
+            state = trainer.initial_state(training_keys, model=model, is_trainable=finetune.trainable(base, model))
+            counts = {"trainable_params": count_params(member(state.trainable_model, 0)),
+                      "total_params": count_params(member(state.model, 0))}
+            model_config = state.model.config
+            Pos = model_config.max_Pos
+            flops = model_config.flops_per_token(Vocab.size, model_config.max_seq_len)
+            state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
+                              run_dir=run_dirs[0], evaluate_first=True,
+                              train_set=_train_set(data, trainer_config, Pos, [k[0] for k in keys],
+                                                   base.trainer.train_batch_size),
+                              eval_hook=member_evaluations(trainer, data.tagged_eval_sets(Pos), data.the_tokenizer, n))
+            summaries = []
+            for k, (config, run_dir, digest) in enumerate(zip(configs, run_dirs, digests)):
+                summaries.append(train.finish_run(
+                    config, run_dir, member(state.model, k), digest, start, vocab_size=Vocab.size,
+                    tokens_per_second=_member_throughput(run_dir, n), method=config.method,
+                    euler_steps=config.steps, **counts, pretrained_eval_loss=finetune.initial_eval_loss(run_dir),
+                    pretrain_config_hash=pretraining.config_hash,
+                    population={"seeds": seeds, "member": k,
+                                "checkpoints": paths.home_relative(run_dirs[0] / "checkpoints")}))
+            return summaries
+
+
+def members_of(config: Config, n: int) -> list[Config]:
     """``config`` and ``n - 1`` copies with the next ``trainer.seed`` values, named as ``pipeline.seeded`` names
     them: ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` when the config sets ``run_dir``)."""
     if not isinstance(n, int) or n < 2:
@@ -330,9 +434,20 @@ def members_of(config: train.TrainConfig, n: int) -> list[train.TrainConfig]:
     return out
 
 
+def config_class(path: str | Path) -> type:
+    """The config class of a YAML file: ``finetune.FinetuneConfig`` if it names a pretraining (``pretrain``), else
+    ``train.TrainConfig``."""
+    import yaml
+
+    path = Path(path)
+    loaded = yaml.safe_load(path.read_text()) if path.exists() else None
+    return finetune.FinetuneConfig if isinstance(loaded, dict) and "pretrain" in loaded else train.TrainConfig
+
+
 def cli(argv: list[str] | None = None) -> None:
     """``python -m diffeqformer.population --config file.yaml --seeds 3 [overrides]``: the config and its next seeds
-    as one population (``members_of``)."""
+    as one population (``members_of``): training runs, or fine-tunings if the file is a fine-tuning's
+    (``config_class``)."""
     import sys
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -345,7 +460,9 @@ def cli(argv: list[str] | None = None) -> None:
     except ValueError:
         raise SystemExit(f"error: --seeds must be an integer, got {argv[i + 1]!r}") from None
     del argv[i : i + 2]
-    train.cli(argv, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
+    key = "--config" if "--config" in argv else "--config_path"
+    cls = config_class(argv[argv.index(key) + 1]) if key in argv[:-1] else train.TrainConfig
+    train.cli(argv, cls=cls, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
 
 
 if __name__ == "__main__":

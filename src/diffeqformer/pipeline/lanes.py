@@ -345,7 +345,9 @@ def train_worker() -> None:
             config = train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig)
             main = finetune.main
         elif spec["module"] == "population" and not spec.get("prepare"):
-            config = [train.load_config(m["config"], m["overrides"]) for m in spec["members"]]
+            config = [train.load_config(m["config"], m["overrides"],
+                                        cls=finetune.FinetuneConfig if m["module"] == "finetune" else train.TrainConfig)
+                      for m in spec["members"]]
             main = population.main
         else:
             config = train.load_config(spec["config"], spec["overrides"])

@@ -31,7 +31,8 @@ LAYERS = [
     ["data.corpora"],
     ["data.__main__"],
     ["train"],
-    ["finetune", "population"],
+    ["finetune"],
+    ["population"],  # trains populations of training runs and of fine-tunings
     ["runs"],  # finds, checks and loads a finished run and its config
     # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
     ["report", "report.figures", "report.book"],
