@@ -19,6 +19,7 @@ from levanter.adaptor.lora import LoraConfig, LowRankLinear, lora_trainable_para
 
 from diffeqformer import paths
 from diffeqformer.finetune import (
+    FINETUNE_SEEDS,
     discretisations,
     METHODS,
     FinetuneConfig,
@@ -264,7 +265,8 @@ def test_finetune_yaml_parses(path):
 def test_fig5_grid(preset, max_pretrain, max_finetune):
     runs = finetune_grid(preset)
     names = [r.name for r in runs]
-    assert len(set(names)) == len(names) == 4 + 2 * 2 * (len(discretisations(preset)) + 1) + 2
+    seeds = FINETUNE_SEEDS.get(preset, 1)
+    assert len(set(names)) == len(names) == 4 + 2 * 2 * (len(discretisations(preset)) + 1) * seeds + 2
     pretrainings = {r.name: load_config(r.config) for r in runs if r.name.startswith(f"{preset}-pretrain")}
     assert len(pretrainings) == 4
     assert max_pretrain is None or all(c.trainer.num_train_steps <= max_pretrain for c in pretrainings.values())
@@ -283,7 +285,15 @@ def test_fig5_grid(preset, max_pretrain, max_finetune):
         assert max_finetune is None or config.trainer.num_train_steps <= max_finetune
         assert (config.steps is None) == (pre.model.num_layers == 24)
         steps.append(config.steps or 0)
-    assert sorted(steps) == sorted([0] * 4 + [n for n in discretisations(preset) for _ in range(4)])
+    assert sorted(steps) == sorted([0] * 4 * seeds + [n for n in discretisations(preset) for _ in range(4 * seeds)])
+    # a setting's seeds: one population, named and seeded as population.members_of names and seeds them
+    tunings = [r for r in runs if r.module == "diffeqformer.finetune"]
+    for first in tunings[::seeds]:
+        members = [r for r in tunings if r.name.removeprefix(first.name) in ("", *(f"-seed{k}" for k in range(9)))]
+        configs = [load_config(r.config, list(r.overrides), cls=FinetuneConfig) for r in members]
+        assert [c.name for c in configs] == [first.name] + [f"{first.name}-seed{k}" for k in range(1, seeds)]
+        assert [c.trainer.seed for c in configs] == list(range(seeds))
+        assert all(r.population == (tuple(range(seeds)) if seeds > 1 else ()) for r in members)
     assert sum(r.name.startswith(f"{preset}-scratch") for r in runs) == 2
 
 

@@ -299,6 +299,12 @@ def test_a_finetuning_run_is_hashed_with_its_pretraining_before_that_has_run(tmp
     assert isinstance(cfg, finetune.FinetuneConfig) and run_dir == tmp_path / cfg.name
     pre = train.load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
     assert digest == finetune.config_hash(cfg, train.config_hash(pre))
+    # a member of a population of fine-tunings: its hash covers the population, as a training's does
+    members = pipeline.seeded(run, 2, population=True)
+    (first, first_hash, _), (second, second_hash, second_dir) = (m.identity() for m in members)
+    assert first_hash == finetune.config_hash(cfg, train.config_hash(pre), population=[0, 1]) != digest
+    assert second.trainer.seed == 1 and second_dir == tmp_path / f"{cfg.name}-seed1"
+    assert second_hash == finetune.config_hash(second, train.config_hash(pre), population=[0, 1])
 
 
 def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monkeypatch):
@@ -375,9 +381,13 @@ def test_gpu_page_reads_its_numbers_from_the_measurement_files(tmp_path):
 def test_finetune_runs_lists_the_grid_with_pretrainings_first():
     runs = pipeline.finetune_runs("cpu")
     names = list(runs)
-    assert len(names) == 22 and names[:4] == [n for n in names if "-pretrain-" in n]  # N = 9, 18, 24 at cpu
-    assert all(runs[n].module == "finetune" for n in names if "-finetune-" in n)
-    assert all(runs[n].module == "train" for n in names if "-finetune-" not in n)
+    # N = 9, 18, 24 at cpu; 3 seeds of each fine-tuning, trained together
+    assert len(names) == 4 + 16 * 3 + 2 and names[:4] == [n for n in names if "-pretrain-" in n]
+    assert all(runs[n].module == "finetune" and runs[n].population == (0, 1, 2) for n in names if "-finetune-" in n)
+    assert all(runs[n].module == "train" and not runs[n].population for n in names if "-finetune-" not in n)
+    members = runs["cpu-finetune-gpt2_24-plays-to-prose-lora"], runs["cpu-finetune-gpt2_24-plays-to-prose-lora-seed2"]
+    assert members[0].population_key == members[1].population_key
+    assert [r.load().trainer.seed for r in members] == [0, 2]
     # the registry's f7 entry trains exactly these
     assert pipeline.PRESETS["cpu"]["f7_finetuning"]["runs"] == runs
 
@@ -389,7 +399,8 @@ def test_a_finetuning_waits_for_its_pretraining_in_the_plan(tmp_path, monkeypatc
     assert lora.after == ("smoke/gpt2",) and trainings["smoke/gpt2"].after == ()
     cpu = pipeline.plan("cpu").trainings
     grid = [t for t in cpu if t.run.module == "finetune"]
-    assert len(grid) == 16 and all(len(t.after) == 1 and t.after[0].startswith("cpu/pretrain_") for t in grid)
+    assert len(grid) == 16 * 3 and all(len(t.after) == 1 and t.after[0].startswith("cpu/pretrain_") for t in grid)
+    assert len({t.population_key for t in grid}) == 16  # one population a setting
     assert len({t.data for t in cpu}) == 4  # all, plays, prose, synthetic: four token caches to prepare
 
 
@@ -696,7 +707,7 @@ def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
     units = pipeline.lanes._units(plan.trainings)
     synthetic = next(u for u in units if u[0].name == "cpu-synthetic-diffeqformer")
     assert [t.name for t in synthetic] == [f"cpu-synthetic-diffeqformer{s}" for s in ("", "-seed1", "-seed2")]
-    assert sum(len(u) == 3 for u in units) == 11  # every compared setting of F5, F6, F8-F10
+    assert sum(len(u) == 3 for u in units) == 11 + 16  # every compared setting of F5, F6, F7, F8-F10
 
 
 def test_a_finetuning_of_a_population_member_is_refused_before_training(tmp_path):

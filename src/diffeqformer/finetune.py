@@ -358,6 +358,9 @@ PRETRAINED = {"diffeqformer18": "pretrain_diffeqformer18_{domain}.yaml", "gpt2_2
 """The pretrained models of a preset: an 18-step DiffEqFormer and the 24-layer GPT-2 baseline, one per domain."""
 TEMPLATES = {method: f"finetune_{method}.yaml" for method in METHODS}
 """The fine-tuning configs of a preset, one per method; the grid overrides name, pretrain, steps and data.domain."""
+FINETUNE_SEEDS = {"cpu": 3, "gpu": 3}
+"""Seeds of each fine-tuning setting, per preset (others: 1): F7's comparisons are judged over seeds
+(``analysis.seeds.RULE``); a setting's seeds are trained together, as one population (``diffeqformer.population``)."""
 
 
 @dataclass(frozen=True)
@@ -371,6 +374,10 @@ class GridRun:
     overrides: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     """Names of the runs that must be complete first (the pretraining a fine-tuning starts from)."""
+    population: tuple[int, ...] = ()
+    """The trainer seeds of the population the run is a member of, trained together (``python -m
+    diffeqformer.population --config <config> <overrides of the first member> --seeds <n>``; ``argv`` trains a
+    member alone, which is another run: another config hash); empty: trained alone."""
 
     @property
     def run_dir(self) -> Path:
@@ -392,7 +399,9 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     * the pretrainings: an 18-step DiffEqFormer and a 24-layer GPT-2 on each domain (``PRETRAINED``);
     * for each direction (``DIRECTIONS``; ``ONLINE_DIRECTIONS`` where the templates train on an online corpus) and
       method (``METHODS``): the DiffEqFormer discretised to each N of
-      ``discretisations(preset)``, and the 24-layer GPT-2, fine-tuned on the other domain (``TEMPLATES``);
+      ``discretisations(preset)``, and the 24-layer GPT-2, fine-tuned on the other domain (``TEMPLATES``), each
+      with ``FINETUNE_SEEDS`` seeds: ``<name>``, ``<name>-seed1``, ... (the template's ``trainer.seed`` and the
+      next ones), one population;
     * a 24-layer GPT-2 trained from scratch on each target domain for as many steps as a fine-tuning.
 
     Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (cpu, gpu and paper do)."""
@@ -422,7 +431,13 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
                     domain_field, target,
                 )
                 after = (pre_names[model, source],)
-                runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides, after))
+                first, n = loaded[method].trainer.seed, FINETUNE_SEEDS.get(preset, 1)
+                population = tuple(range(first, first + n)) if n > 1 else ()
+                runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides, after, population))
+                for k in range(1, n):  # named and seeded as population.members_of and pipeline.seeded do
+                    seeded = (*overrides[2:], "--name", f"{name}-seed{k}", "--trainer.seed", str(first + k))
+                    runs.append(GridRun(f"{name}-seed{k}", "diffeqformer.finetune", templates[method], seeded, after,
+                                        population))
     for target in domains:
         name = f"{preset}-scratch-gpt2_24-{target}"
         overrides = (

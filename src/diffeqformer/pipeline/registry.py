@@ -69,14 +69,14 @@ class Run:
         """``identity()`` and the run directory of a fine-tuning's pretraining (``None`` for other runs), from one
         reading of the config files."""
         cfg = self.load()
-        if self.module == "finetune":
-            if self.population:
-                raise ValueError("fine-tunings are not trained in populations")
-            pretraining, pretraining_dir = pretraining_of(cfg)
-            return cfg, config_hash(cfg, train.config_hash(pretraining)), train.run_dir_of(cfg), pretraining_dir
         if self.population and cfg.trainer.seed not in self.population:
             raise ValueError(f"its trainer.seed {cfg.trainer.seed} is not one of its population's {self.population}")
-        return cfg, train.config_hash(cfg, population=list(self.population) or None), train.run_dir_of(cfg), None
+        population = list(self.population) or None
+        if self.module == "finetune":
+            pretraining, pretraining_dir = pretraining_of(cfg)
+            digest = config_hash(cfg, train.config_hash(pretraining), population=population)
+            return cfg, digest, train.run_dir_of(cfg), pretraining_dir
+        return cfg, train.config_hash(cfg, population=population), train.run_dir_of(cfg), None
 
 
 def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
@@ -112,12 +112,12 @@ def seeded(run: Run, n: int, *, population: bool = False) -> list[Run]:
 
 def finetune_runs(preset: str) -> dict[str, Run]:
     """Every run of the Fig. 5 experiment (``finetune.finetune_grid``) as ``Run`` values, pretrainings first,
-    keyed by run name."""
+    keyed by run name; the seeds of a fine-tuning setting are one population (``finetune.FINETUNE_SEEDS``)."""
     out = {}
     for g in finetune_grid(preset):
         config = str(g.config.relative_to(paths.CONFIG).with_suffix(""))
         module = "finetune" if g.module.endswith("finetune") else "train"
-        out[g.name] = Run(config, tuple(g.overrides), module) if g.overrides else Run(config, module=module)
+        out[g.name] = Run(config, tuple(g.overrides), module, tuple(g.population))
     return out
 
 
