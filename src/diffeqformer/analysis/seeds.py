@@ -117,8 +117,35 @@ def spread(values: Iterable[float]) -> Spread:
     return Spread(values)
 
 
+class Judged:
+    """What ``Comparison`` and ``Trend`` share: a p-value (NaN when there was too little to test) and the verdict it
+    gives by ``RULE``; ``_untested_words`` says with how few."""
+
+    p: float
+
+    @property
+    def untested(self) -> bool:
+        """Too few seeds, pairs or values to test."""
+        return math.isnan(self.p)
+
+    @property
+    def verdict(self) -> str:
+        """``RESULT`` (p < ``LEVEL``), ``NOISE``, or ``untested: ...`` saying with how few (see ``RULE``)."""
+        if self.untested:
+            return f"{UNTESTED}: {self._untested_words()}"
+        return RESULT if self.p < LEVEL else NOISE
+
+    @property
+    def is_result(self) -> bool:
+        """Whether the verdict is ``RESULT``."""
+        return self.verdict == RESULT
+
+    def _untested_words(self) -> str:
+        raise NotImplementedError
+
+
 @dataclass(frozen=True)
-class Comparison:
+class Comparison(Judged):
     """``a`` against ``b`` (e.g. DiffEqFormer's final perplexities over seeds against GPT-2's), judged by ``RULE``.
 
     ``difference`` is what the test is about, ``p`` its two-sided p-value and ``low``, ``high`` its 95% confidence
@@ -157,22 +184,8 @@ class Comparison:
         """mean(a) / mean(b) - 1 (NaN where mean(b) is 0)."""
         return self.a.mean / self.b.mean - 1.0 if self.b.mean != 0 else math.nan
 
-    @property
-    def untested(self) -> bool:
-        """Too few seeds or pairs to test (``n`` < 2)."""
-        return math.isnan(self.p)
-
-    @property
-    def verdict(self) -> str:
-        """``RESULT`` (p < ``LEVEL``), ``NOISE``, or ``untested: <n> <unit>s`` (see ``RULE``)."""
-        if self.untested:
-            return f"{UNTESTED}: {self.n} {self.unit}{'' if self.n == 1 else 's'}"
-        return RESULT if self.p < LEVEL else NOISE
-
-    @property
-    def is_result(self) -> bool:
-        """Whether the verdict is ``RESULT``."""
-        return self.verdict == RESULT
+    def _untested_words(self) -> str:
+        return f"{self.n} {self.unit}{'' if self.n == 1 else 's'}"
 
     def interval(self, digits: int = 1, unit: str = "") -> str:
         """``95% CI [-60.1, -36.3], p = 0.003, paired t-test`` (empty when untested)."""
@@ -253,7 +266,7 @@ def mcnemar(a: Sequence, b: Sequence) -> Comparison:
 
 
 @dataclass(frozen=True)
-class Trend:
+class Trend(Judged):
     """The slope of a quantity against a setting (e.g. final perplexity per doubling of d_t), judged by ``RULE``:
     ``slope`` with its 95% confidence interval ``low``, ``high`` and two-sided p-value ``p`` of the t-test of
     "slope 0" with ``df`` degrees of freedom, over ``n`` values in ``groups`` seeds (``test``: ``SEED_SLOPE`` or
@@ -268,21 +281,8 @@ class Trend:
     groups: int
     test: str
 
-    @property
-    def untested(self) -> bool:
-        return math.isnan(self.p)
-
-    @property
-    def verdict(self) -> str:
-        """``RESULT`` (p < ``LEVEL``), ``NOISE``, or ``untested: <n> values``."""
-        if self.untested:
-            return f"{UNTESTED}: {self.n} value{'' if self.n == 1 else 's'} in {self.groups} seed" + \
-                ("" if self.groups == 1 else "s")
-        return RESULT if self.p < LEVEL else NOISE
-
-    @property
-    def is_result(self) -> bool:
-        return self.verdict == RESULT
+    def _untested_words(self) -> str:
+        return f"{self.n} value{'' if self.n == 1 else 's'} in {self.groups} seed{'' if self.groups == 1 else 's'}"
 
     def text(self, digits: int = 1, unit: str = "") -> str:
         """``-4.1 per doubling, 95% CI [-6.0, -2.2], p = 0.002, t-test of the slope with an intercept per seed (9
