@@ -97,6 +97,16 @@ def test_finetune_headline_compares_every_discretisation_with_gpt_and_one_seed_i
     assert over["DiffEqFormer N=9"] == 0 and over["GPT-2 (24 layers)"] == 0
 
 
+def test_plot_finetune_draws_a_line_per_setting(grid):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    table = ablations.finetune_table(grid)  # one seed a setting: sd is NaN
+    fig = ablations.plot_finetune(table)
+    lines = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
+    assert lines == list(table.model)
+
+
 def test_finetune_table_aggregates_seeds_and_the_headline_pairs_them(tmp_path):
     ode_pre = {"name": "pre-ode", "data": {"domain": "plays"}, "model": ODE}
     gpt_pre = {"name": "pre-gpt", "data": {"domain": "plays"}, "model": GPT}

@@ -190,13 +190,13 @@ def plot_finetune(table, *, log: bool = True):
         for j, method in enumerate(methods):
             ax = axes[i][j]
             rows = table[(table.direction == direction) & (table.method == method)]
-            odes = [r for r in rows.itertuples() if r.model.startswith("DiffEqFormer N=")]
+            odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
             for k, row in enumerate(rows.itertuples()):
                 curve = mean_curve(row.runs)
                 if "from scratch" in row.model:
                     style = dict(color="0.5", ls="--")
                 elif row.model.startswith("DiffEqFormer N="):
-                    style = dict(color=cmap(0.15 + 0.7 * odes.index(row) / max(len(odes) - 1, 1)))
+                    style = dict(color=cmap(0.15 + 0.7 * odes.index(row.model) / max(len(odes) - 1, 1)))
                 else:
                     style = dict(color="tab:red")
                 ax.plot(curve.step, curve.perplexity, marker="o", ms=2.5, lw=1.3, label=row.model, **style)
