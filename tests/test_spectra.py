@@ -366,21 +366,120 @@ def test_runs_spectra_reads_trained_runs(tmp_path):
     assert len(list((tmp_path / "cache").glob("spectra-*.nc"))) == 2
 
 
-def test_resolving_times_and_headline(ds, model):
+def test_resolving_times(ds, model):
     zoom_t = S.resolving_times(ds, 5, center=0.5, per_period=4)
     step = 2 * np.pi / model.config.sinusoidal_scale / 4
     np.testing.assert_allclose(np.diff(zoom_t), step, rtol=1e-12)
     assert zoom_t.mean() == pytest.approx(0.5)
     with pytest.raises(ValueError):
         S.resolving_times(model.config, 1)
-    zoom = S.spectra(model, zoom_t)
-    gpt = S.spectra(random_model(baseline_config(tiny(), "gpt2"), 5))
-    text = S.headline(ds, {"ours": S.spectra(model), "gpt": gpt}, zoom)
-    trends = S.depth_trends(S.summarize(ds))
-    qk = trends[(trends.matrix == "qk") & (trends.stat == "spectral_radius")]
-    assert text["spearman_qk"] == f"{qk.spearman.median():+.2f}"
-    assert text["num_times"] == str(len(TIMES))
-    assert text["change_layers_gpt_ov"] == f"{S.mean_change(gpt)['ov']:.2f}"
+
+
+def test_fold_norm_uses_the_time_dependent_gains(model):
+    """fold_norm on the ODE model: QK^h(t) = diag(gamma_1(t)) W_Q W_K^T diag(gamma_1(t)), OV^h(t) = diag(gamma_1(t))
+    W_V W_O and W_1 W_2 -> diag(gamma_2(t)) W_1 W_2, with gamma(t) = 1 + h(t) . F_w varying with t."""
+    block = block_at(model, TIMES)
+    gain = lambda norm: np.asarray(norm.weight.array, np.float64)  # noqa: E731  [time, embed]
+    g1, g2 = gain(block.attn_norm), gain(block.mlp_norm)
+    assert np.abs(g1[0] - g1[-1]).max() > 1e-2  # the random F_w make the gains depend on t
+    folded = S.spectra(model, TIMES, fold_norm=True)
+    assert folded.attrs["fold_norm"] == 1
+    D = model.config.hidden_dim
+    w1 = np.asarray(block.mlp.c_fc.weight.array, np.float64)
+    w2 = np.asarray(block.mlp.c_proj.weight.array, np.float64)
+    for i in range(len(TIMES)):
+        G1, G2 = np.diag(g1[i]), np.diag(g2[i])
+        for h in range(model.config.num_heads):
+            wq, wk, wv, wo = raw_head_matrices(block, i, h)
+            assert_same_eigenvalues(padded(folded.qk.values[i, h], D), np.linalg.eigvals(G1 @ wq @ wk.T @ G1))
+            assert_same_eigenvalues(padded(folded.ov.values[i, h], D), np.linalg.eigvals(G1 @ wv @ wo))
+        assert_same_eigenvalues(folded.ffn.values[i], np.linalg.eigvals(G2 @ w1[i] @ w2[i]))
+
+
+def growing(slopes, *, layers=6, heads=2, d_k=3, seed=0, scale=1.0):
+    """Layer spectra of models whose spectral radius at depth t is scale * exp(slope * t) in every head and in the
+    FFN, one dataset per slope (seed); the other eigenvalues are complex and smaller."""
+    rng = np.random.default_rng(seed)
+    t = (np.arange(layers) + 1.0) / layers
+    out = []
+    for slope in slopes:
+        rho = scale * np.exp(slope * t)[:, None, None]
+        rest = rho * rng.uniform(0.1, 0.9, (layers, heads, d_k - 1)) * np.exp(1j * rng.uniform(0, np.pi, (1, 1, 1)))
+        qk = np.concatenate([rho * np.ones((layers, heads, 1)), rest], axis=-1)
+        ffn = np.concatenate([rho[:, 0], rest[:, 0]], axis=-1)
+        out.append(xr.Dataset({"qk": (("layer", "head", "eig"), qk), "ov": (("layer", "head", "eig"), -qk),
+                               "ffn": (("layer", "ffn_eig"), ffn)},
+                              coords={"layer": np.arange(layers), "time": ("layer", t)}))
+    return out
+
+
+def test_log_radius_slope_against_polyfit(ds):
+    for m, got in S.log_radius_slope(ds).items():
+        eig = "ffn_eig" if m == "ffn" else "eig"
+        y = np.log(np.abs(ds[m]).max(eig).values).reshape(len(TIMES), -1).mean(axis=1)
+        assert got == pytest.approx(np.polyfit(TIMES, y, 1)[0], rel=1e-10)
+    assert S.log_radius_slope(growing([1.5])[0]) == pytest.approx({m: 1.5 for m in S.MATRICES}, rel=1e-12)
+    # constant spectra have no slope, exactly: not the rounding noise of log(0.41) - mean(log(0.41), ...) (-5e-32)
+    assert S.log_radius_slope(growing([0.0], scale=0.41)[0]) == {m: 0.0 for m in S.MATRICES}
+
+
+def test_depth_growth_is_judged_over_seeds():
+    """A slope that every seed shares is a result; slopes of both signs are within noise; one seed is untested;
+    a constant spectrum is constant. The test is the one-sample t-test of the seeds' slopes (scipy's)."""
+    from scipy.stats import ttest_1samp
+
+    models = {"up": growing([1.0, 1.2, 0.9]), "down": growing([-2.0, -1.7, -2.2], seed=1),
+              "mixed": growing([1.0, -1.1, 0.2], seed=2), "one": growing([1.0]), "flat": growing([0.0, 0.0], scale=0.41)}
+    g = S.depth_growth(models).set_index(["model", "matrix"])
+    assert len(g) == 5 * len(S.MATRICES)
+    up = g.loc[("up", "qk")]
+    assert up.slope == pytest.approx((1.0 + 1.2 + 0.9) / 3) and up.seeds == 3
+    assert up.comparison.p == pytest.approx(ttest_1samp([1.0, 1.2, 0.9], 0.0).pvalue, rel=1e-9)
+    assert up.factor == pytest.approx(np.exp(up.slope * (1 - 1 / 6)))
+    assert up.verdict == "result" and up.trend == "grows with depth"
+    assert g.loc[("down", "ov")].trend == "shrinks with depth"
+    assert g.loc[("mixed", "ffn")].verdict == "within noise"
+    assert g.loc[("mixed", "ffn")].trend == "shows no trend beyond the spread of its seeds"
+    assert g.loc[("one", "qk")].trend == "is untested (1 seed)"
+    assert g.loc[("flat", "qk")].trend == "is constant" and g.loc[("flat", "qk")].slope == 0
+    assert g.loc[("up", "qk")].peak_time == (1.0, 1.0, 1.0) and g.loc[("down", "qk")].peak_time[0] == 1 / 6
+    assert g.loc[("up", "qk")].spearman == (1.0, 1.0, 1.0)
+    shown = S.growth_shown(g.reset_index())
+    assert not set(S.GROWTH_HIDDEN) & set(shown.columns) and "95% CI" in shown and "slope per seed" in shown
+    reset = g.reset_index()
+    assert S.growth_verdict(reset, "up").startswith("Reproduced at this scale")
+    assert S.growth_verdict(reset, "down").startswith("Not reproduced at this scale: over 3 seeds the QK radius "
+                                                       "shrinks with depth and the OV radius shrinks with depth")
+    assert S.growth_verdict(reset, "one").startswith("Untested at this scale: 1 seed")
+
+
+def test_headline_quotes_the_growth_over_seeds(model):
+    layers = {"ours": growing([1.0, 1.2, 0.9]), "gpt": growing([0.1, -0.1])}
+    zoom = S.spectra(model, S.resolving_times(model.config, 5, per_period=4))
+    text = S.headline(layers, zoom)
+    g = S.depth_growth(layers).set_index(["model", "matrix"])
+    assert text["points"] == "6" and text["seeds_ours"] == "3" and text["seeds_gpt"] == "2"
+    assert text["trend_ours_qk"] == "grows with depth" and text["trend_gpt_ov"] == g.loc[("gpt", "ov")].trend
+    assert text["growth_ours_qk"].startswith(f"slope {g.loc[('ours', 'qk')].slope:+.2f} per unit t (x")
+    assert text["growth_ours_qk"].endswith("paired t-test over 3 seeds: result")
+    assert text["spearman_ours_qk"] == "+1.00, +1.00, +1.00" and text["peak_ours_qk"] == "1.00, 1.00, 1.00"
+    assert text["verdict"].startswith("Reproduced at this scale")
     assert text["change_zoom_qk"] == f"{S.mean_change(zoom)['qk']:.3f}"
-    assert text["trend_qk"] in ("grows with depth", "shrinks with depth", "has no monotone trend", "is constant")
+    assert text["change_layers_gpt_ov"] == f"{np.mean([S.mean_change(d)['ov'] for d in layers['gpt']]):.2f}"
     assert all(isinstance(v, str) for v in text.values())
+
+
+def test_plots_say_where_t_is_an_interpolation(model):
+    euler = S.spectra(model)  # the Euler steps
+    on_grid = S.spectra(model, (np.arange(model.config.num_layers) + 1.0) / model.config.num_layers)
+    between = S.spectra(model, S.resolving_times(model.config, 5, per_period=4))
+    title = lambda fig: fig.get_suptitle()  # noqa: E731
+    assert "interpolation" not in title(S.plot_vs_depth(euler, "qk", "abs", x="time"))
+    assert "interpolation" not in title(S.plot_vs_depth(on_grid, "qk", "abs"))
+    assert "interpolation" in title(S.plot_vs_depth(between, "qk", "abs"))
+    assert "interpolation" in S.plot_vs_depth(between, "qk", "abs").get_supxlabel()
+    assert "Euler step" in S.plot_vs_depth(euler, "qk", "abs", x="time").get_supxlabel()
+    assert "interpolated" in S.plot_comparison({"ode": between, "euler": euler}, "qk").get_supxlabel()
+    assert "interpolated" not in S.plot_comparison({"euler": euler}, "qk").get_supxlabel()
+    fig = S.plot_growth({"ode": [euler, euler], "gpt": [S.spectra(random_model(baseline_config(tiny(), "gpt2"), 5))]})
+    assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 2 and len(fig.axes[3].lines) == 1

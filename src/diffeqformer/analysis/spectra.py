@@ -32,6 +32,12 @@ each t; it does not follow one eigenvalue through a crossing.
 Data. ``spectra`` returns an ``xarray.Dataset``: ``qk`` and ``ov`` of dims (time | layer, head, eig) and ``ffn`` of
 dims (time | layer, ffn_eig), complex128, with the model's configuration in ``attrs``. ``summarize`` turns it into a
 tidy ``pandas.DataFrame`` of statistics per t, head and matrix; the ``plot_*`` functions only draw.
+
+Growth with depth. ``depth_growth`` judges whether the spectral radii grow with depth over seeds (``seeds.RULE``),
+each seed's model on its own depth grid: a DiffEqFormer at its Euler steps t_k = (k+1)/L, the only times at which
+training evaluated W(t). Between them W(t) is an interpolation that training never saw, and its time embedding
+oscillates with period 2 pi / s (s = 1000): a grid of spacing 0.01 samples that oscillation at about 1.6 periods a
+step, so a trend read off it is aliased; t = 0 is off the grid too. Plots of a grid off the Euler steps say so.
 """
 
 from __future__ import annotations
@@ -470,50 +476,174 @@ def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_perio
     return center + step * (np.arange(points) - (points - 1) / 2)
 
 
-def _trend_word(rho: float) -> str:
-    if not np.isfinite(rho):
+def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = None,
+                 **kwargs) -> dict[str, list[xr.Dataset]]:
+    """Spectra of every seed of every model on the model's own depth grid: ``{label: run or list of seed runs}`` ->
+    ``{label: [dataset per seed]}``, in the mapping's order (``runs_spectra`` with ``times=None``: a continuous
+    DiffEqFormer at its Euler steps t_k = (k+1)/L, the only times training evaluated W(t); the other models per
+    layer). Keyword arguments go to ``spectra`` (the book passes ``fold_norm=True``)."""
+    from .seeds import as_list
+
+    return {label: [runs_spectra({label: run}, None, cache_dir=cache_dir, **kwargs)[label] for run in as_list(value)]
+            for label, value in runs.items()}
+
+
+def log_radius_slope(ds: xr.Dataset) -> dict[str, float]:
+    r"""How fast the spectral radii of one model grow along its depth grid, per matrix: the least-squares slope
+    :math:`\beta` of :math:`\overline{\log\rho}(t) = \frac{1}{H}\sum_h \log \max_i |\lambda_i^h(t)|` (the FFN's one
+    radius for ``ffn``) against the depth fraction ``time`` (t, or (k+1)/L for layer k), in log-radius per unit t:
+    the radius changes by a factor :math:`e^{\beta\,\Delta t}` over a depth span :math:`\Delta t` (+ grows, - shrinks).
+
+    The mean of the logs is the log of the heads' geometric mean radius, so every head weighs alike whatever its
+    scale. A spectrum that is constant along depth (weight sharing) has slope exactly 0."""
+    t = ds["time"].values.astype(np.float64)
+    if t.size < 2:
+        raise ValueError("a slope along depth needs at least two depth points")
+    tc = t - t.mean()
+    out = {}
+    for name in MATRICES:
+        eig = "ffn_eig" if name == "ffn" else "eig"
+        rho = np.abs(ds[name]).max(eig).values  # [N] or [N, H]
+        if not np.all(rho > 0):
+            raise ValueError(f"{name}: a spectral radius of 0 has no logarithm")
+        y = np.log(rho).reshape(len(t), -1).mean(axis=1)
+        # equal radii at every depth: exactly no slope (y - mean(y) can be rounding noise instead of 0)
+        out[name] = 0.0 if np.ptp(y) == 0 else float(tc @ (y - y.mean()) / (tc @ tc))
+    return out
+
+
+def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
+    r"""Whether the spectral radii grow with depth, judged over seeds by ``seeds.RULE``: one row per (model,
+    matrix), from ``{label: [spectra of each seed on the model's own depth grid]}`` (``seed_spectra``).
+
+    Each seed gives one number, its ``log_radius_slope``; the seed is the unit of the test, since the depth points of
+    one trained model are not independent draws. The test is the paired t-test of the seeds' slopes against 0 (a
+    one-sample t-test: ``seeds.compare(slopes, zeros, paired=True)``). Columns: ``model``, ``matrix``, ``seeds``,
+    ``slope`` (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}` over the grid's span
+    :math:`\Delta t`), ``verdict`` (``seeds.RULE``: a result, within noise, untested), ``trend`` (a phrase:
+    grows / shrinks with depth, no trend beyond the seeds' spread, constant, untested), ``change`` (the mean over
+    seeds of ``mean_change``: relative change of the spectrum between neighbouring depth points), ``comparison`` (the
+    ``seeds.Comparison``), and per seed: ``slopes``, ``spearman`` (median over heads of the Spearman correlation of
+    the radius with depth, ``depth_trends``), ``peak_time`` (depth of the largest head-mean radius) and
+    ``positivity`` (median over heads of the Spearman correlation of the eigenvalue positivity with depth)."""
+    from .seeds import as_list, compare
+
+    rows = []
+    for label, datasets in models.items():
+        datasets = as_list(datasets)
+        slopes = [log_radius_slope(ds) for ds in datasets]
+        trends = [depth_trends(summarize(ds)) for ds in datasets]
+        span = float(np.ptp(datasets[0]["time"].values))
+        changes = [mean_change(ds) for ds in datasets]
+        for m in MATRICES:
+            per_seed = [s[m] for s in slopes]
+            c = compare(per_seed, [0.0] * len(per_seed), paired=True)
+            radius = [t[(t.matrix == m) & (t.stat == "spectral_radius")] for t in trends]
+            positivity = [t[(t.matrix == m) & (t.stat == "positivity")] for t in trends]
+            rows.append({
+                "model": label, "matrix": m, "seeds": len(per_seed), "slope": c.difference,
+                "factor": float(np.exp(c.difference * span)), "verdict": c.verdict,
+                "trend": _growth_phrase(c, per_seed), "change": float(np.mean([ch[m] for ch in changes])),
+                "comparison": c, "slopes": tuple(per_seed),
+                "spearman": tuple(float(r.spearman.median()) for r in radius),
+                "peak_time": tuple(_peak_time(ds, m) for ds in datasets),
+                "positivity": tuple(float(p.spearman.median()) for p in positivity),
+            })
+    return pd.DataFrame(rows)
+
+
+GROWTH_HIDDEN = ("comparison", "slopes", "spearman", "peak_time", "positivity")
+"""Columns of ``depth_growth`` for the code and the prose, not for the table (``growth_shown`` writes them out)."""
+
+
+def growth_shown(growth: pd.DataFrame) -> pd.DataFrame:
+    """``depth_growth`` as the book shows it: the test's 95% interval and p as numbers, the per-seed values as text."""
+    out = growth.drop(columns=list(GROWTH_HIDDEN))
+    out.insert(out.columns.get_loc("verdict"), "95% CI", [_interval(c) for c in growth.comparison])
+    out.insert(out.columns.get_loc("verdict"), "p", [c.p for c in growth.comparison])
+    out["slope per seed"] = [_values(v, "+.2f") for v in growth.slopes]
+    out["Spearman per seed"] = [_values(v, "+.2f") for v in growth.spearman]
+    out["peak t per seed"] = [_values(v, ".2f") for v in growth.peak_time]
+    return out
+
+
+def _interval(c) -> str:
+    return "" if c.untested else f"[{c.low:+.2f}, {c.high:+.2f}]"
+
+
+def _values(values, fmt: str) -> str:
+    return ", ".join("n/a" if not np.isfinite(v) else format(v, fmt) for v in values)
+
+
+def _peak_time(ds: xr.Dataset, matrix: str) -> float:
+    """The depth fraction at which the head-mean log radius of ``matrix`` is largest."""
+    eig = "ffn_eig" if matrix == "ffn" else "eig"
+    rho = np.abs(ds[matrix]).max(eig).values
+    y = np.log(rho).reshape(ds.sizes[depth_dim(ds)], -1).mean(axis=1)
+    return float(ds["time"].values[int(np.argmax(y))])
+
+
+def _growth_phrase(comparison, slopes: Sequence[float]) -> str:
+    if all(s == 0 for s in slopes):
         return "is constant"
-    if rho >= 0.5:
-        return "grows with depth"
-    if rho <= -0.5:
-        return "shrinks with depth"
-    return "has no monotone trend"
+    if comparison.untested:
+        return f"is untested ({comparison.verdict.split(': ', 1)[1]})"
+    if not comparison.is_result:
+        return "shows no trend beyond the spread of its seeds"
+    return "grows with depth" if comparison.difference > 0 else "shrinks with depth"
 
 
-def headline(flow: xr.Dataset, layers: Mapping[str, xr.Dataset], zoom: xr.Dataset | None = None) -> dict[str, str]:
+def growth_words(row) -> str:
+    """One row of ``depth_growth`` in words: ``slope -1.20 per unit t (x0.37 over the grid), 95% CI [-2.1, -0.3],
+    p = 0.03, paired t-test over 3 seeds: result``; untested: ``slope -1.20 per unit t (x0.37 over the grid):
+    untested: 1 seed``."""
+    c = row["comparison"]
+    head = f"slope {row['slope']:+.2f} per unit t (x{row['factor']:.2f} over the grid)"
+    if c.untested:
+        return f"{head}: {c.verdict}"
+    p = f"p = {c.p:.2g}" if c.p >= 1e-3 else "p < 0.001"
+    return f"{head}, 95% CI [{c.low:+.2f}, {c.high:+.2f}], {p}, {c.test} over {c.n} seeds: {c.verdict}"
+
+
+def growth_verdict(growth: pd.DataFrame, model: str = "ours") -> str:
+    """The verdict on Fig. 2a-b's claim that the magnitudes of the QK and OV eigenvalues grow with t: reproduced only
+    where both QK's and OV's radius grow with depth as results over the seeds (``depth_growth``)."""
+    rows = growth[growth.model == model].set_index("matrix")
+    qk, ov = rows.loc["qk"], rows.loc["ov"]
+    if qk.comparison.untested or ov.comparison.untested:
+        return (f"Untested at this scale: {qk.seeds} seed{'' if qk.seeds == 1 else 's'}, and the book's rule needs at "
+                "least two to tell a trend from the spread of seeds.")
+    if qk.trend == ov.trend == "grows with depth":
+        return "Reproduced at this scale: the QK and OV spectral radii grow with t, both results over the seeds."
+    return (f"Not reproduced at this scale: over {qk.seeds} seeds the QK radius {qk.trend} and the OV radius "
+            f"{ov.trend}, where the paper has both growing with t.")
+
+
+def headline(layers: Mapping[str, Sequence[xr.Dataset]], zoom: xr.Dataset | None = None, *,
+             ode: str = "ours") -> dict[str, str]:
     """The numbers (as text) that the book's prose quotes about spectra, keyed for ``figures.glue``.
 
-    ``flow``: the ODE model's spectra on a grid of t; ``layers``: every model's spectra per layer (``model_table``);
-    ``zoom``: the ODE's spectra on a grid that resolves e(t) (``resolving_times``). Keys, for m in qk, ov, ffn:
-    ``spearman_m`` and ``positivity_spearman_m`` (median over heads, on ``flow``), ``peak_m`` (median t of the
-    largest radius), ``radius_first_m`` / ``radius_last_m`` (mean over heads at the first and last t),
-    ``trend_m`` (a phrase: grows / shrinks / no monotone trend), ``change_grid_m`` (mean relative change between
-    neighbouring points of ``flow``), ``grid_spacing``, ``num_times``; per model key k of ``layers``:
-    ``change_layers_k_m`` and ``spearman_layers_k_m``; with ``zoom``: ``change_zoom_m``, ``zoom_spacing``,
-    ``period`` (2 pi / s).
+    ``layers``: every model's spectra on its own depth grid, one dataset per seed (``seed_spectra``); ``zoom``: the
+    ODE's spectra on a grid that resolves e(t) (``resolving_times``), an interpolation between its Euler steps;
+    ``ode``: the key of the DiffEqFormer whose growth the verdict judges. Keys, per model key k and matrix m (qk,
+    ov, ffn), from ``depth_growth``: ``trend_k_m`` (a phrase), ``growth_k_m`` (``growth_words``), ``spearman_k_m``,
+    ``peak_k_m`` and ``positivity_k_m`` (per seed), ``change_layers_k_m`` (mean relative change between neighbouring
+    depth points, mean over seeds), ``seeds_k``; ``points`` (the ODE's Euler steps L) and ``verdict``
+    (``growth_verdict``); with ``zoom``: ``change_zoom_m``, ``zoom_spacing``, ``period`` (2 pi / s).
     """
+    growth = depth_growth(layers)
     out = {}
-    trends = depth_trends(summarize(flow))
-    change = mean_change(flow)
-    times = flow["time"].values
-    for m in MATRICES:
-        radius = trends[(trends["matrix"] == m) & (trends["stat"] == "spectral_radius")]
-        positivity = trends[(trends["matrix"] == m) & (trends["stat"] == "positivity")]
-        rho = float(radius["spearman"].median())
-        out[f"spearman_{m}"] = f"{rho:+.2f}"
-        out[f"positivity_spearman_{m}"] = f"{float(positivity['spearman'].median()):+.2f}"
-        out[f"peak_{m}"] = f"{float(radius['peak_time'].median()):.2f}"
-        out[f"radius_first_{m}"] = f"{float(radius['first'].mean()):.3g}"
-        out[f"radius_last_{m}"] = f"{float(radius['last'].mean()):.3g}"
-        out[f"trend_{m}"] = _trend_word(rho)
-        out[f"change_grid_{m}"] = f"{float(change[m]):.2f}"
-    out["num_times"] = f"{len(times)}"
-    out["grid_spacing"] = f"{float(np.diff(times).mean()):.3g}" if len(times) > 1 else "n/a"
-    table = model_table(layers)
-    for row in table.itertuples():
-        out[f"change_layers_{row.model}_{row.matrix}"] = f"{row.mean_change:.2f}"
-        out[f"spearman_layers_{row.model}_{row.matrix}"] = (f"{row.radius_spearman:+.2f}"
-                                                            if np.isfinite(row.radius_spearman) else "n/a (constant)")
+    for row in growth.itertuples(index=False):
+        key = f"{row.model}_{row.matrix}"
+        out[f"trend_{key}"] = row.trend
+        out[f"growth_{key}"] = growth_words(row._asdict())
+        out[f"spearman_{key}"] = _values(row.spearman, "+.2f")
+        out[f"peak_{key}"] = _values(row.peak_time, ".2f")
+        out[f"positivity_{key}"] = _values(row.positivity, "+.2f")
+        out[f"change_layers_{key}"] = f"{row.change:.2f}"
+        out[f"seeds_{row.model}"] = str(row.seeds)
+    out["points"] = str(layers[ode][0].sizes[depth_dim(layers[ode][0])])
+    out["verdict"] = growth_verdict(growth, ode)
     if zoom is not None:
         zoom_change = mean_change(zoom)
         for m in MATRICES:
@@ -521,6 +651,7 @@ def headline(flow: xr.Dataset, layers: Mapping[str, xr.Dataset], zoom: xr.Datase
         out["zoom_spacing"] = f"{float(np.diff(zoom['time'].values).mean()):.2g}"
         out["period"] = f"{2 * np.pi / config_of(zoom).sinusoidal_scale:.2g}"
     return out
+
 
 
 def save_spectra(ds: xr.Dataset, path: str | Path) -> Path:
@@ -558,10 +689,30 @@ def cached_spectra(model, cache_dir: str | Path, times=None, **kwargs) -> xr.Dat
 # Plots: cheap functions of the data above, each returning a matplotlib Figure (no pyplot state is touched).
 
 
-def _depth_label(ds) -> str:
+def _euler_times(ds: xr.Dataset) -> np.ndarray:
+    """The Euler steps' times t_k = (k+1)/L of the model a dataset was computed from (empty without its config)."""
+    num_layers = json.loads(ds.attrs["config"]).get("num_layers") if "config" in ds.attrs else None
+    return (np.arange(num_layers or 0) + 1.0) / (num_layers or 1)
+
+
+def _interpolated(ds: xr.Dataset) -> bool:
+    """Whether a continuous model's dataset holds times off its Euler grid, where training never evaluated W(t)."""
     if depth_dim(ds) == "layer":
-        return "layer k"
-    return "t (continuous depth)"
+        return False
+    euler = _euler_times(ds)
+    return not all(np.isclose(euler, t, rtol=0, atol=1e-9).any() for t in ds["time"].values)
+
+
+def _depth_label(ds, x: str | None = None) -> str:
+    """The x-axis label: layer index, the depth fraction of a layer, an Euler step's time, or t off the Euler grid
+    (said to be an interpolation: training only ever evaluated W(t) at its Euler steps)."""
+    x = x or depth_dim(ds)
+    ode = ds.attrs.get("model_kind", "").startswith("diffeqformer")
+    if x == "layer":
+        return "Euler step k" if ode else "layer k"
+    if depth_dim(ds) == "layer":
+        return "Euler step $t_k = (k+1)/L$" if ode else "depth $(k+1)/L$ of layer k"
+    return "t (interpolation between the Euler steps)" if _interpolated(ds) else "Euler step $t_k$"
 
 
 def _model_label(ds) -> str:
@@ -596,11 +747,10 @@ def _points(ds: xr.Dataset, matrix: str, x: str):
 
 def _mark_layers(ax, ds: xr.Dataset, x: str) -> None:
     """Faint vertical lines at the Euler steps' times t_k = (k+1)/L, on plots against continuous t."""
-    if x != "time" or depth_dim(ds) != "time" or "config" not in ds.attrs:
+    if x != "time" or depth_dim(ds) != "time":
         return
-    num_layers = json.loads(ds.attrs["config"]).get("num_layers")
     lo, hi = float(ds["time"].min()), float(ds["time"].max())
-    for t in (np.arange(num_layers or 0) + 1.0) / (num_layers or 1):
+    for t in _euler_times(ds):
         if lo <= t <= hi:
             ax.axvline(t, color="0.85", lw=0.8, zorder=0)
 
@@ -620,7 +770,8 @@ def plot_vs_depth(ds: xr.Dataset, matrix: str = "qk", part: str = "real", *, x: 
         raise ValueError(f"matrix must be one of {MATRICES} and part 'real' or 'abs', got {matrix!r}, {part!r}")
     x = x or depth_dim(ds)
     panels = _points(ds, matrix, x)
-    if axes_row is None:
+    standalone = axes_row is None
+    if standalone:
         fig, axes = _panels(len(panels))
         axes_row = axes[0]
     else:
@@ -639,7 +790,8 @@ def plot_vs_depth(ds: xr.Dataset, matrix: str = "qk", part: str = "real", *, x: 
         else:
             y, c = mag, np.divide(lam.real, mag, out=np.zeros_like(mag), where=mag > 0)
         order = np.argsort(mag)  # large eigenvalues drawn last, on top
-        sc = ax.scatter(xs[order], y[order], c=c[order], cmap=cmap, norm=norm, s=4, linewidths=0)
+        size = 4 if ds.sizes[depth_dim(ds)] > 48 else 10  # few depth points (an Euler grid): larger dots
+        sc = ax.scatter(xs[order], y[order], c=c[order], cmap=cmap, norm=norm, s=size, linewidths=0)
         if part == "real":
             ax.axhline(0.0, color="0.6", lw=0.6, zorder=0)
         elif logy:
@@ -647,12 +799,14 @@ def plot_vs_depth(ds: xr.Dataset, matrix: str = "qk", part: str = "real", *, x: 
             ax.set_ylim(1e-3 * (float(mags.max()) or 1.0), 2.0 * (float(mags.max()) or 1.0))
         _mark_layers(ax, ds, x)
         ax.set_title(f"{TITLES[matrix]}, head {h}" if matrix != "ffn" else TITLES[matrix], fontsize=9)
-        ax.set_xlabel(_depth_label(ds) if x == depth_dim(ds) else x)
+    if standalone:
+        fig.supxlabel(_depth_label(ds, x), fontsize=10)
     axes_row[0].set_ylabel(r"Re $\lambda$" if part == "real" else r"$|\lambda|$")
     if colorbar:
         fig.colorbar(sc, ax=list(axes_row), label=clabel, shrink=0.9)
     what = "real part" if part == "real" else "magnitude"
-    fig.suptitle(f"{_model_label(ds)}: {what} of the eigenvalues of {TITLES[matrix]} against depth")
+    where = " (interpolation in t)" if _interpolated(ds) else ""
+    fig.suptitle(f"{_model_label(ds)}: {what} of the eigenvalues of {TITLES[matrix]} against depth{where}")
     return fig
 
 
@@ -683,8 +837,8 @@ def plot_comparison(datasets: Mapping[str, xr.Dataset], matrix: str = "qk", part
                     logy: bool = False) -> "Figure":
     r"""One row of ``plot_vs_depth`` panels per model, all against the depth fraction ``time`` (t, or (k+1)/L).
 
-    For the ODE model against a GPT: the ODE's eigenvalues at any t next to the GPT's at its layers, so a smooth
-    flow and a layer-to-layer jumble are seen on the same axes. Rows are labelled with the mapping's keys; each row
+    For the ODE model against a GPT: the ODE's eigenvalues at its Euler steps (or, labelled as an interpolation, at
+    any t) next to the GPT's at its layers, on the same axes. Rows are labelled with the mapping's keys; each row
     keeps its own y range (a trained ODE's weights need not be on a GPT's scale).
     """
     names = list(datasets)
@@ -694,10 +848,9 @@ def plot_comparison(datasets: Mapping[str, xr.Dataset], matrix: str = "qk", part
         ds = datasets[name]
         plot_vs_depth(ds, matrix, part, x="time", logy=logy, axes_row=axes[row], colorbar=True)
         axes[row, 0].set_ylabel(f"{name}\n" + (r"Re $\lambda$" if part == "real" else r"$|\lambda|$"))
-        for ax in axes[row]:
-            ax.set_xlabel("")
-    for ax in axes[-1]:
-        ax.set_xlabel("depth: t (ODE) or (k+1)/L (layer k)")
+    ode = ("t, interpolated between the ODE's Euler steps" if any(_interpolated(ds) for ds in datasets.values())
+           else "Euler step $t_k$ (ODE)")
+    fig.supxlabel(f"depth: {ode} or $(k+1)/L$ (layer k)", fontsize=10)
     what = "real part" if part == "real" else "magnitude"
     fig.suptitle(f"{what} of the eigenvalues of {TITLES[matrix]}: " + " vs ".join(names))
     return fig
@@ -721,4 +874,33 @@ def plot_summary(summary: pd.DataFrame, stat: str = "spectral_radius") -> "Figur
         ax.set_xlabel("layer k" if dim == "layer" else "t")
     axes[0, 0].set_ylabel(stat.replace("_", " "))
     fig.suptitle(f"{stat.replace('_', ' ')} of each head's QK and OV matrices and of the FFN product against depth")
+    return fig
+
+
+def plot_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> "Figure":
+    r"""What ``depth_growth`` judges: the heads' geometric-mean spectral radius :math:`\exp \overline{\log\rho}`
+    of QK and OV (and the FFN's radius) against depth, a row per model (the mapping's keys label the rows), a line
+    per seed, at the model's own depth points (a DiffEqFormer's Euler steps t_k, a baseline's layers at (k+1)/L)."""
+    from matplotlib.ticker import FuncFormatter
+
+    fig, axes = _panels(len(MATRICES), nrows=len(models), width=3.4, height=2.2)
+    for row, (name, datasets) in enumerate(models.items()):
+        for seed, ds in enumerate(datasets):
+            for ax, m in zip(axes[row], MATRICES):
+                rho = np.abs(ds[m]).max("ffn_eig" if m == "ffn" else "eig").values
+                radius = np.exp(np.log(rho).reshape(len(ds["time"]), -1).mean(axis=1))
+                ax.plot(ds["time"].values, radius, marker="o", ms=3, lw=1, label=f"seed {seed}")
+        for ax, m in zip(axes[row], MATRICES):
+            ax.set_yscale("log")
+            low, high = ax.get_ylim()
+            if high < 10 * low:  # less than a decade: plain numbers, not 5.75 x 10^-1
+                for setter in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                    setter(FuncFormatter(lambda v, _: f"{v:.3g}"))
+            ax.grid(alpha=0.3, which="both")
+            if row == 0:
+                ax.set_title(TITLES[m], fontsize=9)
+        axes[row, 0].set_ylabel(f"{name}\nradius (head mean)")
+        axes[row, -1].legend(fontsize=7)
+    fig.supxlabel("depth: Euler step $t_k$ (ODE) or $(k+1)/L$ (layer k)", fontsize=10)
+    fig.suptitle("Spectral radius against depth, one line per seed (geometric mean over heads; log scale)")
     return fig

@@ -172,7 +172,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # CI: seconds of training per run; checks that every notebook executes and the book builds.
     "smoke": {
         "f1_model": dict(run=Run("smoke/diffeqformer"), num_times=401),
-        "f2_spectra": dict(run=Run("smoke/diffeqformer"), baselines={"gpt": Run("smoke/gpt2")}),
+        "f2_spectra": dict(runs=seeded(Run("smoke/diffeqformer"), 2),
+                           baselines={"gpt": seeded(Run("smoke/gpt2"), 2)}),  # F6's two seeds of each
         "f3_trajectories": dict(runs={"ours": Run("smoke/diffeqformer"), "shared": Run("smoke/shared")}),
         "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_runs=[Run("smoke/synthetic_diffeqformer")]),
         # Two seeds of GPT-2 and DiffEqFormer: CI goes through the verdicts over seeds (seeds.RULE) once. (Trained
@@ -203,9 +204,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # whole build within 40 minutes.
     "cpu": {
         "f1_model": dict(run=Run("cpu/diffeqformer")),
-        "f2_spectra": dict(run=Run("cpu/diffeqformer"), num_times=101, baselines={
-            "gpt": Run("cpu/gpt2"), "shared": Run("cpu/shared"), "llama": Run("cpu/llama"),
-            "ours_llama": Run("cpu/diffeqformer_llama")}),
+        # F2 judges the spectra of F6's models, every seed (the same runs: nothing more is trained)
+        "f2_spectra": dict(runs=seeded(Run("cpu/diffeqformer"), CPU_SEEDS, population=True), baselines={
+            key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
+                ("gpt", "gpt2"), ("shared", "shared"), ("llama", "llama"), ("ours_llama", "diffeqformer_llama"))}),
         "f3_trajectories": dict(runs={"ours": Run("cpu/diffeqformer"), "shared": Run("cpu/shared")}, num_seeds=3,
                                 num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
                                 model_saves=200),
@@ -223,7 +225,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # One Colab-class GPU, WikiText-103 (needs the internet).
     "gpu": {
         "f1_model": dict(run=Run("gpu/diffeqformer")),
-        "f2_spectra": dict(run=Run("gpu/diffeqformer"), num_times=101, baselines={"gpt": Run("gpu/gpt2")}),
+        "f2_spectra": dict(runs=[Run("gpu/diffeqformer")], baselines={"gpt": [Run("gpu/gpt2")]}),
         "f3_trajectories": dict(runs={"ours": Run("gpu/diffeqformer")}, num_seeds=3, num_tokens=40, horizon=10.0,
                                 num_saves=200, model_tokens=40, model_horizon=10.0, model_saves=200),
         "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_runs=[Run("gpu/synthetic_diffeqformer")],
@@ -236,8 +238,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # The paper's configurations (Tables 1-2): multi-GPU/TPU.
     "paper": {
         "f1_model": dict(run=Run("paper/wikitext103_small_diffeqformer")),
-        "f2_spectra": dict(run=Run("paper/wikitext103_small_diffeqformer"), num_times=101,
-                           baselines={"gpt": Run("paper/wikitext103_small_gpt2")}),
+        "f2_spectra": dict(runs=[Run("paper/wikitext103_small_diffeqformer")],
+                           baselines={"gpt": [Run("paper/wikitext103_small_gpt2")]}),
         "f3_trajectories": dict(runs={"ours": Run("paper/wikitext103_small_diffeqformer")}, num_seeds=3,
                                 num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
                                 model_saves=200),
