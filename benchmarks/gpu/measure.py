@@ -18,6 +18,11 @@ what it measured):
   x tokens/s, over the peak this device measured for a large bfloat16 matrix product (``--peak-size``);
 * peak memory: the accelerator allocator's ``peak_bytes_in_use`` (GPU, TPU), else None;
 * the same for DiffEqFormer of the first pair at each ``--dt`` (time-embedding size).
+
+``--ladder`` measures the speed levers of issue 39 instead, one at a time on top of the ones before (``LADDER``),
+each pair's two models in one row: Levanter's default attention, then cuDNN's fused attention, no activation
+recomputation, the vocabulary padded to a multiple of 128, Levanter's fast cross-entropy backward, a larger batch.
+``--ladder-rows`` picks rows (by name) for the later pairs; ``--profile`` profiles the last row of the first pair.
 """
 
 from __future__ import annotations
@@ -40,6 +45,28 @@ PAIRS = {
 }
 """(DiffEqFormer, GPT-2) configs of the same size: GPT-small (12 x 768, 12 heads, seq 1024), GPT-medium (24 x 1024,
 16 heads), and the cpu preset's 64-d models."""
+
+
+LADDER = (
+    ("levanter-default", {}, {"DIFFEQFORMER_CUDNN_ATTENTION": "0"}, {}),
+    ("+cudnn-attention", {}, {"DIFFEQFORMER_CUDNN_ATTENTION": "1"}, {}),
+    ("+no-remat", {"gradient_checkpointing": "false"}, {}, {}),
+    ("+vocab-pad-128", {}, {}, {"vocab": 50304}),
+    ("+ce-fast-backward", {}, {"LEVANTER_CE_XLA_FAST_BWD": "1"}, {}),
+    ("+batch-32", {}, {}, {"batch": 32}),
+)
+"""The levers, cumulative: (row name, model fields, environment, measurement settings). The first row is the
+measurement of 2026-11-25 (Levanter's default backend, which without Transformer Engine is its reference flash
+attention in JAX; every step's activations recomputed in the backward pass)."""
+LADDER_EXTRA = (("levanter-vanilla", {"attn_backend": "vanilla"}, {"DIFFEQFORMER_CUDNN_ATTENTION": "0"}, {}),)
+"""Rows measured alone on the first pair, not cumulative: Levanter's plain (unfused-by-hand) attention."""
+
+
+def add_lever(kept: tuple[dict, dict, dict], lever: tuple) -> tuple[dict, dict, dict]:
+    """The fields, environment and settings of the levers ``kept`` so far with ``lever`` on top."""
+    fields, env, settings = kept
+    _, f, e, m = lever
+    return fields | f, env | e, settings | m
 
 
 def peak_tflops(n: int, repeats: int = 20) -> float:
@@ -171,9 +198,13 @@ def measure(config_path: str, overrides: list[str], batch: int, steps: int, voca
     }
 
 
-def run_child(args: list[str]) -> dict:
-    """Run this script with ``args`` in a fresh process; its last printed line is its JSON result."""
-    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=REPO)
+def run_child(args: list[str], env: dict | None = None) -> dict:
+    """Run this script with ``args`` in a fresh process (``env`` added to its environment); its last printed line is
+    its JSON result."""
+    import os
+
+    proc = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, cwd=REPO,
+                          env={**os.environ, **(env or {})})
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(args)} failed:\n{proc.stderr[-3000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -190,6 +221,9 @@ def main():
     p.add_argument("--peak-size", type=int, default=8192)
     p.add_argument("--profile", type=int, default=0, metavar="STEPS",
                    help="also trace this many steps of each pair's models with JAX's profiler and print their costliest ops")
+    p.add_argument("--ladder", action="store_true", help="measure the speed levers (LADDER) instead")
+    p.add_argument("--ladder-rows", nargs="+", metavar="ROW",
+                   help="--ladder: the rows measured for every pair after the first (default: all)")
     p.add_argument("--out", type=Path)
     p.add_argument("--one", nargs="+", help=argparse.SUPPRESS)  # child: config path, then overrides
     p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)  # child: the matrix-product peak
@@ -223,6 +257,10 @@ def main():
 
     print(f"{result['device']} ({result['platform']}, JAX {result['jax']}): bfloat16 {args.peak_size}^3 product "
           f"{result['peak_tflops']:.0f} TFLOP/s", flush=True)
+    if args.ladder:
+        ladder(args, result, save, mfu)
+        print(f"written to {out}")
+        return
     for name in args.pairs:
         ours, gpt = (run_child(["--one", c, *common, "--profile", str(args.profile)]) for c in PAIRS[name])
         for m in (ours, gpt):
@@ -249,6 +287,63 @@ def main():
         print(f"d_t {dt:4d}: {m['params'] / 1e6:7.1f}M params  {m['tokens_per_second']:9.0f} tokens/s  "
               f"peak {m['peak_memory_gib'] or 0:6.2f} GiB", flush=True)
     print(f"written to {out}")
+
+
+def ladder(args, result: dict, save, mfu) -> None:
+    """``--ladder``: on the first pair every row of ``LADDER``, each on top of the rows before it that were
+    measured (a row that fails is recorded with its error and left out of the rows after it), then on the later
+    pairs the rows ``--ladder-rows`` names (each with the levers kept on the first pair up to it), then
+    ``LADDER_EXTRA`` on the first pair."""
+    names = [row[0] for row in LADDER + LADDER_EXTRA]
+    unknown = sorted(set(args.ladder_rows or ()) - set(names))
+    if unknown:
+        sys.exit(f"error: --ladder-rows {' '.join(unknown)}: no such row; the rows are {', '.join(names)}")
+    result["ladder"] = []
+    kept_at: dict[str, tuple[dict, dict, dict]] = {}  # row -> the levers kept on the first pair up to it
+
+    def measure_row(pair: str, row: str, levers: tuple[dict, dict, dict], profile: int) -> bool:
+        fields, env, settings = levers
+        common = ["--batch", str(settings.get("batch", args.batch)), "--steps", str(args.steps),
+                  "--vocab", str(settings.get("vocab", args.vocab))]
+        entry = {"pair": pair, "row": row, "fields": fields, "env": env, **settings}
+        try:
+            ours, gpt = (run_child(["--one", config, *[f"{k}={v}" for k, v in fields.items()], *common,
+                                    "--profile", str(profile)], env) for config in PAIRS[pair])
+        except RuntimeError as error:
+            entry["error"] = str(error)[-2000:]
+            result["ladder"].append(entry)
+            save()
+            print(f"{pair:6s} {row:20s} failed: {str(error)[-600:]}", flush=True)
+            return False
+        for m in (ours, gpt):
+            m["mfu"] = mfu(m)
+        entry |= {"diffeqformer": ours, "gpt2": gpt, "ratio": ours["tokens_per_second"] / gpt["tokens_per_second"]}
+        result["ladder"].append(entry)
+        save()
+        print(f"{pair:6s} {row:20s} DiffEqFormer {ours['tokens_per_second']:9.0f} tok/s MFU {ours['mfu'] or 0:5.1%} "
+              f"peak {ours['peak_memory_gib'] or 0:5.1f} GiB | GPT-2 {gpt['tokens_per_second']:9.0f} tok/s "
+              f"MFU {gpt['mfu'] or 0:5.1%} peak {gpt['peak_memory_gib'] or 0:5.1f} GiB | ratio {entry['ratio']:.3f}",
+              flush=True)
+        for m in (ours, gpt):
+            if m["profile"]:
+                print(f"    {m['model']}: {m['profile']['ms_per_step']:.2f} ms of ops a step, by kind:")
+                for op in m["profile"]["by_kind"][:12]:
+                    print(f"      {op['ms_per_step']:8.2f} ms {op['share']:6.1%}  {op['op'][:90]}")
+        return True
+
+    kept: tuple[dict, dict, dict] = ({}, {}, {})
+    for i, lever in enumerate(LADDER):
+        levers = add_lever(kept, lever)
+        if measure_row(args.pairs[0], lever[0], levers, args.profile if i == len(LADDER) - 1 else 0):
+            kept = levers
+        kept_at[lever[0]] = kept
+    for pair in args.pairs[1:]:
+        for row, _, _, _ in LADDER:
+            if not args.ladder_rows or row in args.ladder_rows:
+                measure_row(pair, row, kept_at[row], 0)
+    for lever in LADDER_EXTRA:
+        if not args.ladder_rows or lever[0] in args.ladder_rows:
+            measure_row(args.pairs[0], lever[0], add_lever(({}, {}, {}), lever), 0)
 
 
 if __name__ == "__main__":

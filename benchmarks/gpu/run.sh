@@ -14,6 +14,12 @@
 # calls) and names it. `train` runs a short GPU training of config/gpu/diffeqformer.yaml on the offline corpus
 # (data/raw must travel: the machine cannot download it), and further arguments override that config.
 # With DIFFEQFORMER_GPU_CHECK=cpu everything but the device check runs on a CPU (benchmarks/gpu/simulate.sh).
+#
+# The step-time measurements (benchmarks/gpu/measure.py) need only the one part of
+# `python benchmarks/gpu/bundle.py download --for measure --also chex diffrax equinox jaxtyping lineax optax
+# optimistix wadler-lindig`, so one call stages, installs and measures (arguments after `measure` are its own):
+#
+#   carry [".gpu/part-1"]:  bash benchmarks/gpu/run.sh stage install measure --ladder --out $OUT/ladder.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS=${DIFFEQFORMER_WHEELS:-/tmp/diffeqformer-wheels}
@@ -73,12 +79,18 @@ train() {
   cat "$run_dir/complete.json"
 }
 
-[ $# -gt 0 ] || { sed -n '2,17p' "$0"; exit 1; }
+measure() {
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/gpu/measure.py "$@"
+}
+
+[ $# -gt 0 ] || { sed -n '2,22p' "$0"; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
     stage) stage; shift ;;
     install) install; shift ;;
     train) shift; train "$@"; break ;;
-    *) echo "error: unknown step '$1' (stage, install, train)" >&2; exit 1 ;;
+    measure) shift; measure "$@"; break ;;
+    *) echo "error: unknown step '$1' (stage, install, train, measure)" >&2; exit 1 ;;
   esac
 done

@@ -7,6 +7,7 @@ Bottom up: ``time_embedding`` (sinusoidal embedding of t) -> ``temporal`` (time-
 """
 
 from .. import __all__ as _PACKAGE_API
+from . import attention
 from .temporal import TemporalLinear, TemporalNorm, TimeMLP
 from .time_embedding import SinusoidalTimeEmbedding
 from .transformer import (
@@ -19,6 +20,8 @@ from .transformer import (
     time_grid,
 )
 from .vector_field import ParallelBlock, TemporalBlock
+
+attention.install()  # Levanter's default attention by cuDNN on a GPU (see attention's docstring); no effect on a CPU
 
 __all__ = sorted([*_PACKAGE_API, "random_time_grid"])
 """What ``diffeqformer`` itself re-exports (its ``__all__``), and ``random_time_grid``."""
