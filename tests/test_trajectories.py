@@ -1,6 +1,7 @@
 """Attention-only particle dynamics (diffeqformer.analysis.trajectories): clustering, solver order, the sphere
 constraint, metrics on hand-made configurations, the model-driven field against Levanter's attention, figures."""
 
+import dataclasses
 import math
 
 import equinox as eqx
@@ -14,8 +15,11 @@ import xarray as xr
 from helpers import TINY, VOCAB, tiny
 
 from diffeqformer import DiffEqFormerLMHeadModel
+from scipy import stats
+
 from diffeqformer.analysis import trajectories
 from diffeqformer.analysis.trajectories import (
+    VERDICT_COLUMNS,
     ModelTrajectoryConfig,
     SolverConfig,
     TrajectoryConfig,
@@ -23,14 +27,23 @@ from diffeqformer.analysis.trajectories import (
     clustering_metrics,
     config_from_attrs,
     final_metrics,
+    growth_verdicts,
     headline,
     initial_weights,
     model_attention_matrices,
+    model_verdicts,
+    paired_verdicts,
+    plot_controls,
     plot_metrics,
+    plot_step_convergence,
     plot_trajectories,
     simulate,
     simulate_model,
+    step_convergence,
+    uniform_cube,
     uniform_sphere,
+    verdict_texts,
+    weight_pieces,
 )
 
 matplotlib.use("Agg")
@@ -52,6 +65,39 @@ def identity_run() -> xr.Dataset:
 def free_run() -> xr.Dataset:
     """Free space, Q = K = V = I, every growth law, T = 3."""
     return simulate(TrajectoryConfig(num_tokens=10, weights="identity", geometry="free", horizon=3.0))
+
+
+def _rk4_reference(x0, pieces, power: float, horizon: float, steps_per_piece: int, sphere: bool) -> np.ndarray:
+    """Float64 classical RK4 of dx_i/dt = P_i sum_j softmax_j(g^2 x_i^T Q_k^T K_k x_j) g V_k x_j (beta = 1), piece k
+    of ``pieces`` = (Q, K, V) [P, d, d] on the k-th of P equal intervals of [0, horizon], each solved on its own (so
+    no step straddles a jump). Free space in plain coordinates (no rescaling); the sphere with a renormalisation
+    after each step. Returns x(T)."""
+    q, k, v = (np.asarray(w, dtype=np.float64) for w in pieces)
+    P = q.shape[0]
+    x = np.asarray(x0, dtype=np.float64)
+    h = horizon / P / steps_per_piece
+
+    def f(t, x, i):
+        g = t**power
+        s = g * g * (x @ q[i].T) @ (x @ k[i].T).T
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        vel = g * w @ (x @ v[i].T)
+        if sphere:
+            vel -= np.sum(vel * x, axis=1, keepdims=True) / np.sum(x * x, axis=1, keepdims=True) * x
+        return vel
+
+    for i in range(P):
+        for n in range(steps_per_piece):
+            t = (i * steps_per_piece + n) * h
+            k1 = f(t, x, i)
+            k2 = f(t + h / 2, x + h / 2 * k1, i)
+            k3 = f(t + h / 2, x + h / 2 * k2, i)
+            k4 = f(t + h, x + h * k3, i)
+            x = x + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+            if sphere:
+                x /= np.linalg.norm(x, axis=1, keepdims=True)
+    return x
 
 
 @pytest.fixture(scope="module")
@@ -179,18 +225,95 @@ def test_default_solution_stays_on_the_sphere_for_every_growth(identity_run):
     assert _norm_error(identity_run["x"]) <= 1e-5
 
 
-def test_free_space_is_not_projected_and_failures_are_nan(free_run):
-    # Free space with V = I: the norms grow like exp(int_0^t g). At T = 3 the scores x_i^T A x_j overflow float32 for
-    # g = t^4 (near t = 2.9): that solve stops at the first non-finite state, is flagged, and its later times are NaN.
+def test_free_space_is_solved_to_the_end_in_rescaled_coordinates(free_run):
+    # Free space with V = I: the norms grow like exp(int_0^t g). In plain float32 coordinates the scores x_i^T A x_j
+    # overflowed for g = t^4 near t = 2.9 (this test once checked that failure); x = e^rho y keeps every solve finite
+    # to T, with rho near int_0^T g = T^(p+1) / (p+1) (tokens attend mostly to themselves as g grows).
     ds = free_run
-    norms = np.sqrt((ds["x"] ** 2).sum("dim", skipna=False))
-    np.testing.assert_array_equal(ds["success"].isel(seed=0).values, [True, True, True, True, False])
-    assert float(norms.sel(growth=[0.0, 1.0, 2.0, 3.0]).isel(time=-1).min()) > 1.5
-    overflowed = ds["x"].sel(growth=4.0).isel(seed=0)
-    assert bool(np.isfinite(overflowed.sel(time=1.5)).all())
-    assert bool(np.isnan(overflowed.isel(time=-1)).all())
+    assert bool(ds["success"].all()) and bool(np.isfinite(ds["x"]).all())
+    rho = ds["log_scale"].isel(seed=0, time=-1).values
+    integral = np.array([3.0 ** (p + 1) / (p + 1) for p in ds["growth"].values])
+    np.testing.assert_array_less(0.5 * integral, rho)
+    np.testing.assert_array_less(rho, 1.5 * integral)
+    assert 2 * float(rho[-1]) > 89  # scores ~ e^{2 rho} beyond float32's e^88.7: where the plain solve overflowed
+    norms = np.sqrt((ds["x"] ** 2).sum("dim"))
+    assert 0.05 < float(norms.min()) and float(norms.max()) < 20  # y stays of order one
+
+
+@pytest.mark.parametrize("weights, power", [("gaussian", 0.0), ("gaussian", 2.0), ("redrawn", 1.0)])
+def test_free_space_matches_a_plain_float64_solve(weights, power):
+    # Independent reference: RK4 in float64 in the plain coordinates x (no rescaling), piece by piece. T = 2 keeps
+    # x finite in float64; the rescaled float32 solve must give the same positions e^rho y.
+    cfg = TrajectoryConfig(num_tokens=8, horizon=2.0, num_saves=1, growth_powers=(power,), weights=weights,
+                           geometry="free", start="cube", redraws=10, solver=SolverConfig(rtol=1e-7, atol=1e-7))
+    ds = simulate(cfg)
+    assert bool(ds["success"].all())
+    key_w, key_x = jax.random.split(jax.random.PRNGKey(0), 2)
+    pieces = weight_pieces(key_w, 3, weights, 10)
+    x0 = ds["x"].isel(growth=0, seed=0, time=0).values
+    np.testing.assert_allclose(np.asarray(uniform_cube(key_x, 8, 3)), x0)
+    reference = _rk4_reference(x0, pieces, power, 2.0, 200, sphere=False)
+    x = ds["x"].isel(growth=0, seed=0, time=-1).values * np.exp(float(ds["log_scale"].isel(growth=0, seed=0, time=-1)))
+    np.testing.assert_allclose(x, reference, rtol=1e-4, atol=1e-4 * np.abs(reference).max())
+
+
+def test_a_solve_that_runs_out_of_steps_is_flagged_and_nan():
+    ds = simulate(TrajectoryConfig(num_tokens=10, weights="identity", geometry="free", horizon=3.0,
+                                   growth_powers=(0.0, 4.0), solver=SolverConfig(max_steps=18)))
+    # measured: g = 1 takes 14 steps, t^4 23 on [0, 3] (deterministic: the same float32 solve every time)
+    np.testing.assert_array_equal(ds["success"].isel(seed=0).values, [True, False])
+    assert bool(np.isnan(ds["x"].sel(growth=4.0).isel(seed=0, time=-1)).all())
     final = clustering_metrics(ds)["fraction"].isel(time=-1, seed=0)
-    assert np.isnan(float(final.sel(growth=4.0))) and np.isfinite(final.sel(growth=[0.0, 1.0, 2.0, 3.0])).all()
+    assert np.isfinite(float(final.sel(growth=0.0))) and np.isnan(float(final.sel(growth=4.0)))
+
+
+def test_redrawn_weights_adaptive_solve_matches_a_piecewise_reference():
+    # The adaptive solve is told the jump times: it must match RK4 run piece by piece with each piece's own weights
+    # (a solve that looked up the wrong interval near a jump, or smoothed over it, would be off by the step times
+    # the jump in W).
+    cfg = TrajectoryConfig(num_tokens=8, horizon=2.0, num_saves=1, growth_powers=(1.0,), weights="redrawn",
+                           redraws=20, solver=SolverConfig(rtol=1e-7, atol=1e-7))
+    ds = simulate(cfg)
+    key_w, _ = jax.random.split(jax.random.PRNGKey(0), 2)
+    pieces = weight_pieces(key_w, 3, "redrawn", 20)
+    assert not np.allclose(pieces[2][0], pieces[2][1])  # a fresh V on every interval
+    np.testing.assert_allclose(ds["v0"].isel(seed=0).values, np.asarray(pieces[2][0]))
+    x0 = ds["x"].isel(growth=0, seed=0, time=0).values
+    reference = _rk4_reference(x0, pieces, 1.0, 2.0, 50, sphere=True)
+    np.testing.assert_allclose(ds["x"].isel(growth=0, seed=0, time=-1).values, reference, atol=1e-4)
+
+
+@pytest.mark.parametrize("steps", [20, 60])
+def test_redrawn_weights_euler_uses_the_interval_of_the_step_start(steps):
+    # Euler steps at t_n = n h use the weights of the interval holding t_n, also where t_n is an interval's end
+    # (float32 t_n can round to just below it): against an explicit float64 loop that indexes by exact integers.
+    cfg = TrajectoryConfig(num_tokens=8, horizon=2.0, num_saves=1, growth_powers=(1.0,), weights="redrawn",
+                           redraws=20, solver=SolverConfig("euler", adaptive=False, num_steps=steps))
+    ds = simulate(cfg)
+    q, k, v = (np.asarray(w, dtype=np.float64) for w in weight_pieces(jax.random.split(jax.random.PRNGKey(0))[0],
+                                                                      3, "redrawn", 20))
+    x = ds["x"].isel(growth=0, seed=0, time=0).values.astype(np.float64)
+    h = 2.0 / steps
+    for n in range(steps):
+        i, g = n * 20 // steps, n * h
+        s = g * g * (x @ q[i].T) @ (x @ k[i].T).T
+        w = np.exp(s - s.max(axis=1, keepdims=True))
+        w /= w.sum(axis=1, keepdims=True)
+        vel = g * w @ (x @ v[i].T)
+        vel -= np.sum(vel * x, axis=1, keepdims=True) * x
+        x = x + h * vel
+        x /= np.linalg.norm(x, axis=1, keepdims=True)
+    np.testing.assert_allclose(ds["x"].isel(growth=0, seed=0, time=-1).values, x, atol=1e-4)
+
+
+def test_starts():
+    key = jax.random.PRNGKey(3)
+    cube = np.asarray(uniform_cube(key, 4000, 3))
+    assert cube.min() >= -1 and cube.max() <= 1 and np.all(np.abs(cube.mean(axis=0)) < 0.05)
+    ds = simulate(TrajectoryConfig(num_tokens=50, horizon=0.1, num_saves=1, growth_powers=(0.0,), start="cube",
+                                   geometry="free"))
+    norms = np.linalg.norm(ds["x"].isel(growth=0, seed=0, time=0).values, axis=-1)
+    assert norms.max() <= math.sqrt(3) and norms.std() > 0.1  # not on the sphere
 
 
 def test_dataset_layout_config_and_cache(tmp_path):
@@ -222,6 +345,10 @@ def test_bad_configurations_fail_with_a_message():
         TrajectoryConfig(weights="orthogonal")
     with pytest.raises(ValueError, match="growth_powers"):
         TrajectoryConfig(growth_powers=(-1.0,))
+    with pytest.raises(ValueError, match="start"):
+        TrajectoryConfig(start="ball")
+    with pytest.raises(ValueError, match="Euler solver"):
+        TrajectoryConfig(weights="redrawn", solver=SolverConfig("heun", adaptive=False))
 
 
 def test_initial_weights():
@@ -372,11 +499,34 @@ def test_figures(identity_run, free_run, tiny_model):
     assert isinstance(fig, Figure) and len(fig.axes) == 5
     fig = plot_metrics(clustering_metrics(identity_run))
     assert isinstance(fig, Figure) and len(fig.axes) == 3
-    assert isinstance(plot_trajectories(free_run), Figure)  # the overflowed run (NaN at the end) draws too
+    assert isinstance(plot_trajectories(free_run), Figure)
     assert isinstance(plot_metrics(free_run), Figure)
+    failed = simulate(TrajectoryConfig(num_tokens=10, weights="identity", horizon=3.0, solver=SolverConfig(max_steps=30)))
+    assert not bool(failed["success"].all())
+    assert isinstance(plot_trajectories(failed), Figure)  # a failed run (NaN at the end) draws too
     model_run = simulate_model(tiny_model, ModelTrajectoryConfig(heads=(0, 1), num_tokens=10, num_saves=20))
     assert len(plot_trajectories(model_run).axes) == 2
     assert isinstance(plot_metrics(model_run), Figure)
+    # beyond the trained t in [0, 1] the metrics figure marks the extrapolation
+    longer = simulate_model(tiny_model, ModelTrajectoryConfig(heads=(0,), num_tokens=6, num_saves=20, t1=1.5))
+    labels = plot_metrics(longer).axes[0].get_legend_handles_labels()[1]
+    assert any("extrapolated" in label for label in labels)
+    assert not any("extrapolated" in label for label in plot_metrics(model_run).axes[0].get_legend_handles_labels()[1])
+    plt.close("all")
+
+
+def test_controls_and_step_convergence_figures(identity_run):
+    cfg = TrajectoryConfig(num_tokens=8, horizon=2.0, num_saves=10, growth_powers=(0.0, 2.0), seeds=(0, 1))
+    solves = {f"{g} {w}": simulate(dataclasses.replace(cfg, weights=w, geometry=g, start=s))
+              for g, s in (("sphere", "sphere"), ("free", "cube")) for w in ("identity", "redrawn")}
+    fig = plot_controls(solves)
+    assert sum(ax.get_visible() for ax in fig.axes) == 4
+    titles = " ".join(ax.get_title() for ax in fig.axes)
+    assert "must cluster" in titles and "redrawn" in titles and "free space" in titles and "sphere" in titles
+    with pytest.raises(ValueError, match="one n, d, T"):
+        plot_controls({"a": identity_run, "b": solves["sphere identity"]})
+    fig = plot_step_convergence(step_convergence(cfg, [20, 80]), simulate(cfg))
+    assert len(fig.axes) == 2
     plt.close("all")
 
 
@@ -395,6 +545,80 @@ def test_headline(identity_run, tiny_model):
     assert text["model_fraction_ours"] == f"{float(final['fraction'].mean()):.2f}"
     assert text["model_heads_ours"] == "2" and text["model_horizon"] == "1"
     assert text["model_fraction_at1_ours"] == text["model_fraction_ours"]  # t1 = 1: the end is t = 1
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Step-size convergence and verdicts
+# ----------------------------------------------------------------------------------------------------------------------
+
+
+def test_step_convergence_approaches_the_accurate_solve():
+    # More Euler steps, closer to the accurate solve: the mean pairwise distance at T is continuous in the positions,
+    # so its error falls with the step (about first order); the fractions with the most steps are those of that
+    # Euler solve itself.
+    cfg = TrajectoryConfig(num_tokens=8, horizon=2.0, num_saves=4, growth_powers=(0.0, 2.0), seeds=(0, 1))
+    steps = [25, 100, 400, 1600]
+    conv = step_convergence(cfg, steps)
+    assert conv["fraction"].dims == ("steps", "growth", "seed") and list(conv["steps"].values) == steps
+    assert bool(conv["success"].all())
+    reference = clustering_metrics(simulate(cfg).isel(time=[-1])).isel(time=0)
+    error = np.abs(conv["distance"] - reference["distance"]).max(("growth", "seed")).values
+    assert np.all(np.diff(error) < 0), error
+    assert error[-1] < error[0] / 20, error
+    euler = simulate(dataclasses.replace(cfg, solver=SolverConfig("euler", adaptive=False, num_steps=1600)))
+    np.testing.assert_array_equal(conv["fraction"].sel(steps=1600).values,
+                                  clustering_metrics(euler.isel(time=[-1]))["fraction"].isel(time=0).values)
+
+
+def test_growth_verdicts_are_paired_t_tests_and_a_trend(identity_run):
+    table = growth_verdicts(identity_run)
+    assert list(table.columns) == list(VERDICT_COLUMNS)
+    assert list(table["comparison"]) == ["g = 1 vs g = t", "g = 1 vs g = t^2", "g = 1 vs g = t^3", "g = 1 vs g = t^4",
+                                         "trend over p"]
+    final = clustering_metrics(identity_run)["fraction"].isel(time=-1)  # (growth, seed)
+    a, b = final.sel(growth=0.0).values, final.sel(growth=4.0).values
+    row = table.iloc[3]
+    assert row["mean a"] == pytest.approx(a.mean()) and row["mean b"] == pytest.approx(b.mean())
+    assert row["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
+    assert row["test"] == "paired t-test" and row["seeds"] == 2
+    assert row["verdict"] == ("result" if row["p"] < 0.05 else "within noise")
+    # the trend: the fraction falls with p (identity weights freeze sooner the faster g grows)
+    assert table.iloc[-1]["difference"] < 0 and table.iloc[-1]["seeds"] == 2
+    texts = verdict_texts(table)
+    assert set(texts) == {"g1_vs_t", "g1_vs_t2", "g1_vs_t3", "g1_vs_t4", "trend"}
+    assert texts["g1_vs_t4"].endswith(row["verdict"])
+
+
+def test_verdicts_leave_out_failed_seeds_and_need_two(identity_run):
+    ds = identity_run.copy(deep=True)
+    x = ds["x"].values
+    x[ds.indexes["growth"].get_loc(4.0), 0, -1] = np.nan  # seed 0's t^4 solve "failed"
+    ds["x"] = (ds["x"].dims, x)
+    table = growth_verdicts(ds)
+    row = table.iloc[3]
+    assert row["seeds"] == 1 and row["verdict"] == "untested: 1 seed" and np.isnan(row["p"])
+    assert table.iloc[0]["seeds"] == 2
+    assert verdict_texts(table)["g1_vs_t4"] == "untested: 1 seed"
+    with pytest.raises(ValueError, match="p = 0"):
+        growth_verdicts(identity_run.sel(growth=[1.0, 2.0]))
+
+
+def test_paired_verdicts(identity_run):
+    same = paired_verdicts(identity_run, identity_run)
+    assert list(same["comparison"]) == ["g = 1", "g = t", "g = t^2", "g = t^3", "g = t^4"]
+    assert (same["difference"] == 0).all() and (same["verdict"] == "within noise").all()
+    with pytest.raises(ValueError, match="same seeds"):
+        paired_verdicts(identity_run, identity_run.isel(seed=[0]))
+
+
+def test_model_verdicts(tiny_model):
+    runs = [simulate_model(tiny_model, ModelTrajectoryConfig(heads=(0, 1), num_tokens=6, num_saves=10, seed=s))
+            for s in (0, 1)]
+    table = model_verdicts(runs, runs)
+    assert list(table["comparison"]) == ["fraction at t = 1", "distance at t = 1"]
+    assert (table["difference"] == 0).all() and (table["test"] == "paired t-test").all()
+    assert (table["verdict"] == "within noise").all()
+    assert set(verdict_texts(table)) == {"fraction_at_t_1", "distance_at_t_1"}
 
 
 @pytest.mark.parametrize("values, trend", [

@@ -13,10 +13,15 @@ with the bilinear form A(t) = Q(t)^T K(t) (the score <Q x_i, K x_j>) and the val
 * ``"free"``: P_i = I, no projection.
 
 ``simulate`` runs the paper's experiment: random Q(0), K(0), V(0) and W(t) = g(t) W(0) for every weight, with
-g(t) = t^p (p = 0 is weight sharing), so A(t) = g(t)^2 A(0) and B(t) = g(t) B(0). ``simulate_model`` drives the same
-dynamics with one head of a ``DiffEqFormerLMHeadModel``. Both return an ``xarray.Dataset``; ``clustering_metrics`` and
-``final_metrics`` reduce it, ``plot_trajectories`` and ``plot_metrics`` draw it. The expensive step (the solve) and the
-cheap ones (metrics, figures) are separate functions, so a figure never re-runs a simulation.
+g(t) = t^p (p = 0 is weight sharing), so A(t) = g(t)^2 A(0) and B(t) = g(t) B(0). Its controls
+(``TrajectoryConfig.weights``): Q = K = V = I, the case in which Geshkovski et al. prove that weight sharing clusters
+(it must cluster, or the simulation is wrong), and Gaussian weights drawn afresh on each of ``redraws`` intervals of
+[0, T] (W(t) = g(t) W_k on the k-th: weights that change with t without growing). ``step_convergence`` solves the same
+systems with more and more Euler steps, ``growth_verdicts`` and ``paired_verdicts`` judge differences over seeds by the
+book's rule (``seeds.RULE``). ``simulate_model`` drives the same dynamics with one head of a
+``DiffEqFormerLMHeadModel``. Both return an ``xarray.Dataset``; ``clustering_metrics`` and ``final_metrics`` reduce it,
+``plot_trajectories``, ``plot_metrics``, ``plot_controls`` and ``plot_step_convergence`` draw it. The expensive step
+(the solve) and the cheap ones (metrics, figures) are separate functions, so a figure never re-runs a simulation.
 
 Numerical choices, stated once:
 
@@ -31,9 +36,19 @@ Numerical choices, stated once:
   and the dense output from which the saved times are interpolated is projected the same way. This keeps the order of
   the underlying solver (tested); ``SolverConfig(project=False)`` turns it off, and the tests check that the
   unprojected solve of the tangent field stays on the sphere to 1e-5 by itself where the step count is small.
-* Free space: the norms grow like exp(int_0^t g), so the scores x_i^T A x_j overflow float32 for fast growth and long
-  horizons (p = 4 near t = 2.9 with Q = K = V = I). A solve stops at the first non-finite state; it is flagged
-  (``success = False``) and its later times are NaN. Clustering in free space is measured on directions x/|x|.
+* Free space: the norms grow like exp(int_0^t g) (10^4 at T = 10 for p = 4), so x itself overflows float32, and the
+  scores x_i^T A x_j far sooner (p = 4 near t = 2.9 with Q = K = V = I). ``simulate`` therefore solves for
+  x_i = e^rho y_i with a common log-scale rho(t), d rho/dt = mean_i <y_i, v_i> / |y_i|^2 (v_i the velocity of y_i
+  before rescaling), which keeps the y_i of order one: dy_i/dt = v_i - (d rho/dt) y_i, with the scores
+  beta e^{2 rho} y_i^T A y_j. This is the same ODE in other coordinates; its only approximation is that the score
+  scale beta g^2 e^{2 rho} is capped at ``SCORE_CAP``, where the softmax is a hard maximum in float32 anyway (two
+  scores then get different weights only if they agree to 1 part in 10^20, i.e. for tokens that coincide, whose
+  values coincide too). The Dataset's ``x`` holds y and ``log_scale`` holds rho. Clustering in free space is measured
+  on directions x/|x| = y/|y|. A solve still stops at the first non-finite state (tokens whose norms drift apart by
+  10^38); it is flagged (``success = False``) and its later times are NaN. ``simulate_model`` solves for x itself.
+* Redrawn weights are piecewise constant in t: the adaptive solver is told the jump times (Diffrax's
+  ``ClipStepSizeController(jump_ts=...)``), so no step straddles a jump; Euler steps evaluate the weights at the
+  step's start (a half-step offset makes the interval lookup immune to the rounding of t).
 * Softmax with a large beta g(t)^2 is nearly a hard max; see ``SolverConfig.dtmin`` for what that asks of the step.
 """
 
@@ -44,6 +59,7 @@ import functools
 import hashlib
 import json
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -58,6 +74,7 @@ import pandas as pd
 import xarray as xr
 
 from ..numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
+from .seeds import Comparison, Judged, Trend, compare, trend
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -65,7 +82,11 @@ if TYPE_CHECKING:
     from ..model.transformer import DiffEqFormerLMHeadModel
 
 GEOMETRIES = ("sphere", "free")
-WEIGHTS = ("gaussian", "identity", "gaussian_qk")
+WEIGHTS = ("gaussian", "identity", "gaussian_qk", "redrawn")
+STARTS = ("sphere", "cube")
+SCORE_CAP = 1e25
+"""Free space: the largest score scale beta g(t)^2 e^{2 rho}; beyond it the softmax is a hard maximum in float32 (a
+score gap of 10^-7 relative already weighs exp(-10^18)), and the cap keeps the scores finite."""
 SOLVERS: dict[str, Callable[[], diffrax.AbstractSolver]] = {
     "euler": diffrax.Euler,
     "heun": diffrax.Heun,
@@ -144,20 +165,27 @@ class TrajectoryConfig:
     beta: float = 1.0
     """Inverse temperature of the softmax (Geshkovski et al.'s default; beta = 0 is uniform attention)."""
     geometry: str = "sphere"
-    """'sphere' (tangent projection, tokens start uniform on S^{d-1}) or 'free' (no projection; same start, so that
-    the two geometries differ only by the projection)."""
+    """'sphere' (tangent projection, Geshkovski et al.) or 'free' (no projection, the paper's App. C.8)."""
+    start: str = "sphere"
+    """x(0): 'sphere' (uniform on S^{d-1}) or 'cube' (uniform in [-1, 1]^d: the paper's 'uniform random start', whose
+    range it does not give; centred, so that the directions x/|x| cover the whole sphere as from the 'sphere' start)."""
     growth_powers: tuple[float, ...] = (0.0, 1.0, 2.0, 3.0, 4.0)
     """Powers p of g(t) = t^p: 0 is weight sharing, 1..4 the paper's polynomial growth."""
     weights: str = "gaussian"
     """Q(0), K(0), V(0): 'gaussian' (i.i.d. N(0, 1/d) entries, the fan-in scale: the paper's 'random' weights),
-    'identity' (Q = K = V = I, Geshkovski et al.'s canonical case) or 'gaussian_qk' (Gaussian Q, K and V = I)."""
+    'identity' (Q = K = V = I, Geshkovski et al.'s canonical case), 'gaussian_qk' (Gaussian Q, K and V = I) or
+    'redrawn' (Gaussian Q, K, V drawn afresh on each of ``redraws`` equal intervals of [0, T], times g(t): a control
+    whose weights change with t without growing; the authors' public notebook redraws V at every Euler step in one of
+    its settings)."""
+    redraws: int = 200
+    """'redrawn' weights: the number of intervals (200 on [0, 10]: a draw per step of the paper's Euler grid)."""
     seeds: tuple[int, ...] = (0,)
     """One simulation per seed (weights and start both drawn from it); the Dataset gets a ``seed`` dimension."""
     solver: SolverConfig = dataclasses.field(default_factory=SolverConfig)
     """How the ODE is solved."""
 
     def __post_init__(self):
-        for name in ("num_tokens", "dim", "num_saves"):
+        for name in ("num_tokens", "dim", "num_saves", "redraws"):
             check_positive_int(getattr(self, name), name)
         if not self.horizon > 0:
             raise ValueError(f"horizon must be positive, got {self.horizon!r}")
@@ -167,6 +195,11 @@ class TrajectoryConfig:
             raise ValueError(f"geometry must be one of {GEOMETRIES}, got {self.geometry!r}")
         if self.weights not in WEIGHTS:
             raise ValueError(f"weights must be one of {WEIGHTS}, got {self.weights!r}")
+        if self.start not in STARTS:
+            raise ValueError(f"start must be one of {STARTS}, got {self.start!r}")
+        if self.weights == "redrawn" and not self.solver.adaptive and self.solver.solver != "euler":
+            # Constant steps look the interval up at t + h/2, right for Euler's one stage at the step's start only.
+            raise ValueError("redrawn weights with constant steps need the Euler solver (or an adaptive one)")
         if not self.growth_powers or any(p < 0 for p in self.growth_powers):
             raise ValueError(f"growth_powers must be a non-empty tuple of powers >= 0, got {self.growth_powers!r}")
         if not self.seeds:
@@ -337,16 +370,18 @@ class SphereProjection(diffrax.AbstractWrappedSolver):
 
 def _solve(
     field: Callable,
-    y0: jax.Array,
+    y0,
     args,
     ts: jax.Array,
     dt0: jax.Array,
     solver: SolverConfig,
     sphere: bool,
     dtmax: float | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    jump_ts: jax.Array | None = None,
+):
     """Solve dy/dt = field(t, y, args) from ts[0] to ts[-1] with (first) step dt0, saved at ts. Returns
-    (ys [len(ts), ...], num_steps, success); times a failed solve did not reach are NaN (Diffrax fills them with inf).
+    (ys [len(ts), ...] (a pytree like y0), num_steps, success); times a failed solve did not reach are NaN (Diffrax
+    fills them with inf). ``jump_ts``: times where the field jumps, which adaptive steps do not straddle.
     ``solver.num_steps`` is not read here: dt0 is traced, so that solves differing only in the step share a compile."""
     inner = SOLVERS[solver.solver]()
     method = SphereProjection(inner) if (sphere and solver.project) else inner
@@ -355,6 +390,8 @@ def _solve(
         controller = diffrax.PIDController(
             rtol=solver.rtol, atol=solver.atol, dtmax=dtmax, dtmin=solver.dtmin * (t1 - t0), force_dtmin=True
         )
+        if jump_ts is not None:
+            controller = diffrax.ClipStepSizeController(controller, jump_ts=jump_ts)
     else:
         controller = diffrax.ConstantStepSize()
     sol = diffrax.diffeqsolve(
@@ -370,11 +407,15 @@ def _solve(
         max_steps=solver.max_steps,
         throw=False,
         # Stop at the first non-finite state (free space can overflow float32) instead of stepping on to max_steps.
-        event=diffrax.Event(lambda t, y, args, **kwargs: jnp.logical_not(jnp.all(jnp.isfinite(y)))),
+        event=diffrax.Event(lambda t, y, args, **kwargs: jnp.logical_not(_all_finite(y))),
     )
     success = sol.result == diffrax.RESULTS.successful
-    ys = jnp.where(jnp.isfinite(sol.ys), sol.ys, jnp.nan)
+    ys = jax.tree.map(lambda a: jnp.where(jnp.isfinite(a), a, jnp.nan), sol.ys)
     return ys, sol.stats["num_steps"], success
+
+
+def _all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(a)) for a in jax.tree.leaves(tree)]))
 
 
 def growth_label(power: float) -> str:
@@ -402,25 +443,62 @@ def initial_weights(key: jax.Array, dim: int, kind: str) -> tuple[jax.Array, jax
     raise ValueError(f"weights must be one of {WEIGHTS}, got {kind!r}")
 
 
+def weight_pieces(key: jax.Array, dim: int, kind: str, pieces: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Q, K, V of every interval, each [P, d, d]: for 'redrawn', P = ``pieces`` independent Gaussian draws
+    (``initial_weights(..., 'gaussian')`` with the key of each interval); for the other kinds P = 1,
+    ``initial_weights(key, dim, kind)``."""
+    if kind != "redrawn":
+        return tuple(w[None] for w in initial_weights(key, dim, kind))
+    return jax.vmap(lambda k: initial_weights(k, dim, "gaussian"))(jax.random.split(key, pieces))
+
+
 def uniform_sphere(key: jax.Array, n: int, dim: int) -> jax.Array:
     """n points uniform on S^{dim-1}: normalised standard Gaussians, [n, dim]."""
     return _normalise_rows(jax.random.normal(key, (n, dim), dtype=jnp.float32))
 
 
+def uniform_cube(key: jax.Array, n: int, dim: int) -> jax.Array:
+    """n points uniform in [-1, 1]^dim, [n, dim]."""
+    return jax.random.uniform(key, (n, dim), dtype=jnp.float32, minval=-1.0, maxval=1.0)
+
+
+def _free_velocity(y: jax.Array, rho: jax.Array, A: jax.Array, B: jax.Array, beta) -> tuple[jax.Array, jax.Array]:
+    """Free space in the coordinates x_i = e^rho y_i (module docstring): (dy/dt [n, d], d rho/dt)."""
+    scale = jnp.minimum(beta * jnp.exp(jnp.minimum(2.0 * rho, 80.0)), SCORE_CAP)  # exp(80) < float32's max
+    v = attention_velocity(y, scale * A, B, 1.0, False)
+    rate = jnp.mean(jnp.sum(v * y, axis=-1) / jnp.sum(y * y, axis=-1))
+    return v - rate * y, rate
+
+
 @functools.lru_cache(maxsize=None)
-def _polynomial_runner(solver: SolverConfig, sphere: bool) -> Callable:
-    """The compiled solve of a batch of (power, Q(0), K(0), V(0), x(0)), one per (solver settings, geometry): times,
-    beta and the step are traced arguments, so e.g. a convergence study compiles once per solver."""
+def _polynomial_runner(solver: SolverConfig, sphere: bool, pieces: bool) -> Callable:
+    """The compiled solve of a batch of (power, Q, K, V [P, d, d], x(0)), one per (solver settings, geometry,
+    whether the weights jump): times, beta, the step and the jump times are traced arguments, so e.g. a convergence
+    study compiles once per solver. Fixed weights do without the jump times, whose step controller
+    (``ClipStepSizeController``) costs about 60% more per step. Free space solves for (y, rho) (module docstring)."""
 
-    def field(t, x, args):
-        power, q0, k0, v0, beta = args
-        g = jnp.power(jnp.asarray(t, x.dtype), power)
-        return attention_velocity(x, g * g * (q0.T @ k0), g * v0, beta, sphere)
+    def field(t, state, args):
+        power, q, k, v, beta, jumps, shift = args
+        t = jnp.asarray(t, jnp.float32)
+        if pieces:  # the interval holding t (+ half a constant step: module docstring)
+            i = jnp.searchsorted(jumps, t + shift, side="right")
+            q, k, v = q[i], k[i], v[i]
+        else:
+            q, k, v = q[0], k[0], v[0]
+        g = jnp.power(t, power)
+        A, B = g * g * (q.T @ k), g * v
+        if sphere:
+            return attention_velocity(state, A, B, beta, True)
+        return _free_velocity(*state, A, B, beta)
 
-    def run(batch, ts, dt0, beta):
+    def run(batch, ts, dt0, beta, jumps):
+        shift = jnp.zeros((), jnp.float32) if solver.adaptive else dt0 / 2
+        jump_ts = jumps if (pieces and solver.adaptive) else None
+
         def one(inputs):
             power, q, k, v, x = inputs
-            return _solve(field, x, (power, q, k, v, beta), ts, dt0, solver, sphere)
+            y0 = x if sphere else (x, jnp.zeros((), x.dtype))
+            return _solve(field, y0, (power, q, k, v, beta, jumps, shift), ts, dt0, solver, sphere, jump_ts=jump_ts)
 
         # lax.map, not vmap: a vmapped adaptive solve runs every system for as many steps as the slowest one needs
         # (fast growth needs 10^5 steps, weight sharing 20) at the batched cost; a sequential map does not.
@@ -432,14 +510,16 @@ def _polynomial_runner(solver: SolverConfig, sphere: bool) -> Callable:
 def simulate(config: TrajectoryConfig = TrajectoryConfig(), *, cache_dir: Path | str | None = None) -> xr.Dataset:
     """Solve the random-weight dynamics for every growth power and seed of ``config``.
 
-    For seed s: key = PRNGKey(s) split into (weights, start); Q(0), K(0), V(0) from ``initial_weights``; x(0) uniform
-    on S^{d-1}; every power p uses the same weights and start. For power p: Q(t) = t^p Q(0) etc., so
-    A(t) = t^{2p} Q(0)^T K(0) and B(t) = t^p V(0). All (p, s) pairs are solved in one compiled call (a sequential
-    ``lax.map`` over Diffrax solves, compiled once per solver setting and shape).
+    For seed s: key = PRNGKey(s) split into (weights, start); Q(0), K(0), V(0) from ``weight_pieces``; x(0) from
+    ``config.start``; every power p uses the same weights and start. For power p: Q(t) = t^p Q(0) etc., so
+    A(t) = t^{2p} Q(0)^T K(0) and B(t) = t^p V(0) (with 'redrawn' weights, those of the interval holding t). All
+    (p, s) pairs are solved in one compiled call (a sequential ``lax.map`` over Diffrax solves, compiled once per
+    solver setting and shape).
 
     Returns a Dataset with
-      ``x``          (growth, seed, time, token, dim)   positions
-      ``q0``, ``k0``, ``v0`` (seed, row, col)           Q(0), K(0), V(0)
+      ``x``          (growth, seed, time, token, dim)   positions (free space: y = x e^-rho, see the module docstring)
+      ``log_scale``  (growth, seed, time)               free space only: rho, so that x = e^rho y
+      ``q0``, ``k0``, ``v0`` (seed, row, col)           Q(0), K(0), V(0) (redrawn: those of the first interval)
       ``success``    (growth, seed)                     the solve reached T, finite, within ``max_steps``
       ``num_steps``  (growth, seed)                     accepted + rejected solver steps
     coordinates growth (the powers p, with ``growth_label``), seed, time, token, dim; ``attrs`` holds every
@@ -455,17 +535,24 @@ def _simulate(config: TrajectoryConfig) -> xr.Dataset:
     ts = jnp.linspace(0.0, config.horizon, config.num_saves + 1, dtype=jnp.float32)
     keys = jnp.stack([jax.random.PRNGKey(s) for s in config.seeds])
     key_w, key_x = jax.vmap(lambda k: jax.random.split(k, 2), out_axes=1)(keys)
-    q0, k0, v0 = jax.vmap(lambda k: initial_weights(k, d, config.weights))(key_w)
-    x0 = jax.vmap(lambda k: uniform_sphere(k, n, d))(key_x)
+    q, k, v = jax.vmap(lambda key: weight_pieces(key, d, config.weights, config.redraws))(key_w)
+    start = uniform_sphere if config.start == "sphere" else uniform_cube
+    x0 = jax.vmap(lambda k: start(k, n, d))(key_x)
     powers = jnp.asarray(config.growth_powers, dtype=jnp.float32)
 
     G, S = len(config.growth_powers), len(config.seeds)
-    batch = (jnp.repeat(powers, S), *(jnp.tile(a, (G, 1, 1)) for a in (q0, k0, v0, x0)))
-    run = _polynomial_runner(dataclasses.replace(config.solver, num_steps=1), config.geometry == "sphere")
+    batch = (jnp.repeat(powers, S), *(jnp.tile(a, (G,) + (1,) * (a.ndim - 1)) for a in (q, k, v, x0)))
+    pieces = config.weights == "redrawn" and config.redraws > 1
+    sphere = config.geometry == "sphere"
+    run = _polynomial_runner(dataclasses.replace(config.solver, num_steps=1), sphere, pieces)
     dt0 = jnp.float32(config.horizon / config.solver.num_steps)
-    ys, num_steps, success = run(batch, ts, dt0, jnp.float32(config.beta))
+    # the interval ends, where the weights jump: an adaptive solve steps to each, and not across
+    jumps = jnp.linspace(0.0, config.horizon, config.redraws + 1, dtype=jnp.float32)[1:-1] if pieces else None
+    ys, num_steps, success = run(batch, ts, dt0, jnp.float32(config.beta), jumps)
+    ys, log_scale = (ys, None) if sphere else ys
     ys = ys.reshape(G, S, *ys.shape[1:])
     num_steps, success = num_steps.reshape(G, S), success.reshape(G, S)
+    extra = {} if sphere else {"log_scale": (("growth", "seed", "time"), np.asarray(log_scale).reshape(G, S, -1))}
 
     coords = {
         "growth": ("growth", np.asarray(config.growth_powers, dtype=np.float64)),
@@ -478,16 +565,17 @@ def _simulate(config: TrajectoryConfig) -> xr.Dataset:
     ds = xr.Dataset(
         {
             "x": (("growth", "seed", "time", "token", "dim"), np.asarray(ys)),
-            "q0": (("seed", "row", "col"), np.asarray(q0)),
-            "k0": (("seed", "row", "col"), np.asarray(k0)),
-            "v0": (("seed", "row", "col"), np.asarray(v0)),
+            **extra,
+            "q0": (("seed", "row", "col"), np.asarray(q[:, 0])),
+            "k0": (("seed", "row", "col"), np.asarray(k[:, 0])),
+            "v0": (("seed", "row", "col"), np.asarray(v[:, 0])),
             "success": (("growth", "seed"), np.asarray(success)),
             "num_steps": (("growth", "seed"), np.asarray(num_steps, dtype=np.int32)),
         },
         coords=coords,
         attrs=_attrs(config, kind="polynomial"),
     )
-    ds["x"].attrs["description"] = "token positions x_i(t)"
+    ds["x"].attrs["description"] = "token positions x_i(t)" if sphere else "y_i(t) = x_i(t) e^-rho(t)"
     return ds
 
 
@@ -733,6 +821,150 @@ def final_metrics(metrics: xr.Dataset, by: str | None = None) -> pd.DataFrame:
     return table
 
 
+def step_convergence(
+    config: TrajectoryConfig, steps, *, cache_dir: Path | str | None = None, threshold: float = 0.999
+) -> xr.Dataset:
+    """``config``'s systems solved with N explicit Euler steps on [0, T] for each N in ``steps`` (renormalised on the
+    sphere, as ``config.solver.project`` says), reduced to the clustering at T.
+
+    Returns a Dataset over (steps, growth, seed) with ``fraction``, ``clusters``, ``distance`` at T
+    (``clustering_metrics``) and ``success``; attrs: those of the solve with the most steps. Every solve is a
+    ``simulate`` call, cached with ``cache_dir``; all share one compiled Euler solve (the step is traced)."""
+    steps = [int(n) for n in steps]
+    if not steps:
+        raise ValueError("steps must not be empty")
+    finals, attrs = [], {}
+    for n in steps:
+        solver = SolverConfig("euler", adaptive=False, num_steps=n, project=config.solver.project)
+        ds = simulate(dataclasses.replace(config, solver=solver), cache_dir=cache_dir)
+        final = clustering_metrics(ds.isel(time=[-1]), threshold).isel(time=0, drop=True)
+        final["success"] = ds["success"]
+        finals.append(final)
+        attrs = ds.attrs
+    out = xr.concat(finals, dim=pd.Index(steps, name="steps"))
+    out.attrs = {**attrs, "threshold": threshold, "steps": steps}
+    return out
+
+
+VERDICT_COLUMNS = ("comparison", "mean a", "mean b", "difference", "low", "high", "p", "test", "seeds", "verdict")
+"""The columns of ``growth_verdicts`` and ``paired_verdicts``: a row per test; for a trend, ``difference`` is the slope
+per unit of p and the means are NaN; ``low``, ``high``: its 95% confidence interval."""
+
+
+def _verdict_row(what: str, judged: Judged | None, n: int) -> dict:
+    if judged is None:  # no seed with finite values on both sides
+        return dict(comparison=what, **{k: math.nan for k in ("mean a", "mean b", "difference", "low", "high", "p")},
+                    test="", seeds=n, verdict=f"untested: {n} seeds")
+    if isinstance(judged, Comparison):
+        values = (judged.a.mean, judged.b.mean, judged.difference, judged.low, judged.high)
+    else:
+        values = (math.nan, math.nan, judged.slope, judged.low, judged.high)
+    return dict(comparison=what, **dict(zip(("mean a", "mean b", "difference", "low", "high"), values)),
+                p=judged.p, test=judged.test, seeds=n, verdict=judged.verdict)
+
+
+def _final_fraction(ds: xr.Dataset, threshold: float) -> xr.DataArray:
+    """Fraction of clustered pairs at T, (growth, seed)."""
+    return clustering_metrics(ds.isel(time=[-1]), threshold)["fraction"].isel(time=0, drop=True)
+
+
+def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
+    """Does weight sharing leave more token pairs clustered at T than growth does, and does the clustered fraction
+    change with the power p? Judged over seeds by the book's rule (``seeds.RULE``) on ``simulate``'s Dataset (which
+    must hold p = 0):
+
+    * for each p > 0, ``g = 1 vs g = t^p``: the paired t-test of the fraction at T (seed s of every power shares its
+      weights and start, so the seeds are matched), ``mean a`` under g = 1, ``mean b`` under t^p;
+    * ``trend over p``: the least-squares slope of the fraction against p over all powers, with an intercept per seed
+      (``seeds.trend``); the paper's "dispersion increases with the order" is a negative slope.
+
+    Seeds whose solve failed (NaN) on either side of a comparison are left out; ``seeds`` counts those used. Returns
+    a DataFrame with ``VERDICT_COLUMNS``."""
+    final = _final_fraction(ds, threshold)
+    powers = [float(p) for p in final["growth"].values]
+    if 0.0 not in powers:
+        raise ValueError(f"growth_verdicts compares against weight sharing (p = 0), not among {powers}")
+    base = final.sel(growth=0.0).values
+    rows = []
+    for p in powers:
+        if p == 0.0:
+            continue
+        other = final.sel(growth=p).values
+        ok = np.isfinite(base) & np.isfinite(other)
+        judged = compare(base[ok], other[ok], paired=True) if ok.any() else None
+        rows.append(_verdict_row(f"g = 1 vs g = {growth_label(p)}", judged, int(ok.sum())))
+    values = final.transpose("growth", "seed").values
+    x = np.repeat(np.asarray(powers), values.shape[1])
+    seed_ids = np.tile(final["seed"].values, len(powers))
+    ok = np.isfinite(values.ravel())
+    seeds_used = len(set(seed_ids[ok]))
+    try:
+        judged = trend(x[ok], values.ravel()[ok], seed_ids[ok]) if ok.any() else None
+    except ValueError:  # fewer than two powers left within every seed
+        judged = None
+    rows.append(_verdict_row("trend over p", judged, seeds_used))
+    return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
+
+
+def paired_verdicts(a: xr.Dataset, b: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
+    """For each growth law, the fraction of clustered pairs at T of ``a`` against ``b``: the same systems (same
+    seeds, so paired t-tests) solved two ways, e.g. with the paper's Euler steps against the accurate solve. Returns a
+    DataFrame with ``VERDICT_COLUMNS`` (``mean a``: a's fraction)."""
+    fa, fb = _final_fraction(a, threshold), _final_fraction(b, threshold)
+    if list(fa["seed"].values) != list(fb["seed"].values) or list(fa["growth"].values) != list(fb["growth"].values):
+        raise ValueError("paired_verdicts needs the same seeds and growth laws on both sides")
+    rows = []
+    for p in fa["growth"].values:
+        va, vb = fa.sel(growth=p).values, fb.sel(growth=p).values
+        ok = np.isfinite(va) & np.isfinite(vb)
+        judged = compare(va[ok], vb[ok], paired=True) if ok.any() else None
+        rows.append(_verdict_row(f"g = {growth_label(float(p))}", judged, int(ok.sum())))
+    return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
+
+
+def model_final(datasets, at: float, metric: str = "fraction", threshold: float = 0.999) -> np.ndarray:
+    """``metric`` of ``clustering_metrics`` at the saved time nearest ``at``, mean over heads, of each
+    ``simulate_model`` Dataset in ``datasets`` (one per trained seed): [runs]."""
+    out = []
+    for ds in datasets:
+        m = clustering_metrics(ds.sel(time=[at], method="nearest"), threshold)[metric]
+        out.append(float(m.mean()))
+    return np.asarray(out)
+
+
+def model_verdicts(ours, reference, at: float = 1.0, threshold: float = 0.999) -> pd.DataFrame:
+    """DiffEqFormer's heads against a reference model's (the weight-shared one) at the saved time nearest ``at``: the
+    fraction of clustered pairs and the mean pairwise distance, each the mean over heads of one trained seed
+    (``model_final``), compared over the trained seeds by ``seeds.compare``: paired where both have the same number of
+    seeds (seed k of both shares its data order: ``pipeline.seeded``), else Welch. Returns a DataFrame with
+    ``VERDICT_COLUMNS`` (``mean a``: ``ours``)."""
+    ours, reference = list(ours), list(reference)
+    paired = len(ours) == len(reference)
+    rows = []
+    for metric in ("fraction", "distance"):
+        a, b = model_final(ours, at, metric, threshold), model_final(reference, at, metric, threshold)
+        rows.append(_verdict_row(f"{metric} at t = {at:g}", compare(a, b, paired=paired), min(len(a), len(b))))
+    return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
+
+
+def verdict_texts(table: pd.DataFrame, digits: int = 2) -> dict[str, str]:
+    """Each row of a ``growth_verdicts`` / ``paired_verdicts`` table as one line for the prose, keyed by a slug of its
+    comparison (``g1_vs_t2``, ``trend``, ``g_t2``, ``fraction_at_t_1``): ``+0.65 [-0.09, +1.38], p = 0.063: within noise`` (for the trend:
+    the slope per unit p), or ``untested: 1 seed``."""
+    out = {}
+    for _, row in table.iterrows():
+        slug = (row["comparison"].replace("trend over p", "trend").replace("g = 1 vs g = ", "g1_vs_")
+                .replace("g = ", "g_").replace("^", ""))
+        slug = re.sub(r"_+", "_", re.sub(r"[^a-z0-9]", "_", slug.lower())).strip("_")
+        if row["verdict"].startswith("untested"):
+            out[slug] = row["verdict"]
+            continue
+        p = f"p = {row['p']:.2g}" if row["p"] >= 1e-3 else "p < 0.001"
+        out[slug] = (f"{row['difference']:+.{digits}f} [{row['low']:+.{digits}f}, {row['high']:+.{digits}f}], {p}: "
+                     f"{row['verdict']}")
+    return out
+
+
 def _key(power: float) -> str:
     return f"p{power:g}".replace(".", "_")
 
@@ -751,18 +983,24 @@ def _monotone(values) -> str:
 
 
 def headline(
-    polynomial: "dict[str, xr.Dataset]", driven: "dict[str, xr.Dataset] | None" = None, threshold: float = 0.999
+    polynomial: "dict[str, xr.Dataset]",
+    driven: "dict[str, xr.Dataset] | None" = None,
+    threshold: float = 0.999,
+    convergence: xr.Dataset | None = None,
 ) -> dict[str, str]:
     """The numbers (as text) the book's prose quotes about the trajectories, keyed for ``figures.glue``.
 
     ``polynomial``: ``{name: simulate(...)}`` (e.g. the accurate solve and the paper's Euler steps); ``driven``:
-    ``{name: simulate_model(...)}``. Final-time values of ``clustering_metrics``, means over seeds (or heads):
+    ``{name: simulate_model(...)}`` or ``{name: [simulate_model(...) per trained seed]}``. Final-time values of
+    ``clustering_metrics``, means over seeds (or heads and trained seeds):
     ``fraction_<name>_p<p>`` and ``clusters_<name>_p<p>`` per growth power p (``p2``, ``p0_5``),
     ``fraction_trend_<name>`` (how the clustered fraction changes as p grows: rises / falls / is not monotone),
     ``seeds_<name>``, ``failed_<name>`` (solves that did not finish); ``model_fraction_<name>``,
     ``model_clusters_<name>``, ``model_distance_<name>`` (mean pairwise distance) at the end,
     ``model_fraction_at1_<name>`` at the saved time nearest t = 1 (the end of the range the models were trained on),
-    ``model_heads_<name>``, ``model_horizon``; ``num_tokens``, ``horizon``.
+    ``model_heads_<name>``, ``model_runs_<name>`` (trained seeds), ``model_horizon``; ``num_tokens``, ``horizon``;
+    with ``convergence`` (``step_convergence``): ``sweep_max`` (its most Euler steps) and ``sweep_fraction_p<p>``
+    (the mean fraction at T with that many).
     """
     out = {}
     for name, ds in polynomial.items():
@@ -775,15 +1013,21 @@ def headline(
         out[f"failed_{name}"] = f"{int((~ds['success'].astype(bool)).sum())}"
         out["num_tokens"] = f"{ds.sizes['token']}"
         out["horizon"] = f"{float(ds['time'].values[-1]):g}"
-    for name, ds in (driven or {}).items():
-        final = clustering_metrics(ds.isel(time=[-1]), threshold).isel(time=0)
-        out[f"model_fraction_{name}"] = f"{float(final['fraction'].mean()):.2f}"
-        out[f"model_clusters_{name}"] = f"{float(final['clusters'].mean()):.1f}"
-        out[f"model_distance_{name}"] = f"{float(final['distance'].mean()):.2f}"
-        trained = clustering_metrics(ds.sel(time=[1.0], method="nearest"), threshold).isel(time=0)
-        out[f"model_fraction_at1_{name}"] = f"{float(trained['fraction'].mean()):.2f}"
-        out[f"model_heads_{name}"] = f"{ds.sizes['head']}"
-        out["model_horizon"] = f"{float(ds['time'].values[-1]):g}"
+    for name, runs in (driven or {}).items():
+        runs = list(runs) if isinstance(runs, (list, tuple)) else [runs]
+        finals = [clustering_metrics(ds.isel(time=[-1]), threshold).isel(time=0) for ds in runs]
+        for metric, digits in (("fraction", 2), ("clusters", 1), ("distance", 2)):
+            value = np.mean([float(f[metric].mean()) for f in finals])
+            out[f"model_{metric}_{name}"] = f"{value:.{digits}f}"
+        out[f"model_fraction_at1_{name}"] = f"{float(np.mean(model_final(runs, 1.0, 'fraction', threshold))):.2f}"
+        out[f"model_heads_{name}"] = f"{runs[0].sizes['head']}"
+        out[f"model_runs_{name}"] = f"{len(runs)}"
+        out["model_horizon"] = f"{float(runs[0]['time'].values[-1]):g}"
+    if convergence is not None:
+        last = convergence.isel(steps=-1)
+        out["sweep_max"] = f"{int(last['steps']):,}"
+        for p in convergence["growth"].values:
+            out[f"sweep_fraction_{_key(float(p))}"] = f"{float(last['fraction'].sel(growth=p).mean()):.2f}"
     return out
 
 
@@ -805,21 +1049,47 @@ def _panel_title(ds: xr.Dataset, dim: str | None, i: int) -> str:
     return ""
 
 
-def _describe(attrs: dict) -> str:
-    """One line with every parameter a reader needs to read the figure."""
+WEIGHT_LABELS = {
+    "identity": "$Q = K = V = I$ (must cluster at $g = 1$)",
+    "gaussian": "Gaussian $Q(0), K(0), V(0)$ (the paper's)",
+    "gaussian_qk": "Gaussian $Q(0), K(0)$, $V = I$",
+    "redrawn": "Gaussian, redrawn on {redraws} intervals (time-varying control)",
+}
+"""How figures name each kind of weights (``TrajectoryConfig.weights``)."""
+
+
+def control_label(attrs: dict) -> str:
+    """The weights of a ``simulate`` Dataset, as its figures name them."""
+    return WEIGHT_LABELS[attrs["weights"]].format(redraws=attrs.get("redraws", "?"))
+
+
+def geometry_label(attrs: dict) -> str:
+    """Geometry and start of a ``simulate`` Dataset: 'on the sphere (Geshkovski et al.), start uniform on $S^2$'."""
+    d = attrs.get("dim", "?")
+    start = "in $[-1, 1]^{%s}$" % d if attrs.get("start") == "cube" else "on $S^{%s}$" % (
+        d - 1 if isinstance(d, int) else "d-1")
+    where = "on the sphere (Geshkovski et al.)" if attrs.get("geometry") == "sphere" else "free space (the paper)"
+    return f"{where}, start uniform {start}"
+
+
+def _describe(attrs: dict, setting: bool = True) -> str:
+    """One line with every parameter a reader needs to read the figure (``setting``: with geometry and weights)."""
     solver = attrs.get("solver_solver", "?")
     mode = "adaptive" if attrs.get("solver_adaptive", 1) else f"{attrs.get('solver_num_steps', '?')} steps"
+    if solver != "euler" and attrs.get("solver_adaptive", 1):
+        mode += f", rtol {attrs.get('solver_rtol', '?'):g}"
     beta = float(attrs.get("beta_used", attrs.get("beta", float("nan"))))
     parts = [
         f"$n = {attrs.get('num_tokens', '?')}$",
         f"$d = {attrs.get('dim', '?')}$",
         f"$T = {float(attrs.get('horizon', float('nan'))):g}$",
         rf"$\beta = {beta:g}$",
-        "on the sphere" if attrs.get("geometry") == "sphere" else "in free space",
     ]
     if attrs.get("kind") == "polynomial":
-        parts.append(f"{attrs.get('weights')} $Q(0), K(0), V(0)$")
+        if setting:
+            parts += [geometry_label(attrs), control_label(attrs)]
     else:
+        parts.append("on the sphere" if attrs.get("geometry") == "sphere" else "in free space")
         parts.append(f"DiffEqFormer heads ($D = {attrs.get('model_hidden_dim')}$)")
     return ", ".join(parts) + f"; {solver} ({mode})"
 
@@ -946,7 +1216,11 @@ def plot_metrics(metrics: xr.Dataset) -> "Figure":
         "distance": r"mean pairwise distance $|\hat x_i - \hat x_j|$",
     }
     t = metrics["time"].values
+    extrapolated = metrics.attrs.get("kind") == "model" and t[-1] > 1.0
     for ax, name in zip(axes, ("fraction", "clusters", "distance")):
+        if extrapolated:
+            ax.axvspan(1.0, t[-1], color="0.85", alpha=0.6, lw=0,
+                       label="$t > 1$: $W(t)$ extrapolated (trained on $[0, 1]$)" if name == "fraction" else None)
         for i in range(lines):
             m = metrics[name].isel({dim: i}) if dim else metrics[name]
             colour = palette(0.9 * i / max(lines - 1, 1)) if lines > 1 else "C0"
@@ -962,34 +1236,148 @@ def plot_metrics(metrics: xr.Dataset) -> "Figure":
     axes[0].set_ylim(-0.02, 1.02)
     axes[1].set_ylim(0, None)
     axes[2].set_ylim(0, 1.08 * max(float(metrics["distance"].max()), 0.1))
-    if dim:
+    if dim or extrapolated:
         axes[0].legend(fontsize=9, frameon=False)
     seeds = f"; mean over {metrics.sizes['seed']} seeds, band: min to max" if "seed" in metrics.dims else ""
     fig.suptitle(f"Clustering against $t$: {_describe(metrics.attrs)}{seeds}", fontsize=10)
     return fig
 
 
+def _growth_colour(i: int, n: int):
+    import matplotlib.pyplot as plt
+
+    return plt.get_cmap("viridis")(0.9 * i / max(n - 1, 1)) if n > 1 else "C0"
+
+
+def plot_controls(solves: "dict[str, xr.Dataset]", threshold: float = 0.999) -> "Figure":
+    """The fraction of clustered token pairs against t for every control: one panel per ``simulate`` Dataset in
+    ``solves`` (rows: geometry and start, columns: weights, each panel labelled), one line per growth law, the mean over
+    seeds with a min-max band; the legend gives the mean at T. All Datasets must share n, d, T, beta and the solver
+    (the title states them)."""
+    import matplotlib.pyplot as plt
+
+    datasets = list(solves.values())
+    rows = list(dict.fromkeys(geometry_label(ds.attrs) for ds in datasets))
+    cols = list(dict.fromkeys(control_label(ds.attrs) for ds in datasets))
+    shared = {_describe(ds.attrs, setting=False) for ds in datasets}
+    if len(shared) > 1:
+        raise ValueError(f"plot_controls needs one n, d, T, beta and solver for every panel, got {sorted(shared)}")
+    fig, axes = plt.subplots(len(rows), len(cols), figsize=(4.4 * len(cols), 3.2 * len(rows) + 0.6), squeeze=False,
+                             sharex=True, sharey=True, constrained_layout=True)
+    for ax in axes.flat:
+        ax.set_visible(False)
+    for ds in datasets:
+        ax = axes[rows.index(geometry_label(ds.attrs)), cols.index(control_label(ds.attrs))]
+        ax.set_visible(True)
+        fraction = clustering_metrics(ds, threshold)["fraction"]
+        t = fraction["time"].values
+        G = fraction.sizes["growth"]
+        for i in range(G):
+            f = fraction.isel(growth=i)
+            colour = _growth_colour(i, G)
+            if f.sizes["seed"] > 1:
+                ax.fill_between(t, f.min("seed").values, f.max("seed").values, color=colour, alpha=0.12, lw=0)
+            mean = f.mean("seed")
+            failed = int((~ds["success"].isel(growth=i).astype(bool)).sum())
+            note = f", {failed} failed" if failed else ""
+            ax.plot(t, mean.values, color=colour, lw=1.6,
+                    label=f"{_panel_title(ds, 'growth', i)}: {float(mean.values[-1]):.2f}{note}")
+        ax.set_title(f"{control_label(ds.attrs)}\n{geometry_label(ds.attrs)}", fontsize=8.5)
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_xlim(t[0], t[-1])
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, frameon=False, title="$g(t)$: mean at $T$", title_fontsize=7, loc="upper left")
+    for ax in axes[-1]:
+        ax.set_xlabel("$t$")
+    for ax in axes[:, 0]:
+        ax.set_ylabel(f"fraction of pairs, $\\cos > {threshold:g}$")
+    seeds = datasets[0].sizes["seed"]
+    fig.suptitle(f"Clustered token pairs against $t$ for each control: {shared.pop()}; mean over {seeds} seeds "
+                 "(band: min to max)", fontsize=10)
+    return fig
+
+
+def plot_step_convergence(convergence: xr.Dataset, reference: xr.Dataset, threshold: float = 0.999) -> "Figure":
+    """Left: the fraction of clustered pairs at T against the number of explicit Euler steps (``step_convergence``),
+    one line per growth law (mean over seeds, min-max bars), the accurate solve ``reference`` (``simulate`` of the same
+    systems) as a dashed line of the same colour. Right: per seed, |fraction with N steps - fraction of the accurate
+    solve|, mean over seeds: whether each system's Euler solve converges to its own accurate solve."""
+    import matplotlib.pyplot as plt
+
+    ref = _final_fraction(reference, threshold)
+    fraction = convergence["fraction"]
+    if list(ref["seed"].values) != list(fraction["seed"].values):
+        raise ValueError("the convergence study and its reference must have the same seeds")
+    steps = fraction["steps"].values
+    G = fraction.sizes["growth"]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), constrained_layout=True)
+    for i in range(G):
+        colour = _growth_colour(i, G)
+        label = _panel_title(convergence, "growth", i)
+        f = fraction.isel(growth=i)
+        mean = f.mean("seed").values
+        left.errorbar(steps, mean, yerr=[mean - f.min("seed").values, f.max("seed").values - mean], color=colour,
+                      marker="o", ms=4, lw=1.5, capsize=2, label=f"{label}, Euler")
+        left.axhline(float(ref.isel(growth=i).mean()), color=colour, ls="--", lw=1.2)
+        gap = np.abs(f - ref.isel(growth=i)).mean("seed").values
+        right.plot(steps, gap, color=colour, marker="o", ms=4, lw=1.5, label=label)
+    left.plot([], [], color="0.3", ls="--", label="accurate solve (dashed)")
+    left.set_xscale("log")
+    left.set_ylim(-0.02, 1.02)
+    left.set_xlabel("explicit Euler steps on $[0, T]$")
+    left.set_ylabel(f"fraction of pairs with $\\cos > {threshold:g}$ at $T$")
+    left.legend(fontsize=7.5, frameon=False, ncol=2)
+    right.set_xscale("log")
+    right.set_ylim(0, None)
+    right.set_xlabel("explicit Euler steps on $[0, T]$")
+    right.set_ylabel("mean over seeds of |Euler $-$ accurate| at $T$")
+    right.legend(fontsize=8, frameon=False, title="$g(t)$", title_fontsize=8)
+    for ax in (left, right):
+        ax.axvline(200, color="0.5", lw=0.8, ls=":")
+        ax.grid(alpha=0.3)
+    left.text(200, 1.0, " the paper's 200", fontsize=7.5, color="0.4", va="top")
+    fig.suptitle(f"Euler steps against the accurate solve ({_describe(reference.attrs)}): "
+                 f"{convergence.sizes['seed']} seeds", fontsize=9.5)
+    return fig
+
+
 __all__ = [
     "GEOMETRIES",
     "ModelTrajectoryConfig",
+    "SCORE_CAP",
     "SOLVERS",
+    "STARTS",
     "SolverConfig",
     "SphereProjection",
     "TrajectoryConfig",
+    "VERDICT_COLUMNS",
     "WEIGHTS",
+    "WEIGHT_LABELS",
     "attention_velocity",
     "clustering_metrics",
     "config_from_attrs",
     "config_hash",
+    "control_label",
     "cosine_gram",
     "final_metrics",
+    "geometry_label",
     "growth_label",
+    "growth_verdicts",
     "headline",
     "initial_weights",
     "model_attention_matrices",
+    "model_final",
+    "model_verdicts",
+    "paired_verdicts",
+    "plot_controls",
     "plot_metrics",
+    "plot_step_convergence",
     "plot_trajectories",
     "simulate",
     "simulate_model",
+    "step_convergence",
+    "uniform_cube",
+    "verdict_texts",
     "uniform_sphere",
+    "weight_pieces",
 ]
