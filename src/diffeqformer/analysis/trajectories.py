@@ -1065,9 +1065,10 @@ def control_label(attrs: dict) -> str:
 
 def geometry_label(attrs: dict) -> str:
     """Geometry and start of a ``simulate`` Dataset: 'on the sphere (Geshkovski et al.), start uniform on $S^2$'."""
-    d = attrs.get("dim", "?")
-    start = "in $[-1, 1]^{%s}$" % d if attrs.get("start") == "cube" else "on $S^{%s}$" % (
-        d - 1 if isinstance(d, int) else "d-1")
+    d = attrs.get("dim")
+    d = int(d) if d is not None else None  # netCDF gives numpy integers back
+    start = "in $[-1, 1]^{%s}$" % (d or "d") if attrs.get("start") == "cube" else "on $S^{%s}$" % (
+        d - 1 if d else "d-1")
     where = "on the sphere (Geshkovski et al.)" if attrs.get("geometry") == "sphere" else "free space (the paper)"
     return f"{where}, start uniform {start}"
 
@@ -1326,7 +1327,7 @@ def plot_step_convergence(convergence: xr.Dataset, reference: xr.Dataset, thresh
     left.set_ylim(-0.02, 1.02)
     left.set_xlabel("explicit Euler steps on $[0, T]$")
     left.set_ylabel(f"fraction of pairs with $\\cos > {threshold:g}$ at $T$")
-    left.legend(fontsize=7.5, frameon=False, ncol=2)
+    left.legend(fontsize=7.5, frameon=False, ncol=2, loc="lower right")
     right.set_xscale("log")
     right.set_ylim(0, None)
     right.set_xlabel("explicit Euler steps on $[0, T]$")

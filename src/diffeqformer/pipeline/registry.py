@@ -208,9 +208,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f2_spectra": dict(runs=seeded(Run("cpu/diffeqformer"), CPU_SEEDS, population=True), baselines={
             key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
                 ("gpt", "gpt2"), ("shared", "shared"), ("llama", "llama"), ("ours_llama", "diffeqformer_llama"))}),
-        "f3_trajectories": dict(runs={"ours": Run("cpu/diffeqformer"), "shared": Run("cpu/shared")}, num_seeds=3,
-                                num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
-                                model_saves=200),
+        # F3 drives its simulations with the F6 models' seeds (the same runs: nothing more to train).
+        "f3_trajectories": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in
+                                      (("ours", "diffeqformer"), ("shared", "shared"))}, num_seeds=3, num_tokens=40,
+                                horizon=10.0, num_saves=200, euler_sweep=[200, 1000, 5000, 25000, 100000],
+                                model_tokens=40, model_saves=200),
         "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_runs=seeded(Run("cpu/synthetic_diffeqformer"),
                                                                                 CPU_SEEDS, population=True),
                             max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
@@ -227,7 +229,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f1_model": dict(run=Run("gpu/diffeqformer")),
         "f2_spectra": dict(runs=[Run("gpu/diffeqformer")], baselines={"gpt": [Run("gpu/gpt2")]}),
         "f3_trajectories": dict(runs={"ours": Run("gpu/diffeqformer")}, num_seeds=3, num_tokens=40, horizon=10.0,
-                                num_saves=200, model_tokens=40, model_horizon=10.0, model_saves=200),
+                                num_saves=200, euler_sweep=[200, 1000, 5000, 25000, 100000], model_tokens=40,
+                                model_saves=200),
         "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_runs=[Run("gpu/synthetic_diffeqformer")],
                             max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
         "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
@@ -241,8 +244,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f2_spectra": dict(runs=[Run("paper/wikitext103_small_diffeqformer")],
                            baselines={"gpt": [Run("paper/wikitext103_small_gpt2")]}),
         "f3_trajectories": dict(runs={"ours": Run("paper/wikitext103_small_diffeqformer")}, num_seeds=3,
-                                num_tokens=40, horizon=10.0, num_saves=200, model_tokens=40, model_horizon=10.0,
-                                model_saves=200),
+                                num_tokens=40, horizon=10.0, num_saves=200,
+                                euler_sweep=[200, 1000, 5000, 25000, 100000], model_tokens=40, model_saves=200),
         "f5_lyapunov": dict(run=Run("paper/wikitext103_small_diffeqformer"),
                             synthetic_runs=[Run("paper/synthetic_diffeqformer")], max_tokens=128, map_tokens=48,
                             timing_repeats=3, num_prompts=1000),
