@@ -29,6 +29,7 @@ LAYERS = [
     # diffeqformer.data: the synthetic language (its data, no analysis), then the corpora, which serve it to Levanter
     ["data", "data.synthetic"],
     ["data.corpora"],
+    ["data.tasks"],  # F11's downstream tasks from the corpus's held-out documents
     ["data.__main__"],
     ["train"],
     ["finetune"],
