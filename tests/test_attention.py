@@ -118,3 +118,4 @@ def test_installed_route_leaves_cpu_attention_unchanged(getkey, monkeypatch):
     direct = attention.LEVANTER_ATTENTION(*args, mask=AttentionMask.causal())
     assert jax.default_backend() == "cpu"
     np.testing.assert_array_equal(routed.array, direct.rearrange(routed.axes).array)
+

@@ -378,6 +378,26 @@ def test_gpu_page_reads_its_numbers_from_the_measurement_files(tmp_path):
     assert "TFLOP/s" in pipeline.build.gpu_markdown()
 
 
+def test_gpu_page_renders_a_ladder_of_levers(tmp_path):
+    """A ``measure.py --ladder`` file becomes one table: each row's levers, both models' numbers, the ratio, the change
+    from the pair's first row; a failed row shows the last line of its error."""
+    def pair(tps_ours, tps_gpt, batch=16):
+        ours = _measured(20, 2e8, tps_ours, 4.0, 0.25) | {"vocab": 50257, "batch": batch}
+        gpt = _measured(None, 1e8, tps_gpt, 3.0, 0.30, "Gpt2Config") | {"vocab": 50257, "batch": batch}
+        return {"diffeqformer": ours, "gpt2": gpt, "ratio": tps_ours / tps_gpt}
+
+    result = {"date": "2026-01-02", "device": "Some GPU", "jax": "0.11.2", "peak_tflops": 500.0, "pairs": [],
+              "ladder": [{"pair": "small", "row": "levanter-default", **pair(100_000, 100_000)},
+                         {"pair": "small", "row": "+cudnn-attention", "error": "Traceback\nValueError: no cuDNN"},
+                         {"pair": "small", "row": "+batch-32", **pair(150_000, 120_000, 32)}]}
+    (tmp_path / "gpu-some-2026-01-02-ladder.json").write_text(json.dumps(result))
+    page = pipeline.build.gpu_markdown(tmp_path)
+    assert "the speed levers one on top of another" in page and "500 TFLOP/s" in page
+    assert "| small | levanter-default | 16 | 50,257 | 100,000 | 25.0% | 4.0 | 100,000 | 30.0% | 3.0 | 1.000 |  |" in page
+    assert "| small | +cudnn-attention | | | failed: ValueError: no cuDNN |" in page
+    assert "| small | +batch-32 | 32 | 50,257 | 150,000 | 25.0% | 4.0 | 120,000 | 30.0% | 3.0 | 1.250 | +50% / +20% |" in page
+
+
 def test_finetune_runs_lists_the_grid_with_pretrainings_first():
     runs = pipeline.finetune_runs("cpu")
     names = list(runs)

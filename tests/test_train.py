@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from interrupt import check_kills, kill_seed, run_with_kills
 
-from diffeqformer import paths
+from diffeqformer import paths, train
 from diffeqformer.train import load_model, read_metrics
 
 SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
@@ -183,3 +183,15 @@ def test_levanter_initializes_before_jax_starts_its_backend(module, tmp_path):
                          env=_env(tmp_path / "run"), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "backend started before initialize: False" in out.stdout
+
+
+@pytest.mark.parametrize("platform", ["cpu", "gpu"])
+def test_fast_loss_backward_only_on_a_gpu(monkeypatch, platform):
+    """Levanter's faster cross-entropy backward is turned on for a GPU and never on a CPU (the cpu preset's
+    gradients stay bit for bit); a value the user set wins."""
+    monkeypatch.delenv(train.FAST_LOSS_BACKWARD, raising=False)
+    monkeypatch.setattr(train.jax, "default_backend", lambda: platform)
+    assert train.use_fast_loss_backward() == (platform == "gpu")
+    assert (train.FAST_LOSS_BACKWARD in os.environ) == (platform == "gpu")
+    monkeypatch.setenv(train.FAST_LOSS_BACKWARD, "0")
+    assert not train.use_fast_loss_backward()

@@ -442,6 +442,20 @@ def start_run(config, run_dir: Path, digest: str) -> Optional[dict]:
     return None
 
 
+FAST_LOSS_BACKWARD = "LEVANTER_CE_XLA_FAST_BWD"
+"""Levanter's switch for the faster backward pass of its fused cross-entropy's XLA path (the one a GPU takes when its
+batched kernel finds no block size for the vocabulary); only the gradient's rounding differs."""
+
+
+def use_fast_loss_backward() -> bool:
+    """On a GPU, turn on ``FAST_LOSS_BACKWARD`` unless the environment already sets it (the reproducing page has the
+    measurement); on any other platform leave it alone, so that the cpu preset's numbers stay the same. Called once
+    the trainer has started JAX's backend (``fit``). Returns whether it is on."""
+    if jax.default_backend() == "gpu":
+        os.environ.setdefault(FAST_LOSS_BACKWARD, "1")
+    return os.environ.get(FAST_LOSS_BACKWARD, "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per_token: Optional[float],
         run_dir: Path, evaluate_first: bool = False, train_set=None, eval_hook=None):
     """Run Levanter's training loop from ``state`` (fresh or resumed) to ``trainer.num_train_steps``; return the state.
@@ -459,6 +473,7 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
     import levanter.eval
     from levanter.callbacks import StepInfo
 
+    use_fast_loss_backward()
     trainer_config = trainer.config
     if train_set is None:
         train_set = batched_maps(data.train_set(Pos, trainer_config.batch_schedule, key=data_key))

@@ -67,6 +67,9 @@ def gpu_markdown(folder: Path = GPU_RESULTS) -> str:
     out = []
     for file in files:
         r = json.loads(file.read_text())
+        if r.get("ladder"):
+            out += ladder_markdown(r, file)
+            continue
         batch = {m["batch"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"])}
         sizes = {p["pair"]: p["diffeqformer"] for p in r["pairs"]}
         shapes = "; ".join(f"{name}: {m['layers']} x {m['hidden']}, seq {m['seq']}" for name, m in sizes.items())
@@ -82,6 +85,32 @@ def gpu_markdown(folder: Path = GPU_RESULTS) -> str:
             out.append(row(r["pairs"][0]["pair"], "DiffEqFormer", m))
         out += ["", gpu_summary(r), ""]
     return "\n".join(out) + "\n"
+
+
+def ladder_markdown(r: Mapping[str, Any], file: Path) -> list[str]:
+    """A ``measure.py --ladder`` result as a table: per pair, each row's levers (cumulative) with both models'
+    tokens/s, model FLOP utilisation and peak memory, the ratio, and each model's change from the pair's first row;
+    a row that failed shows its error's last line."""
+    name = file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file
+    out = [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, the speed levers one on top of another "
+           f"(`benchmarks/gpu/measure.py --ladder`), bfloat16 matrix-product peak measured at "
+           f"{r['peak_tflops']:.0f} TFLOP/s (`{name}`):", "",
+           "| size | levers | batch | vocabulary | DiffEqFormer tokens/s | MFU | peak GiB | GPT-2 tokens/s | MFU "
+           "| peak GiB | ratio | change from the first row |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    first: dict[str, Mapping[str, Any]] = {}
+    for e in r["ladder"]:
+        if "error" in e:
+            out.append(f"| {e['pair']} | {e['row']} | | | failed: {e['error'].strip().splitlines()[-1][:120]} "
+                       "| | | | | | | |")
+            continue
+        ours, gpt = e["diffeqformer"], e["gpt2"]
+        base = first.setdefault(e["pair"], e)
+        change = (f"{ours['tokens_per_second'] / base['diffeqformer']['tokens_per_second'] - 1:+.0%} / "
+                  f"{gpt['tokens_per_second'] / base['gpt2']['tokens_per_second'] - 1:+.0%}") if base is not e else ""
+        cells = [f"{m['tokens_per_second']:,.0f} | {m['mfu']:.1%} | {m['peak_memory_gib']:.1f}" for m in (ours, gpt)]
+        out.append(f"| {e['pair']} | {e['row']} | {ours['batch']} | {ours['vocab']:,} | {cells[0]} | {cells[1]} "
+                   f"| {e['ratio']:.3f} | {change} |")
+    return out + [""]
 
 
 def gpu_summary(r: Mapping[str, Any]) -> str:
