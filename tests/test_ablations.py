@@ -206,13 +206,20 @@ def test_time_embedding_table_and_headline(tmp_path):
     assert list(table.d_t) == [2, 8] and list(table["training MiB"]) == [100.0, 150.0]
     assert "device peak MiB" not in table  # no accelerator: the column says nothing
     assert table.params.iloc[1] > table.params.iloc[0]  # counted on the model built from each config
-    text = ablations.time_embedding_headline(table)
+    text = ablations.time_embedding_headline(table, batch=16)
     assert text["range"] == "d_t = 2 to 8" and text["throughput"] == "x0.90" and text["best_dt"] == "8"
     assert text["ppl"].endswith("(3 seeds)")
     ratio = table.params.iloc[1] / table.params.iloc[0]
-    assert text["params"].endswith(f"(x{ratio:.2f})") and text["memory"].startswith("x1.50")
-    assert text["verdict"].startswith("Perplexity improves with d_t") and ("grows less" in text["verdict"]) == (
-        1.5 < ratio)
+    assert text["params"].endswith(f"(x{ratio:.2f})") and text["memory"].startswith("x1.50")  # XLA's plan: 60 -> 90
+    assert text["verdict"].startswith("Perplexity improves with d_t")
+    # memory is judged per added parameter (on XLA's plan: there is no device peak), not by the ratio of the ends
+    per_parameter = 30 * 2**20 / (table.params.iloc[1] - table.params.iloc[0])
+    assert text["memory_growth"].startswith(f"{per_parameter:.1f} B per added parameter (16 expected)")
+    assert "XLA's plan of the step at batch 16" in text["memory_growth"]
+    assert text["memory_verdict"].startswith("Not reproduced as a saving" if per_parameter >= 8 else "Reproduced")
+    assert text["memory_rss"].startswith(f"{50 * 2**20 / (table.params.iloc[1] - table.params.iloc[0]):.1f} B")
+    assert table[f"{ablations.PARAMETER_BYTES} B x params MiB"].tolist() == pytest.approx(
+        (table.params * 16 / 2**20).tolist())
     # two d_t, matched seeds: the slope per doubling is the paired difference over log2(8 / 2) = 2 doublings
     finals = [[math.exp(v) for v in (6.00, 6.01, 5.99)], [math.exp(v) for v in (5.80, 5.81, 5.79)]]
     slope = ablations.time_embedding_trend(table)
@@ -257,6 +264,47 @@ def test_time_embedding_trend_over_every_d_t():
     assert ablations.time_embedding_trend(_dt_table([2, 8], [[500.0, 505.0], [480.0]])).test == "t-test of the slope"
 
 
+def test_memory_growth_is_judged_per_added_parameter():
+    """A known line: 2 GiB fixed and b bytes per parameter. 16 B a parameter is no saving, whatever the ratio of
+    the ends (which any fixed memory makes smaller than the parameters'); 4 B would be one."""
+    params = [100e6, 400e6, 1000e6]
+    for b, saving in [(16.0, False), (14.0, False), (4.0, True)]:
+        g = ablations.memory_growth(params[::-1], [2 * 2**30 + b * p for p in params[::-1]], "a line")
+        assert g.params == tuple(params) and g.per_parameter == pytest.approx(b) and g.fixed == pytest.approx(2**31)
+        assert g.memory_ratio < g.params_ratio  # the ratio form holds in every case
+        assert g.far_less is saving
+        verdict = ablations.memory_verdict(g)
+        assert verdict.startswith("Reproduced" if saving else "Not reproduced as a saving (a line)")
+        assert f"costs {b:.1f} B against the 16 B" in verdict and "because 2.00 GiB of it does not grow" in verdict
+    assert ablations.memory_growth([1, 2], [10, 20], "x").parameter_state == (16.0, 32.0)
+    with pytest.raises(ValueError, match="two or more parameter counts"):
+        ablations.memory_growth([5, 5], [1, 2], "x")
+
+
+def test_gpu_memory_growth_reads_a_measurement_file(tmp_path):
+    def entry(d_t, params, gib):
+        return {"time_embed_dim": d_t, "params": params, "peak_memory_gib": gib, "batch": 16, "layers": 12,
+                "hidden": 768, "seq": 1024, "policy": "p=f32,c=bfloat16"}
+
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps({"device": "Some GPU", "pairs": [{"diffeqformer": entry(20, 2e8, 5.0)}],
+                                "time_embed_dim": [entry(144, 1e9, 5.0 + 14 * 8e8 / 2**30),
+                                                   entry(48, 4e8, 5.0 + 14 * 2e8 / 2**30)]}))
+    growth, table = ablations.gpu_memory_growth(path)
+    assert growth.per_parameter == pytest.approx(14.0) and list(table.d_t) == [20, 48, 144]
+    assert growth.source.startswith("Some GPU, allocator peak at batch 16, 12 x 768")
+    assert table["16 B x params GiB"].tolist() == pytest.approx([16 * p / 2**30 for p in (2e8, 4e8, 1e9)])
+    path.write_text(json.dumps({"device": "Some GPU", "pairs": [{"diffeqformer": entry(20, 2e8, 5.0)}]}))
+    with pytest.raises(ValueError, match="fewer than two d_t"):
+        ablations.gpu_memory_growth(path)
+
+
+def test_plot_memory_draws_a_panel_per_sweep():
+    g = ablations.memory_growth([1e6, 2e6, 4e6], [40e6 + 16 * p for p in (1e6, 2e6, 4e6)], "a line")
+    fig = ablations.plot_memory({"here": g, "there": g})
+    assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 4  # points, fit, 16 B a parameter, fixed part
+
+
 def test_hypernetwork_headline(tmp_path):
     runs = [seed_runs(tmp_path, "pw", [6.00, 6.01, 5.99], model={**ODE, "hypernet": "per_weight"}),
             seed_runs(tmp_path, "sh", [5.90, 5.91, 5.89], model={**ODE, "hypernet": "shared_mlp"})]
@@ -285,6 +333,14 @@ def test_a_training_step_is_measured_in_a_fresh_process(tmp_path):
     assert result["rss_peak_mib"] >= result["rss_baseline_mib"] > 0
     assert result["training_mib"] == pytest.approx(result["rss_peak_mib"] - result["rss_baseline_mib"])
     assert result["training_mib"] > 0 and result["xla_planned_mib"] > 0 and result["device_peak_mib"] is None
+    # the step donates its parameters and Adam's state, as training does: its outputs are written into them
+    for r in (result, other):  # every argument but the tokens (4 x 64 int32) is donated and written into
+        assert (r["xla_arguments_mib"] - r["xla_aliased_mib"]) * 2**20 == 4 * 64 * 4
+    assert result["xla_planned_mib"] == pytest.approx(result["xla_arguments_mib"] + result["xla_outputs_mib"]
+                                                      - result["xla_aliased_mib"] + result["xla_temporaries_mib"])
+    # what an added parameter holds among the arguments: itself and Adam's two moments, float32, 12 bytes
+    added = (other["xla_arguments_mib"] - result["xla_arguments_mib"]) * 2**20 / (other["params"] - result["params"])
+    assert added == pytest.approx(12.0, abs=1e-6) and other["params"] > result["params"] > 0
     # that the second process loaded the step the first compiled (compile_s < first_compile_s) is wall-clock:
     # benchmarks/step_measure.py prints the two and their ratio
     assert result["compile_mib"] > 0 and result["compile_s"] > 0 and result["first_compile_s"] > 0

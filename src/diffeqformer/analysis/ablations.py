@@ -17,6 +17,7 @@ import math
 import resource
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -402,14 +403,15 @@ def time_embedding_trend(table) -> Trend:
                  [k for finals in table.finals for k in range(len(finals))] if matched else None)
 
 
-def time_embedding_headline(table) -> dict[str, str]:
+def time_embedding_headline(table, *, batch: int | None = None) -> dict[str, str]:
     """Sentences for F9: how perplexity (mean over seeds), parameters, throughput and measured memory change from
-    the smallest to the largest d_t, the perplexity trend over every d_t (``time_embedding_trend``) and a verdict
-    on the paper's claims (perplexity improves with d_t; parameters grow; throughput drops only slightly; memory
-    grows far less than the parameter count). Perplexity improves with d_t only where the slope is negative as a
-    result (``seeds.RULE``)."""
+    the smallest to the largest d_t, the perplexity trend over every d_t (``time_embedding_trend``), what an added
+    parameter costs in memory (``memory_growth``: ``time_embedding_memory``; ``memory_rss``: the same fit of the
+    resident memory, where measured) and verdicts on the paper's claims: perplexity improves with d_t (``verdict``:
+    only where the slope is negative as a result, ``seeds.RULE``), memory grows far less than the parameter count
+    (``memory_verdict``: ``memory_verdict``). ``batch``: the sequences of the measured step."""
     lo, hi = table.iloc[0], table.iloc[-1]
-    memory = next((c for c in ("device peak MiB", "training MiB") if c in table), None)
+    memory = next((c for c in MEMORY_SOURCES if c in table and table[c].notna().all()), None)
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     ratio = lambda c: hi[c] / lo[c]  # noqa: E731
     slope = time_embedding_trend(table)
@@ -419,7 +421,8 @@ def time_embedding_headline(table) -> dict[str, str]:
         "best_dt": f"{int(table.loc[table['final ppl'].idxmin(), 'd_t'])}",
         "params": f"{lo.params / 1e6:.2f}M to {hi.params / 1e6:.2f}M (x{ratio('params'):.2f})",
         "throughput": f"x{ratio(speed):.2f}",
-        "memory": f"x{ratio(memory):.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB)" if memory else "not measured",
+        "memory": (f"x{ratio(memory):.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB, {MEMORY_SOURCES[memory]})"
+                   if memory else "not measured"),
         "trend": slope.text(1, " per doubling of d_t"),
     }
     improves = slope.is_result and slope.slope < 0
@@ -429,12 +432,16 @@ def time_embedding_headline(table) -> dict[str, str]:
         words = f"{'improves' if slope.slope < 0 else 'worsens'} with d_t"
     else:
         words = "shows no trend over d_t beyond noise"
-    mem_less = memory is not None and ratio(memory) < ratio("params")
-    out["verdict"] = (
-        f"Perplexity {words} at this scale ({'as' if improves else 'against'} the paper's Fig. 14; slope against "
-        f"log2 d_t: {out['trend']}); measured memory grows {'less' if mem_less else 'more'} than the parameter count "
-        f"({'as' if mem_less else 'against'} Fig. 16)."
-    )
+    out["verdict"] = (f"Perplexity {words} at this scale ({'as' if improves else 'against'} the paper's Fig. 14; "
+                      f"slope against log2 d_t: {out['trend']}).")
+    if memory is None:
+        out["memory_growth"] = out["memory_rss"] = out["memory_verdict"] = "not measured"
+        return out
+    growth = time_embedding_memory(table, memory, batch=batch)
+    out["memory_growth"] = growth.text()
+    out["memory_rss"] = (time_embedding_memory(table, "training MiB", batch=batch).text()
+                         if memory != "training MiB" and "training MiB" in table else "not measured")
+    out["memory_verdict"] = memory_verdict(growth)
     return out
 
 
@@ -460,10 +467,13 @@ def hypernetwork_headline(table) -> dict[str, str]:
 # --------------------------------------------------------------------------------------------- peak memory
 
 
-def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4):
+def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4, donate: bool = True, mp=None):
     """A jitted AdamW train step (forward, backward, update; Levanter's next-token loss) over the model's float
-    arrays, compiled for ``tokens`` (batch x position). Returns (step, params, opt_state, XLA's planned peak bytes:
-    arguments + outputs + temporaries, or None)."""
+    arrays, compiled for ``tokens`` (batch x position). ``donate``: the step's outputs take the buffers of the
+    parameters and optimiser state it is given, as the trainer's step does (``dispatch``), so that a step holds one
+    copy of them, not two. ``mp``: a ``jmp.Policy`` (a run's ``trainer.mp``) whose compute dtype the loss runs in, as
+    in training; None: the parameters' own dtype. Returns (step, params, opt_state, XLA's planned peak bytes:
+    ``memory_parts``' ``peak``, or None)."""
     import equinox as eqx
     import haliax as hax
     import jax
@@ -479,18 +489,132 @@ def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4):
 
         def loss_fn(p):
             # a fixed dropout key: a model with dropout pays for its masks as in training (the same mask each step)
-            return next_token_loss(eqx.combine(p, static), batch, key=jax.random.PRNGKey(0)).scalar()
+            m = eqx.combine(p, static)
+            return next_token_loss(mp.cast_to_compute(m) if mp is not None else m, batch,
+                                   key=jax.random.PRNGKey(0)).scalar()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
-    compiled = jax.jit(step).lower(params, opt_state, tokens).compile()
+    compiled = jax.jit(step, donate_argnums=(0, 1) if donate else ()).lower(params, opt_state, tokens).compile()
+    parts = memory_parts(compiled)
+    return compiled, params, opt_state, parts["peak"] if parts else None
+
+
+def memory_parts(compiled) -> dict[str, int] | None:
+    """XLA's plan for a compiled step, in bytes (None where the backend gives none): ``arguments`` (for a train
+    step: parameters and optimiser state), ``outputs``, ``aliased`` (outputs written into donated arguments),
+    ``temporaries`` (gradients, activations, workspace) and ``peak`` = arguments + outputs - aliased +
+    temporaries. Planned, not measured."""
     mem = compiled.memory_analysis()
-    peak = None
-    if mem is not None:
-        peak = mem.argument_size_in_bytes + mem.output_size_in_bytes + mem.temp_size_in_bytes
-    return compiled, params, opt_state, peak
+    if mem is None:
+        return None
+    parts = {"arguments": mem.argument_size_in_bytes, "outputs": mem.output_size_in_bytes,
+             "aliased": mem.alias_size_in_bytes, "temporaries": mem.temp_size_in_bytes}
+    parts["peak"] = parts["arguments"] + parts["outputs"] - parts["aliased"] + parts["temporaries"]
+    return parts
+
+
+PARAMETER_BYTES = 16
+"""Bytes a float32 parameter holds while it trains with Adam: itself, its gradient and Adam's two moments, 4 each."""
+
+
+@dataclass(frozen=True)
+class MemoryGrowth:
+    """Peak memory of a training step against the parameter count, over the settings of a sweep (F9: d_t): the
+    least-squares line memory = ``fixed`` + ``per_parameter`` x parameters. ``per_parameter`` is what each added
+    parameter costs (``PARAMETER_BYTES`` if it costs what its own training state takes), ``fixed`` what does not
+    grow with the parameters (activations, the weights W(t) generated for a forward pass, workspace); ``source``
+    says what was measured (e.g. ``H100 allocator peak, batch 16``)."""
+
+    params: tuple[float, ...]
+    memory: tuple[float, ...]
+    """Bytes, one per setting."""
+    source: str
+    per_parameter: float
+    fixed: float
+
+    @property
+    def memory_ratio(self) -> float:
+        """Memory at the most parameters over memory at the fewest."""
+        return self.memory[-1] / self.memory[0]
+
+    @property
+    def params_ratio(self) -> float:
+        return self.params[-1] / self.params[0]
+
+    @property
+    def parameter_state(self) -> tuple[float, ...]:
+        """``PARAMETER_BYTES`` x parameters of each setting: the memory its parameters' training state takes."""
+        return tuple(PARAMETER_BYTES * p for p in self.params)
+
+    @property
+    def far_less(self) -> bool:
+        """Whether an added parameter costs less than half of ``PARAMETER_BYTES``: what "memory grows far less than
+        the parameter count" would have to mean for it to say more than that the memory has a fixed part."""
+        return self.per_parameter < PARAMETER_BYTES / 2
+
+    def text(self) -> str:
+        """``14.0 B per added parameter (16 expected), 2.80 GiB fixed; memory x3.18 for parameters x5.67 (H100
+        ...)``."""
+        return (f"{self.per_parameter:.1f} B per added parameter ({PARAMETER_BYTES} expected), "
+                f"{_bytes(self.fixed)} that does not grow with them; memory x{self.memory_ratio:.2f} for parameters "
+                f"x{self.params_ratio:.2f} ({self.source})")
+
+
+def _bytes(n: float) -> str:
+    return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def memory_growth(params: Sequence[float], memory: Sequence[float], source: str) -> MemoryGrowth:
+    """``MemoryGrowth`` of peak memories ``memory`` (bytes) at parameter counts ``params`` (at least two different
+    counts), sorted by parameters. The memory of a step does not depend on the seed, so there is no spread over
+    seeds to judge by: the fit describes one measurement per setting."""
+    import numpy as np
+
+    pairs = sorted(zip((float(p) for p in params), (float(m) for m in memory)))
+    x, y = np.array([p for p, _ in pairs]), np.array([m for _, m in pairs])
+    if len(set(x)) < 2 or not np.all(np.isfinite(y)):
+        raise ValueError("a memory growth needs finite memories at two or more parameter counts")
+    slope, intercept = np.polyfit(x, y, 1)
+    return MemoryGrowth(tuple(x), tuple(y), source, float(slope), float(intercept))
+
+
+def gpu_memory_growth(path: str | Path) -> tuple[MemoryGrowth, "pandas.DataFrame"]:
+    """The d_t sweep of a GPU measurement file (``benchmarks/gpu/measure.py``'s JSON: the first pair's DiffEqFormer
+    and the ``time_embed_dim`` entries, each with ``params`` and ``peak_memory_gib``, the allocator's peak) as a
+    ``MemoryGrowth`` and a table (d_t, parameters, peak GiB, ``PARAMETER_BYTES`` x parameters in GiB)."""
+    import pandas as pd
+
+    result = json.loads(Path(path).read_text())
+    sweep = [result["pairs"][0]["diffeqformer"], *result.get("time_embed_dim", [])]
+    sweep = sorted((m for m in sweep if m.get("peak_memory_gib") is not None), key=lambda m: m["params"])
+    if len(sweep) < 2:
+        raise ValueError(f"{path}: fewer than two d_t with a measured peak memory")
+    first = sweep[0]
+    source = (f"{result['device']}, allocator peak at batch {first['batch']}, {first['layers']} x {first['hidden']}, "
+              f"seq {first['seq']}, {first['policy']}")
+    growth = memory_growth([m["params"] for m in sweep], [m["peak_memory_gib"] * 2**30 for m in sweep], source)
+    table = pd.DataFrame({"d_t": [m["time_embed_dim"] for m in sweep], "params": [m["params"] for m in sweep],
+                          "peak GiB": [m["peak_memory_gib"] for m in sweep]})
+    table[f"{PARAMETER_BYTES} B x params GiB"] = table.params * PARAMETER_BYTES / 2**30
+    return growth, table
+
+
+def memory_verdict(growth: MemoryGrowth) -> str:
+    """The verdict on Fig. 16's claim (peak memory grows far less than the parameter count) on what it means: the
+    ratio of memories is always below the ratio of parameters when part of the memory does not grow with d_t, so
+    it is judged by what an added parameter costs against ``PARAMETER_BYTES`` (``MemoryGrowth.far_less``)."""
+    cost = (f"an added parameter costs {growth.per_parameter:.1f} B against the {PARAMETER_BYTES} B of its own "
+            "training state (f32 parameter, gradient, Adam's two moments)")
+    ratio = (f"Memory grows x{growth.memory_ratio:.2f} where the parameters grow x{growth.params_ratio:.2f} because "
+             f"{_bytes(growth.fixed)} of it does not grow with d_t (activations, the weights generated for a forward "
+             "pass, workspace): that part is what the paper's explanation, weights computed once per forward pass, "
+             "is about.")
+    if growth.far_less:
+        return f"Reproduced ({growth.source}): {cost}, less than half. {ratio}"
+    return f"Not reproduced as a saving ({growth.source}): {cost}. {ratio}"
 
 
 def _status_mib(field: str) -> float | None:
@@ -547,8 +671,10 @@ def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
     model = config.model.build(vocab, key=jax.random.PRNGKey(0))
     tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", batch), config.model.max_Pos), 0, vocab.size)
     start = time.perf_counter()
-    step, params, opt_state, planned = compiled_train_step(model, tokens)
+    step, params, opt_state, planned = compiled_train_step(model, tokens, mp=config.trainer.mp)
     compile_s = time.perf_counter() - start
+    parts = memory_parts(step) or {}
+    num_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
     del model
     if wait_turn:
         params, opt_state, loss = step(params, opt_state, tokens)
@@ -571,7 +697,8 @@ def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
             "timed_from": timed_from, "timed_to": timed_to,
             "rss_baseline_mib": baseline, "rss_peak_mib": peak, "training_mib": peak - baseline,
             "peak_since": "runtime start" if reset else "process start",
-            "xla_planned_mib": planned / 2**20 if planned is not None else None,
+            "params": num_params, "xla_planned_mib": planned / 2**20 if planned is not None else None,
+            **{f"xla_{name}_mib": value / 2**20 for name, value in parts.items() if name != "peak"},
             "device_peak_mib": stats["peak_bytes_in_use"] / 2**20 if "peak_bytes_in_use" in stats else None}
 
 
@@ -588,8 +715,10 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
       fresh process (``compile_mib``: that process's peak) into a private persistent compilation cache, and measured
       in a second one that loads it;
     * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
-    * ``xla_planned_mib``: what XLA planned for the compiled step (arguments + outputs + temporaries), for
-      comparison: planned, not measured.
+    * ``xla_planned_mib``: what XLA planned for the compiled step (``memory_parts``: arguments + outputs - the
+      outputs written into the donated parameters and optimiser state + temporaries), planned, not measured, and its
+      parts ``xla_arguments_mib``, ``xla_outputs_mib``, ``xla_aliased_mib``, ``xla_temporaries_mib``;
+    * ``params``: the parameters (float array elements) the step trains.
 
     ``measure_training_steps`` measures several runs so, compiling them side by side."""
     return measure_training_steps([run], batch=batch, steps=steps)[0]
@@ -669,9 +798,65 @@ def time_embedding_table(runs: Sequence[str], measured: Sequence[Mapping] | None
         for column, key in [("step tokens/s", "tokens_per_second"), ("training MiB", "training_mib"),
                             ("device peak MiB", "device_peak_mib"), ("XLA planned MiB", "xla_planned_mib")]:
             table[column] = [by_run[str(run_path(r))].get(key) for r in table.run]
+        for column, key in [("XLA arguments MiB", "xla_arguments_mib"), ("XLA temporaries MiB", "xla_temporaries_mib")]:
+            table[column] = [by_run[str(run_path(r))].get(key) for r in table.run]
         if table["device peak MiB"].isna().all():
             table = table.drop(columns="device peak MiB")
+        table[f"{PARAMETER_BYTES} B x params MiB"] = table.params * PARAMETER_BYTES / 2**20
     return table
+
+
+MEMORY_SOURCES = {"device peak MiB": "the accelerator allocator's peak", "XLA planned MiB": "XLA's plan of the step",
+                  "training MiB": "resident memory above the runtime's"}
+"""The memory columns of a ``time_embedding_table``, in the order ``time_embedding_memory`` prefers them."""
+
+
+def time_embedding_memory(table, column: str | None = None, *, batch: int | None = None) -> MemoryGrowth:
+    """``MemoryGrowth`` of F9's measured step (``time_embedding_table`` with measurements) against the parameters of
+    each d_t: by default the accelerator allocator's peak where there is one, else XLA's plan of the step (on the CPU
+    backend the resident memory of small models is dominated by the heap's own noise: the ``training MiB`` of one
+    run moved by tens of MiB between two builds; pass ``column="training MiB"`` to fit it anyway). ``batch``: the
+    sequences of the measured step, for the source's description."""
+    column = column or next((c for c in MEMORY_SOURCES if c in table and table[c].notna().all()), None)
+    if column is None:
+        raise ValueError("the table holds no measured memory (time_embedding_table with measure_training_steps)")
+    model = run_config(table.run.iloc[0]).model
+    at = f" at batch {batch}" if batch is not None else ""
+    return memory_growth(table.params, table[column] * 2**20, f"{MEMORY_SOURCES[column]}{at}, {model.num_layers} x "
+                                                              f"{model.hidden_dim}, seq {model.max_seq_len}")
+
+
+def plot_memory(growths: Mapping[str, MemoryGrowth]):
+    """Fig. 16 on what it means: a panel per ``MemoryGrowth`` (the mapping's keys title them), peak memory against
+    the parameter count, with the fitted line (its slope: bytes per added parameter), the line of
+    ``PARAMETER_BYTES`` per parameter from the first setting (where the points follow it, each parameter d_t adds
+    costs what its own training state takes) and the fitted part that does not grow with the parameters."""
+    import textwrap
+
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, axes = plt.subplots(1, len(growths), figsize=(5.0 * len(growths), 4.0), squeeze=False)
+    for ax, (title, g) in zip(axes[0], growths.items()):
+        unit, scale = ("GiB", 2**30) if max(g.memory) >= 2**30 else ("MiB", 2**20)
+        x, y = np.array(g.params), np.array(g.memory)
+        line = np.linspace(0, x.max() * 1.05, 50)
+        ax.plot(x / 1e6, y / scale, "o", color="black", label="planned" if "plan" in g.source else "measured",
+                zorder=3)
+        ax.plot(line / 1e6, (g.fixed + g.per_parameter * line) / scale, color="tab:blue",
+                label=f"fit: {g.per_parameter:.1f} B per parameter")
+        ax.plot(line / 1e6, (y[0] + PARAMETER_BYTES * (line - x[0])) / scale, "--", color="tab:red",
+                label=f"{PARAMETER_BYTES} B per parameter from the first d_t")
+        ax.axhline(g.fixed / scale, color="0.5", lw=1, ls=":", label=f"fixed: {_bytes(g.fixed)}")
+        ax.set_xlabel("parameters (M)")
+        ax.set_ylabel(f"peak memory of a training step ({unit})")
+        ax.set_title(title + "\n" + "\n".join(textwrap.wrap(g.source, 60)), fontsize=8)
+        ax.set_xlim(0, None)
+        ax.set_ylim(0, None)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    return fig
 
 
 def plot_time_embedding(table):
