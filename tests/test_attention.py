@@ -66,7 +66,8 @@ def test_routed_models_train_as_levanters(config, monkeypatch):
     model = mc.build(Vocab, key=jrandom.PRNGKey(0))
     tokens = hax.named(jrandom.randint(jrandom.PRNGKey(1), (B.size, mc.max_Pos.size), 0, Vocab.size), (B, mc.max_Pos))
     example = hax.vmap(LmExample.causal, B)(tokens)
-    loss_and_grad = eqx.filter_value_and_grad(lambda m: m.compute_next_token_loss(example, key=jrandom.PRNGKey(2)).scalar())
+    key = jrandom.PRNGKey(2)  # the same dropout masks in both
+    loss_and_grad = eqx.filter_value_and_grad(lambda m: m.compute_next_token_loss(example, key=key).scalar())
     loss, grads = loss_and_grad(model)
     routed = []
     xla = attention.jax_attention

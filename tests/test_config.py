@@ -87,6 +87,17 @@ SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
         (["--data.dataset", "imagenet"], "data.dataset"),
         (["--data.domain", "poetry"], "data.domain"),
         (["--data.vocab_size", "100"], "vocab_size"),
+        (["--optimizer.learning_rate", "-1"], "optimizer.learning_rate must be a positive number, got -1"),
+        (["--optimizer.learning_rate", "0"], "optimizer.learning_rate"),
+        (["--optimizer.learning_rate", "nan"], "optimizer.learning_rate"),
+        (["--optimizer.weight_decay", "-0.1"], "optimizer.weight_decay must be at least 0"),
+        (["--optimizer.beta1", "1.0"], r"optimizer.beta1 must be in \[0, 1\)"),
+        (["--optimizer.beta2", "-0.5"], "optimizer.beta2"),
+        (["--optimizer.epsilon", "0"], "optimizer.epsilon"),
+        (["--optimizer.max_grad_norm", "-1"], "optimizer.max_grad_norm"),
+        (["--optimizer.min_lr_ratio", "2"], r"optimizer.min_lr_ratio must be in \[0, 1\]"),
+        (["--optimizer.warmup", "-0.1"], "optimizer.warmup"),
+        (["--optimizer.warmup", "2.5"], "optimizer.warmup"),
     ],
 )
 def test_bad_input_is_rejected_before_compute(tmp_path, monkeypatch, overrides, message):

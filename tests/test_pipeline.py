@@ -393,9 +393,11 @@ def test_gpu_page_renders_a_ladder_of_levers(tmp_path):
     (tmp_path / "gpu-some-2026-01-02-ladder.json").write_text(json.dumps(result))
     page = pipeline.build.gpu_markdown(tmp_path)
     assert "the speed levers one on top of another" in page and "500 TFLOP/s" in page
-    assert "| small | levanter-default | 16 | 50,257 | 100,000 | 25.0% | 4.0 | 100,000 | 30.0% | 3.0 | 1.000 |  |" in page
+    assert ("| small | levanter-default | 16 | 50,257 | 100,000 | 25.0% | 4.0 | 100,000 | 30.0% | 3.0 | 1.000 |  |"
+            in page)
     assert "| small | +cudnn-attention | | | failed: ValueError: no cuDNN |" in page
-    assert "| small | +batch-32 | 32 | 50,257 | 150,000 | 25.0% | 4.0 | 120,000 | 30.0% | 3.0 | 1.250 | +50% / +20% |" in page
+    assert ("| small | +batch-32 | 32 | 50,257 | 150,000 | 25.0% | 4.0 | 120,000 | 30.0% | 3.0 | 1.250 "
+            "| +50% / +20% |") in page
 
 
 def test_finetune_runs_lists_the_grid_with_pretrainings_first():

@@ -68,6 +68,19 @@ def test_an_unfinished_run_names_the_run_and_what_is_missing(tmp_path):
         runs.config(no_config)
 
 
+def test_a_corrupt_summary_is_named_with_what_to_do(tmp_path):
+    """A complete.json that is not JSON (a disk filled while writing): the file is named and the way to retrain it
+    said, by the readers of finished runs and by the trainer that would skip it."""
+    from diffeqformer import train
+
+    run = write_run(tmp_path, "pre", PRETRAIN.read_text(), complete={"vocab_size": 4096})
+    (run / runs.COMPLETE).write_text("{vocab_size: 4096")
+    readers = (runs.summary, lambda r: runs.is_complete(r, "hash-pre"), lambda r: train.start_run(None, r, "hash-pre"))
+    for read in readers:
+        with pytest.raises(ValueError, match=rf"{runs.COMPLETE} is corrupt \(.*\): delete .*pre and train it again"):
+            read(run)
+
+
 def test_pretraining_and_finetuning_runs(tmp_path):
     pre = write_run(tmp_path, "pre", PRETRAIN.read_text(), complete={})
     tuned = write_run(tmp_path, "tuned", LORA.read_text(), complete={}, pretrain_text=PRETRAIN.read_text())

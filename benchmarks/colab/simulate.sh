@@ -30,7 +30,7 @@ cd "$SIM"
 if "$V/papermill" "$REPO/notebooks/f6_perplexity.ipynb" first.ipynb --cwd /content > first.log 2>&1; then
   echo "error: the first run should stop for want of trained runs" >&2; exit 1
 fi
-grep -q "has not finished (no complete.json)" first.log || { echo "error: see $SIM/first.log" >&2; exit 1; }
+grep -q "no finished run there" first.log || { echo "error: see $SIM/first.log" >&2; exit 1; }
 echo "after the Colab cell: $("$V/python" -c 'import importlib.metadata as m; print("jax", m.version("jax"), "marin-levanter", m.version("marin-levanter"), "diffeqformer", m.version("diffeqformer"))')"
 (cd "$REPO" && "$V/python" -m diffeqformer.pipeline --preset smoke --no-book > "$SIM/pipeline.log" 2>&1) \
   || { echo "error: the smoke pipeline failed, see $SIM/pipeline.log" >&2; exit 1; }

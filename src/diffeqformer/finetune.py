@@ -64,6 +64,7 @@ from .train import (
     start_run,
     trainer_config_of,
     validate_data,
+    validate_optimizer,
     validate_trainer,
     with_weight_decay,
 )
@@ -145,6 +146,7 @@ def validate(config: FinetuneConfig) -> Pretraining:
 
     Takes seconds: the pretrained model is built shape-only (to check the LoRA rank and targets), not loaded."""
     validate_trainer(config.trainer)
+    validate_optimizer(config.optimizer)
     validate_data(config.data)
     if config.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")

@@ -38,3 +38,14 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def read_json(path: Path, remedy: str):
+    """The JSON object in ``path``; a file that is not valid JSON (a disk filled while writing, an edit by hand) is
+    refused with ``ValueError`` naming the file and saying what to do (``remedy``)."""
+    import json
+
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is corrupt ({error}): {remedy}") from None

@@ -20,7 +20,6 @@ this module (as ``figures`` does, which every notebook imports) stays cheap.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ def is_complete(run, config_hash: str | None = None) -> bool:
     complete = run_path(run) / COMPLETE
     if not complete.exists():
         return False
-    return config_hash is None or json.loads(complete.read_text()).get("config_hash") == config_hash
+    return config_hash is None or read_complete(run).get("config_hash") == config_hash
 
 
 def require_complete(run, label: str = "run") -> Path:
@@ -69,7 +68,15 @@ def require_complete(run, label: str = "run") -> Path:
 def summary(run) -> dict:
     """The contents of a finished run's ``complete.json``: final validation loss and perplexity, config hash,
     vocabulary size, wall time, ... (``train.finish_run``)."""
-    return json.loads((require_complete(run) / COMPLETE).read_text())
+    require_complete(run)
+    return read_complete(run)
+
+
+def read_complete(run) -> dict:
+    """The run's ``complete.json``; a corrupt one is refused naming the file, with the way to train the run again."""
+    path = run_path(run)
+    return paths.read_json(path / COMPLETE, f"delete {path} and train it again (python -m diffeqformer.pipeline "
+                                            "--preset <preset> retrains what is missing)")
 
 
 def saved_hash(run) -> str | None:

@@ -110,6 +110,7 @@ def run_dir_of(config: TrainConfig) -> Path:
 def validate(config: TrainConfig) -> None:
     """Reject bad input before any compute, naming the field."""
     validate_trainer(config.trainer)
+    validate_optimizer(config.optimizer)
     validate_data(config.data)
     for name in ("max_seq_len", "hidden_dim", "num_layers", "num_heads"):
         check_positive_int(getattr(config.model, name, 1), f"model.{name}")
@@ -149,6 +150,35 @@ def validate_trainer(t: TrainerConfig) -> None:
     if isinstance(t.train_batch_size, int):  # else a schedule of batch sizes
         check_positive_int(t.train_batch_size, "trainer.train_batch_size")
     check_positive_int(t.steps_per_eval, "trainer.steps_per_eval")
+
+
+def validate_optimizer(o: OptimizerConfig) -> None:
+    """Reject an optimizer section that would not train, naming the field: a learning rate that is not a positive
+    finite number (a negative one climbs the loss), a negative weight decay, Adam's betas outside [0, 1), a
+    non-positive epsilon or gradient-norm bound, a warm-up or final learning-rate ratio outside [0, 1]."""
+    def number(name):
+        value = getattr(o, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"optimizer.{name} must be a number, got {value!r}")
+        return value
+
+    def check(name, ok, expected):
+        value = number(name)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"optimizer.{name} must be {expected}, got {value!r}")
+
+    check("learning_rate", lambda v: v > 0, "a positive number")
+    check("weight_decay", lambda v: v >= 0, "at least 0")
+    check("beta1", lambda v: 0 <= v < 1, "in [0, 1)")
+    check("beta2", lambda v: 0 <= v < 1, "in [0, 1)")
+    check("epsilon", lambda v: v > 0, "a positive number")
+    check("max_grad_norm", lambda v: v > 0, "a positive number (or null for no clipping)")
+    check("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+    warmup = number("warmup")
+    if warmup is not None and not (math.isfinite(warmup) and (0 <= warmup <= 1 or float(warmup).is_integer()
+                                                                and warmup > 1)):
+        raise ValueError(f"optimizer.warmup must be a fraction of the steps in [0, 1] or a whole number of steps, "
+                         f"got {warmup!r}")
 
 
 def validate_data(data: DataConfig) -> None:
@@ -420,13 +450,19 @@ def run_lock(run_dir: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
+def retrain_remedy(run_dir: Path) -> str:
+    """What to do with a run directory whose files are corrupt: delete it and train it again."""
+    return (f"delete {run_dir} and train it again (the same command, or python -m diffeqformer.pipeline --preset "
+            "<preset>, which retrains what is missing)")
+
+
 def start_run(config, run_dir: Path, digest: str) -> Optional[dict]:
     """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written.
 
     Refuses a run directory that holds checkpoints of another configuration."""
     complete = run_dir / "complete.json"
     if complete.exists():
-        summary = json.loads(complete.read_text())
+        summary = paths.read_json(complete, retrain_remedy(run_dir))
         if summary.get("config_hash") == digest:
             print(f"{config.name}: already complete ({run_dir}); not retraining", file=sys.stderr)
             return summary

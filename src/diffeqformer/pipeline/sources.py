@@ -22,7 +22,7 @@ LIBRARIES = ("jax", "jaxlib", "marin-levanter", "marin-haliax", "equinox", "diff
 LAYERS = [
     ["paths", "numerics", "_autodoc", "dispatch"],
     # diffeqformer.model: the model core, bottom up
-    ["model.time_embedding", "model.temporal"],
+    ["model.time_embedding", "model.temporal", "model.attention"],
     ["model.vector_field"],
     ["model.transformer"],
     ["model.baselines", "model.solve", "model"],
