@@ -197,7 +197,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f10_hypernetwork": dict(runs=[Run("smoke/diffeqformer"), SMOKE_VARIANT]),
         "x1_adaptive_steps": dict(run=Run("smoke/diffeqformer"), random_run=SMOKE_VARIANT, num_sequences=4,
                                   euler_steps=[1, 3, 6], fixed_steps=[2, 4], tolerances=[1e-2]),
-        "f11_downstream": dict(run=Run("smoke/diffeqformer")),
+        # F6's runs, a few examples per held-out task: CI goes through the harness, the tables and the verdicts
+        "f11_downstream": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2), "shared": Run("smoke/shared"),
+                                     "ours": seeded(Run("smoke/diffeqformer"), 2)}, num_examples=8, shots=[0, 1]),
     },
     # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The
     # ablations vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five, to keep the
@@ -222,7 +224,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f7_finetuning": dict(runs=finetune_runs("cpu")),
         **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix="", seeds=CPU_SEEDS,
                            population=True),
-        "f11_downstream": dict(run=Run("cpu/diffeqformer")),
+        # every F6 model and seed on 100 examples per held-out task, zero- and one-shot (one example of 30 tokens
+        # and the query fill the models' 64)
+        "f11_downstream": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
+            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
+            ("ours_llama", "diffeqformer_llama"))}, num_examples=100, shots=[0, 1]),
     },
     # One Colab-class GPU, WikiText-103 (needs the internet).
     "gpu": {
@@ -236,7 +242,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
         "f7_finetuning": dict(runs=finetune_runs("gpu")),
         **ablation_entries("gpu", 20, (4, 8, 20, 48, 96), measure_batch=32, num_sequences=64),
-        "f11_downstream": dict(run=Run("gpu/diffeqformer")),
+        "f11_downstream": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}, num_examples=500,
+                               shots=[0, 5], paper_tasks=True),
     },
     # The paper's configurations (Tables 1-2): multi-GPU/TPU.
     "paper": {
@@ -259,7 +266,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         }),
         "f7_finetuning": dict(runs=finetune_runs("paper")),
         **ablation_entries("paper", 20, (20, 48, 72, 96, 120, 144), measure_batch=8, num_sequences=256),
-        "f11_downstream": dict(run=Run("paper/owt_small_diffeqformer")),
+        "f11_downstream": dict(runs={"gpt": Run("paper/owt_small_gpt2"), "ours": Run("paper/owt_small_diffeqformer")},
+                               num_examples=1000, shots=[0, 5], paper_tasks=True),
     },
 }
 """preset -> notebook (file stem in ``notebooks/``, in execution order) -> parameter values."""
