@@ -15,7 +15,6 @@ environment leaves Levanter's default alone everywhere (``benchmarks/gpu/measure
 
 from __future__ import annotations
 
-import functools
 import importlib
 import importlib.util
 import math
@@ -76,11 +75,11 @@ def cudnn_applies(query: NamedArray, mask, bias, attention_dtype, attn_backend, 
             and jax.default_backend() == "gpu")
 
 
-@functools.wraps(LEVANTER_ATTENTION)
 def dot_product_attention(QPos, KPos, Key, query, key, value, mask=None, bias=None, attention_dtype=None,
                           precision=None, use_flash=None, attn_backend=None, flash_block_size=None, dropout=0.0, *,
                           logits_soft_cap=None, scaling_factor=None, inference=True, prng=None, attn_sink=None):
-    """Levanter's ``dot_product_attention``, by cuDNN where ``cudnn_applies``."""
+    """Levanter's ``dot_product_attention`` (same arguments, same result), computed by cuDNN where
+    ``cudnn_applies``, else by Levanter."""
     if cudnn_applies(query, mask, bias, attention_dtype, attn_backend, use_flash, dropout, inference,
                      logits_soft_cap, attn_sink):
         if scaling_factor is None:
