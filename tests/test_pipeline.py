@@ -805,3 +805,31 @@ def test_smoke_pipeline_end_to_end(smoke_book):  # noqa: F811
     assert "(0 to train)" in book.second.stdout
     assert book.second.stdout.count("(cached") == len(pipeline.PRESETS["smoke"]) + 1  # notebooks and the book
     assert book.second.seconds < 60, f"a cached run took {book.second.seconds:.0f} s"
+
+
+def test_a_worker_and_what_it_started_end_with_the_pipeline(tmp_path):
+    """A pipeline (here a stand-in) SIGKILLed: its worker, which calls ``exit_with_parent``, ends, and so does the
+    process the worker started (as a Papermill child starts a notebook kernel), which nothing else would end."""
+    import signal
+
+    import psutil
+
+    worker = ("import subprocess, sys, time; from diffeqformer.pipeline import processes; processes.exit_with_parent(); "
+              "kernel = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+              "print(kernel.pid, flush=True); time.sleep(60)")
+    pipeline_stand_in = ("import subprocess, sys, time; "
+                         f"w = subprocess.Popen([sys.executable, '-c', {worker!r}]); print(w.pid, flush=True); "
+                         "time.sleep(60)")
+    stand_in = subprocess.Popen([sys.executable, "-c", pipeline_stand_in], stdout=subprocess.PIPE, text=True)
+    try:
+        worker_pid = int(stand_in.stdout.readline())
+        deadline = time.time() + 60
+        while not psutil.Process(worker_pid).children() and time.time() < deadline:
+            time.sleep(0.1)
+        kernel = psutil.Process(worker_pid).children()[0]
+        stand_in.send_signal(signal.SIGKILL)
+        stand_in.wait()
+        gone, alive = psutil.wait_procs([psutil.Process(worker_pid), kernel], timeout=10)
+        assert alive == [], f"still running 10 s after the pipeline was killed: {alive}"
+    finally:
+        stand_in.kill()
