@@ -833,3 +833,19 @@ def test_a_worker_and_what_it_started_end_with_the_pipeline(tmp_path):
         assert alive == [], f"still running 10 s after the pipeline was killed: {alive}"
     finally:
         stand_in.kill()
+
+
+def test_gpu_install_names_a_missing_part_and_how_to_stage_it(tmp_path):
+    """benchmarks/gpu/run.sh on a lent machine that lost a staged part (given back between calls): it installs
+    nothing, names the part and says what to carry in the next call."""
+    wheels, site = tmp_path / "wheels", tmp_path / "site"
+    wheels.mkdir()
+    (wheels / "manifest.json").write_text(json.dumps({"parts": [["a.whl"], ["b.whl", "c.whl"]]}))
+    (wheels / "a.whl").write_text("")
+    (wheels / "b.whl").write_text("")
+    out = subprocess.run(["bash", str(paths.REPO / "benchmarks" / "gpu" / "run.sh"), "install"], capture_output=True,
+                         text=True, env={**os.environ, "DIFFEQFORMER_WHEELS": str(wheels),
+                                         "DIFFEQFORMER_SITE": str(site), "PYTHON": sys.executable})
+    assert out.returncode != 0 and not site.exists()
+    assert "not staged on this machine: part-2 (1 of 2 wheels)" in out.stderr
+    assert 'with carry [".gpu/part-2"]: bash benchmarks/gpu/run.sh stage install' in out.stderr

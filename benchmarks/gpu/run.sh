@@ -48,8 +48,10 @@ parts = json.loads((wheels / "manifest.json").read_text())["parts"]
 absent = [f"part-{k} ({sum(not (wheels / w).exists() for w in part)} of {len(part)} wheels)"
           for k, part in enumerate(parts, 1) if not all((wheels / w).exists() for w in part)]
 if absent:
+    carry = ", ".join(f'".gpu/{name.split()[0]}"' for name in absent)
     sys.exit("error: not staged on this machine: " + ", ".join(absent) + ". The machine was given back between "
-             "calls or a part was not carried: stage it (again) in the next call")
+             f"calls or a part was not carried: stage it (again) in the next call, with carry [{carry}]: "
+             "bash benchmarks/gpu/run.sh stage install ...")
 EOF
   if [ ! -f "$SITE/.installed" ] || ! cmp -s "$WHEELS/manifest.json" "$SITE/.installed"; then
     rm -rf "$SITE"
