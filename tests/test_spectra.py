@@ -429,7 +429,8 @@ def test_depth_growth_is_judged_over_seeds():
     from scipy.stats import ttest_1samp
 
     models = {"up": growing([1.0, 1.2, 0.9]), "down": growing([-2.0, -1.7, -2.2], seed=1),
-              "mixed": growing([1.0, -1.1, 0.2], seed=2), "one": growing([1.0]), "flat": growing([0.0, 0.0], scale=0.41)}
+              "mixed": growing([1.0, -1.1, 0.2], seed=2), "one": growing([1.0]),
+              "flat": growing([0.0, 0.0], scale=0.41)}
     g = S.depth_growth(models).set_index(["model", "matrix"])
     assert len(g) == 5 * len(S.MATRICES)
     up = g.loc[("up", "qk")]
