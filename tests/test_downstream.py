@@ -145,6 +145,16 @@ def test_too_small_a_split_is_refused_with_the_count_found(encode):
         held_out.build_examples(synthetic_documents(), encode, num_examples=9990, num_fewshot=10, max_tokens=BUDGET)
 
 
+def test_a_last_line_longer_than_the_budget_gives_no_passage(encode):
+    """A document whose last line alone exceeds a passage's budget: the lines before it that fit are none (an empty
+    span, not an index past the document's end, which stopped the builder on the real corpus)."""
+    doc = held_out._Document("d", "short line\n" + " ".join(["word"] * 200), encode)
+    last = len(doc.lines) - 1
+    assert doc.first_line(last, budget=5) == last + 1 and doc.span(last + 1, last) == ""
+    assert doc.span(0, 1) == "short line\n" and doc.span(0, 2) == doc.text + "\n"
+    assert held_out.lastword_candidates(doc, encode, 5, frozenset()) == []
+
+
 def test_a_few_shot_prompt_fits_the_context(task_files, encode):
     budget = held_out.example_budget(SEQ, 1)
     assert budget == 30
@@ -160,7 +170,7 @@ def test_held_out_tasks_come_from_validation_documents(tmp_path):
     layout = corpora.CorpusLayout(tmp_path)
     layout.raw.mkdir(parents=True)
     shutil.copy(archive, layout.archive)
-    files = held_out.build_tasks(tmp_path, num_examples=20, num_fewshot=5, max_tokens=30, vocab_size=300)
+    files = held_out.build_tasks(tmp_path, num_examples=20, num_fewshot=5, max_tokens=60, vocab_size=300)
     documents = {d.name: d for d in corpora.prepare_corpus(tmp_path, vocab_size=None).documents}
     assert files.manifest["documents"].keys() == {n for n, d in documents.items() if d.split == "validation"}
     for task in held_out.TASKS:
@@ -170,7 +180,7 @@ def test_held_out_tasks_come_from_validation_documents(tmp_path):
                 assert doc.split == "validation"
                 lines = doc.text.split("\n")
                 assert r["context"].startswith("\n".join(lines[r["lines"][0]:r["lines"][1]]))
-    assert held_out.build_tasks(tmp_path, num_examples=20, num_fewshot=5, max_tokens=30, vocab_size=300) == files
+    assert held_out.build_tasks(tmp_path, num_examples=20, num_fewshot=5, max_tokens=60, vocab_size=300) == files
     with pytest.raises(ValueError, match="give .* fewer than the 100010 asked for"):
         held_out.build_tasks(tmp_path, num_examples=100000, num_fewshot=10, max_tokens=30, vocab_size=300)
 

@@ -150,7 +150,10 @@ class _Document:
         self.tokens = np.array([len(ids) for ids in encode([line + "\n" for line in self.lines])])
 
     def span(self, first: int, end: int) -> str:
-        """The text of lines ``first`` .. ``end - 1`` with the newline after each."""
+        """The text of lines ``first`` .. ``end - 1`` with the newline after each; empty where ``first >= end`` (a
+        document's last line longer than a passage's budget asks for the lines after it)."""
+        if first >= end:
+            return ""
         return self.text[self.starts[first]:self.starts[end]] if end < len(self.lines) else self.text[
             self.starts[first]:] + "\n"
 
