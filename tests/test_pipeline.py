@@ -794,7 +794,7 @@ def test_smoke_pipeline_end_to_end(smoke_book):  # noqa: F811
         for f in record["files"]:
             assert (figures / f).stat().st_size > 0, f
     plots = {r["figure"] for r in records if any(f.endswith(".png") for f in r["files"])}  # tables are CSV only
-    assert {"f1_schematic", "f2_radius", "f4_metrics", "f5_lyapunov_map", "f6_curves"} <= plots
+    assert {"f1_schematic", "f2_radius", "f4_controls", "f5_lyapunov_map", "f6_curves"} <= plots
     for name in plots:
         assert (figures / f"{name}.png").stat().st_size > 1000 and (figures / f"{name}.svg").stat().st_size > 0
     assert (book.html / "index.html").exists()
