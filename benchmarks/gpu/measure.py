@@ -198,6 +198,15 @@ def measure(config_path: str, overrides: list[str], batch: int, steps: int, voca
     }
 
 
+def print_profiles(*measured: dict) -> None:
+    """The costliest kinds of op of each measurement that was profiled (``--profile``)."""
+    for m in measured:
+        if m["profile"]:
+            print(f"    {m['model']}: {m['profile']['ms_per_step']:.2f} ms of ops a step, by kind:")
+            for op in m["profile"]["by_kind"][:12]:
+                print(f"      {op['ms_per_step']:8.2f} ms {op['share']:6.1%}  {op['op'][:90]}")
+
+
 def run_child(args: list[str], env: dict | None = None) -> dict:
     """Run this script with ``args`` in a fresh process (``env`` added to its environment); its last printed line is
     its JSON result."""
@@ -274,11 +283,7 @@ def main():
                   f"  MFU {m['mfu'] or 0:5.1%}  peak {m['peak_memory_gib'] or 0:6.2f} GiB  compile {m['compile_s']:.0f} s",
                   flush=True)
         print(f"{name:6s} DiffEqFormer / GPT-2 tokens/s: {entry['ratio']:.3f}", flush=True)
-        for m in (ours, gpt):
-            if m["profile"]:
-                print(f"    {m['model']}: {m['profile']['ms_per_step']:.2f} ms of ops a step, by kind:")
-                for op in m["profile"]["by_kind"][:12]:
-                    print(f"      {op['ms_per_step']:8.2f} ms {op['share']:6.1%}  {op['op'][:90]}")
+        print_profiles(ours, gpt)
     for dt in args.dt:
         m = run_child(["--one", PAIRS[args.pairs[0]][0], f"time_embed_dim={dt}", *common])
         m["mfu"] = mfu(m)
@@ -324,11 +329,7 @@ def ladder(args, result: dict, save, mfu) -> None:
               f"peak {ours['peak_memory_gib'] or 0:5.1f} GiB | GPT-2 {gpt['tokens_per_second']:9.0f} tok/s "
               f"MFU {gpt['mfu'] or 0:5.1%} peak {gpt['peak_memory_gib'] or 0:5.1f} GiB | ratio {entry['ratio']:.3f}",
               flush=True)
-        for m in (ours, gpt):
-            if m["profile"]:
-                print(f"    {m['model']}: {m['profile']['ms_per_step']:.2f} ms of ops a step, by kind:")
-                for op in m["profile"]["by_kind"][:12]:
-                    print(f"      {op['ms_per_step']:8.2f} ms {op['share']:6.1%}  {op['op'][:90]}")
+        print_profiles(ours, gpt)
         return True
 
     kept: tuple[dict, dict, dict] = ({}, {}, {})

@@ -49,3 +49,11 @@ def read_json(path: Path, remedy: str):
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is corrupt ({error}): {remedy}") from None
+
+
+def read_run_json(path: Path):
+    """``read_json`` of a file of a run directory (``complete.json``): a corrupt one is refused with the way to train
+    the run again."""
+    run_dir = Path(path).parent
+    return read_json(path, f"delete {run_dir} and train it again (the same command, or python -m diffeqformer.pipeline "
+                           "--preset <preset>, which retrains what is missing)")

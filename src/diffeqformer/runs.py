@@ -74,9 +74,7 @@ def summary(run) -> dict:
 
 def read_complete(run) -> dict:
     """The run's ``complete.json``; a corrupt one is refused naming the file, with the way to train the run again."""
-    path = run_path(run)
-    return paths.read_json(path / COMPLETE, f"delete {path} and train it again (python -m diffeqformer.pipeline "
-                                            "--preset <preset> retrains what is missing)")
+    return paths.read_run_json(run_path(run) / COMPLETE)
 
 
 def saved_hash(run) -> str | None:

@@ -450,19 +450,13 @@ def run_lock(run_dir: Path):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def retrain_remedy(run_dir: Path) -> str:
-    """What to do with a run directory whose files are corrupt: delete it and train it again."""
-    return (f"delete {run_dir} and train it again (the same command, or python -m diffeqformer.pipeline --preset "
-            "<preset>, which retrains what is missing)")
-
-
 def start_run(config, run_dir: Path, digest: str) -> Optional[dict]:
     """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written.
 
     Refuses a run directory that holds checkpoints of another configuration."""
     complete = run_dir / "complete.json"
     if complete.exists():
-        summary = paths.read_json(complete, retrain_remedy(run_dir))
+        summary = paths.read_run_json(complete)
         if summary.get("config_hash") == digest:
             print(f"{config.name}: already complete ({run_dir}); not retraining", file=sys.stderr)
             return summary
