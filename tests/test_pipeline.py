@@ -59,6 +59,38 @@ def test_notebooks_are_committed_without_outputs():
             f"{path.name}: the first cell is the title, then the page's question"
 
 
+def _defaults(path: Path, gpu: bool) -> dict:
+    """The values of a notebook's parameters cell executed as it stands (no parameter passed), on a machine with a
+    GPU or without."""
+    nb = nbformat.read(path, as_version=4)
+    cell = next(c for c in nb.cells if "parameters" in c.metadata.get("tags", []))
+    values: dict = {"GPU": gpu}
+    exec(cell.source, values)
+    return {k: v for k, v in values.items() if k not in ("GPU", "__builtins__")}
+
+
+def _run_names(value) -> set[str]:
+    if isinstance(value, str):
+        return {value} if value.startswith("runs/") else set()
+    if isinstance(value, dict):
+        value = list(value.values())
+    return set().union(*map(_run_names, value)) if isinstance(value, list) else set()
+
+
+def test_a_notebook_run_without_parameters_reads_the_cpu_presets_runs():
+    """Every notebook defaults to the cpu preset without a GPU (the gpu preset with one), and the runs its defaults
+    name are runs that the cpu preset trains for it: run by hand, it reads what ``make book`` trained."""
+    for path in sorted(paths.NOTEBOOKS.glob("*.ipynb")):
+        assert _defaults(path, gpu=True)["preset"] == "gpu", path.name
+        defaults = _defaults(path, gpu=False)
+        assert defaults["preset"] == "cpu", path.name
+        entry = pipeline.PRESETS["cpu"][path.stem]
+        trained: list[Run] = []
+        pipeline.planning.collect_runs(entry, trained)
+        names = _run_names([defaults[k] for k in entry])  # the parameters the pipeline passes (not a name stem)
+        assert names <= {f"runs/{r.load().name}" for r in trained}, path.name
+
+
 # ------------------------------------------------------------------------------------------ bad input, early
 
 
