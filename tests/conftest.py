@@ -23,12 +23,12 @@ def getkey():
 
 
 # The slowest test files, slowest first, by their seconds in a full two-worker run (`--durations`): test_train 381,
-# test_training 346, test_population 286, test_finetune 271, test_solve 141, test_pipeline 113; every other file
+# test_levanter_trainer 346, test_population 286, test_finetune 271, test_solve 141, test_pipeline 113; every other file
 # took under 80. `make test` hands whole files to its two workers (`--dist loadfile`) in collection order
 # (`--no-loadscope-reorder`: xdist's own order, most tests first, collected these few-test files last, and the last
 # of them ran alone on one worker for minutes). Slowest first, the two workers finish together (simulated from those
 # durations: 949 s against 1054 s; half of their sum is 947 s).
-SLOWEST_FILES = ("test_train.py", "test_training.py", "test_population.py", "test_finetune.py", "test_solve.py",
+SLOWEST_FILES = ("test_train.py", "test_levanter_trainer.py", "test_population.py", "test_finetune.py", "test_solve.py",
                  "test_pipeline.py")
 
 

@@ -290,7 +290,7 @@ def test_random_step_offset_trains_with_levanter(tmp_path):
     """Levanter's loss function sees a different grid for each key (its trainer passes one per step), and Levanter's
     trainer brings the loss down with random step placement."""
     from levanter.models.lm_model import LmExample
-    from test_training import _train
+    from test_levanter_trainer import _train
 
     from diffeqformer.train import next_token_loss
 
