@@ -49,7 +49,6 @@ from .dispatch import Trainer
 from .model.transformer import DiffEqFormerConfig, count_params
 from .train import (
     DECAY_BASELINE,
-    MODEL_FILE,
     DataConfig,
     TrainConfig,
     cli,
@@ -71,8 +70,6 @@ from .train import (
 
 METHODS = ("lora", "full")
 """Fine-tuning methods: LoRA adapters only, or every parameter."""
-PRETRAIN_CONFIG = "pretrain_config.yaml"
-"""The copy of the pretraining's ``config.yaml`` in a fine-tuning run directory."""
 
 
 @dataclass(frozen=True)
@@ -161,13 +158,13 @@ def validate(config: FinetuneConfig) -> Pretraining:
     if not pre_path.exists():
         raise ValueError(f"pretrain.config: no such file {config.pretrain.config}")
     pre, pre_dir = pretraining_of(config)
-    complete = pre_dir / "complete.json"
+    complete = pre_dir / paths.RUN_COMPLETE
     if not complete.exists():
         raise ValueError(
-            f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no complete.json); "
+            f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no {paths.RUN_COMPLETE}); "
             f"train it first: python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}"
         )
-    summary = json.loads(complete.read_text())
+    summary = paths.read_run_json(complete)
     digest = train.config_hash(pre)
     if summary.get("config_hash") != digest:
         raise ValueError(
@@ -263,7 +260,7 @@ def main(config: FinetuneConfig) -> dict:
         finished = start_run(config, run_dir, digest)
         if finished is not None:
             return finished
-        paths.write_atomic(run_dir / PRETRAIN_CONFIG, (pretraining.run_dir / "config.yaml").read_text())
+        paths.write_atomic(run_dir / paths.RUN_PRETRAIN_CONFIG, (pretraining.run_dir / paths.RUN_CONFIG).read_text())
 
         data = config.data.levanter_config()
         trainer_config = trainer_config_of(config, run_dir)
@@ -303,15 +300,15 @@ def load_model(run_dir: str | Path, *, merged: bool = False):
     (``levanter.adaptor.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained model's
     structure."""
     run_dir = Path(run_dir)
-    complete = run_dir / "complete.json"
+    complete = run_dir / paths.RUN_COMPLETE
     if not complete.exists():
-        raise FileNotFoundError(f"{run_dir} holds no finished run (no complete.json)")
-    config = load_config(run_dir / "config.yaml", cls=FinetuneConfig)
-    pre = load_config(run_dir / PRETRAIN_CONFIG)
+        raise FileNotFoundError(f"{run_dir} holds no finished run (no {paths.RUN_COMPLETE})")
+    config = load_config(run_dir / paths.RUN_CONFIG, cls=FinetuneConfig)
+    pre = load_config(run_dir / paths.RUN_PRETRAIN_CONFIG)
     Vocab = Axis("vocab", json.loads(complete.read_text())["vocab_size"])
     key = jrandom.PRNGKey(0)  # only shapes matter: the values are read from the file
     skeleton = eqx.filter_eval_shape(lambda: adapt(pre.model.build(Vocab, key=key), config, key=key))
-    model = eqx.tree_deserialise_leaves(run_dir / MODEL_FILE, skeleton)
+    model = eqx.tree_deserialise_leaves(run_dir / paths.RUN_MODEL, skeleton)
     return merge_lora_modules(model) if merged else model
 
 

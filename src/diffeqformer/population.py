@@ -280,7 +280,7 @@ def _trainer_config(base: Config, run_dirs: Sequence[Path]):
     return dataclasses.replace(
         train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population",
         train_batch_size=len(run_dirs) * base.trainer.train_batch_size,
-        tracker=(PopulationTrackerConfig(tuple(str(d / "metrics.jsonl") for d in run_dirs)),))
+        tracker=(PopulationTrackerConfig(tuple(str(d / paths.RUN_METRICS) for d in run_dirs)),))
 
 
 def _train_set(data, trainer_config, Pos: Axis, data_keys, batch: int) -> Interleaved:
@@ -342,7 +342,7 @@ def main(configs: Sequence[Config]) -> list[dict]:
                     config, run_dir, model, digest, start, vocab_size=Vocab.size,
                     tokens_per_second=_member_throughput(run_dir, n),
                     population={"seeds": seeds, "member": k,
-                                "checkpoints": paths.home_relative(run_dirs[0] / "checkpoints")}))
+                                "checkpoints": paths.home_relative(run_dirs[0] / paths.RUN_CHECKPOINTS)}))
             return summaries
 
 
@@ -370,7 +370,7 @@ def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
         if all(f is not None for f in finished):
             return finished
         for run_dir in run_dirs:
-            paths.write_atomic(run_dir / finetune.PRETRAIN_CONFIG, (pretraining.run_dir / "config.yaml").read_text())
+            paths.write_atomic(run_dir / paths.RUN_PRETRAIN_CONFIG, (pretraining.run_dir / paths.RUN_CONFIG).read_text())
 
         base, n = configs[0], len(configs)
         Seed = Axis(SEED, n)
@@ -416,7 +416,7 @@ def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
                     euler_steps=config.steps, **counts, pretrained_eval_loss=finetune.initial_eval_loss(run_dir),
                     pretrain_config_hash=pretraining.config_hash,
                     population={"seeds": seeds, "member": k,
-                                "checkpoints": paths.home_relative(run_dirs[0] / "checkpoints")}))
+                                "checkpoints": paths.home_relative(run_dirs[0] / paths.RUN_CHECKPOINTS)}))
             return summaries
 
 

@@ -12,7 +12,8 @@ fine-tuning (``diffeqformer.finetune``), the pretraining's configuration::
 
 A run is *complete* when its ``complete.json`` exists (and, where a config hash is asked for, records that hash).
 Analysis modules, figures and the pipeline ask here; ``train`` and ``finetune`` (below this module) keep their own
-check of the run they are writing.
+check of the run they are writing. The file names are spelled once, in ``paths`` (``paths.RUN_COMPLETE``, ...), the
+one module below the trainers that both they and this module import; the constants here are those names.
 
 Reading a configuration imports the trainer (Levanter), so it happens inside the functions that need it: importing
 this module (as ``figures`` does, which every notebook imports) stays cheap.
@@ -25,13 +26,19 @@ from typing import Any
 
 from . import paths
 
-COMPLETE = "complete.json"
+COMPLETE = paths.RUN_COMPLETE
 """The summary a run writes last: its presence means the run finished."""
-CONFIG = "config.yaml"
+CONFIG = paths.RUN_CONFIG
 """The run's resolved configuration (``TrainConfig`` or ``FinetuneConfig``), its hash on the first line."""
-PRETRAIN_CONFIG = "pretrain_config.yaml"
-"""A fine-tuning's copy of its pretraining's ``config.yaml`` (``finetune.PRETRAIN_CONFIG``)."""
-HASH_PREFIX = "# config_hash: "
+PRETRAIN_CONFIG = paths.RUN_PRETRAIN_CONFIG
+"""A fine-tuning's copy of its pretraining's ``config.yaml``."""
+METRICS = paths.RUN_METRICS
+"""Every metric the trainer logs, one JSON object per line (``train.read_metrics``)."""
+MODEL = paths.RUN_MODEL
+"""The trained parameters (``train.load_model``, ``finetune.load_model``)."""
+CHECKPOINTS = paths.RUN_CHECKPOINTS
+"""Levanter's checkpoints (a folder)."""
+HASH_PREFIX = paths.RUN_HASH_PREFIX
 """How ``config.yaml``'s first line records the configuration's hash."""
 
 

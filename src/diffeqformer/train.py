@@ -321,7 +321,7 @@ def _drop_partial_last_line(path: Path) -> None:
 class JsonlTrackerConfig(TrackerConfig):
     """Config of ``JsonlTracker``."""
 
-    path: str = "metrics.jsonl"
+    path: str = paths.RUN_METRICS
 
     def init(self, run_id: Optional[str]) -> Tracker:
         return JsonlTracker(Path(self.path))
@@ -333,7 +333,7 @@ def read_metrics(run_dir: str | Path):
     After a resume, the last value logged for a step wins."""
     import pandas as pd
 
-    path = Path(run_dir) / "metrics.jsonl"
+    path = Path(run_dir) / paths.RUN_METRICS
     if not path.exists():
         raise FileNotFoundError(f"no metrics file at {path}; has the run started?")
     records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
@@ -345,13 +345,13 @@ def read_metrics(run_dir: str | Path):
 
 def trainer_config_of(config: TrainConfig, run_dir: Path) -> TrainerConfig:
     """Levanter's trainer config of a run: metrics to ``metrics.jsonl`` (and W&B), checkpoints in the run directory."""
-    trackers: list[TrackerConfig] = [JsonlTrackerConfig(str(run_dir / "metrics.jsonl"))]
+    trackers: list[TrackerConfig] = [JsonlTrackerConfig(str(run_dir / paths.RUN_METRICS))]
     if config.wandb:
         from levanter.tracker.wandb import WandbConfig
 
         trackers.append(WandbConfig(name=config.name))
     checkpointer = dataclasses.replace(
-        config.trainer.checkpointer, base_path=str(run_dir / "checkpoints"), append_run_id_to_base_path=False
+        config.trainer.checkpointer, base_path=str(run_dir / paths.RUN_CHECKPOINTS), append_run_id_to_base_path=False
     )
     return dataclasses.replace(
         config.trainer,
@@ -454,21 +454,21 @@ def start_run(config, run_dir: Path, digest: str) -> Optional[dict]:
     """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written.
 
     Refuses a run directory that holds checkpoints of another configuration."""
-    complete = run_dir / "complete.json"
+    complete = run_dir / paths.RUN_COMPLETE
     if complete.exists():
         summary = paths.read_run_json(complete)
         if summary.get("config_hash") == digest:
             print(f"{config.name}: already complete ({run_dir}); not retraining", file=sys.stderr)
             return summary
-    saved = run_dir / "config.yaml"
-    if saved.exists() and (run_dir / "checkpoints").exists():
+    saved = run_dir / paths.RUN_CONFIG
+    if saved.exists() and (run_dir / paths.RUN_CHECKPOINTS).exists():
         previous = saved.read_text().split("\n", 1)[0]
-        if previous != f"# config_hash: {digest}":
+        if previous != paths.RUN_HASH_PREFIX + digest:
             raise ValueError(
                 f"{run_dir} holds a run with another configuration ({previous.removeprefix('# ')}); "
                 "choose another --name/--run_dir or delete it"
             )
-    paths.write_atomic(saved, f"# config_hash: {digest}\n" + dump_config(config))
+    paths.write_atomic(saved, f"{paths.RUN_HASH_PREFIX}{digest}\n" + dump_config(config))
     return None
 
 
@@ -536,7 +536,7 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
         if "nan" in str(err).lower() or "inf" in str(err).lower():
             raise SystemExit(
                 f"{config.name}: training stopped, the loss is not finite ({err}). "
-                f"The last good checkpoint is kept in {run_dir / 'checkpoints'}."
+                f"The last good checkpoint is kept in {run_dir / paths.RUN_CHECKPOINTS}."
             ) from None
         raise
 
@@ -558,14 +558,14 @@ def once_per_step(hook):
 
 def finish_run(config, run_dir: Path, model, digest: str, start: float, **extra) -> dict:
     """Save the model, then write ``complete.json`` (the summary of the metrics, plus ``extra``) and return it."""
-    _save_model(model, run_dir / MODEL_FILE)
+    _save_model(model, run_dir / paths.RUN_MODEL)
     summary = {**_summary(config, read_metrics(run_dir), digest, time.time() - start), **extra}
-    paths.write_atomic(run_dir / "complete.json", json.dumps(summary, indent=1) + "\n")
+    paths.write_atomic(run_dir / paths.RUN_COMPLETE, json.dumps(summary, indent=1) + "\n")
     return summary
 
 
-MODEL_FILE = "model.eqx"
-"""The trained parameters, as ``equinox.tree_serialise_leaves`` writes them (read by ``load_model``)."""
+MODEL_FILE = paths.RUN_MODEL
+"""``paths.RUN_MODEL`` (``runs.MODEL``), under the name older code imports it by."""
 
 
 def _save_model(model, path: Path) -> None:
@@ -581,13 +581,13 @@ def load_model(run_dir: str | Path):
     import equinox as eqx
 
     run_dir = Path(run_dir)
-    complete = run_dir / "complete.json"
+    complete = run_dir / paths.RUN_COMPLETE
     if not complete.exists():
-        raise FileNotFoundError(f"{run_dir} holds no finished run (no complete.json)")
-    config = load_config(run_dir / "config.yaml")
+        raise FileNotFoundError(f"{run_dir} holds no finished run (no {paths.RUN_COMPLETE})")
+    config = load_config(run_dir / paths.RUN_CONFIG)
     Vocab = Axis("vocab", json.loads(complete.read_text())["vocab_size"])
     skeleton = eqx.filter_eval_shape(config.model.build, Vocab, key=jrandom.PRNGKey(0))
-    return eqx.tree_deserialise_leaves(run_dir / MODEL_FILE, skeleton)
+    return eqx.tree_deserialise_leaves(run_dir / paths.RUN_MODEL, skeleton)
 
 
 def _check_validation_length(eval_sets, Pos: Axis) -> None:
