@@ -99,15 +99,61 @@ def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
 
 
+def _assert_diverged(out, run_dir, step):
+    """The process ended with the one line of ``train.diverged`` (run directory, step, remedy), no traceback, and
+    nothing claims the run finished."""
+    assert out.returncode == 1, out.stderr[-3000:]
+    # the line, not the last one: Levanter's progress bar logs its end as the process exits
+    [last] = [line for line in out.stderr.splitlines() if "diverged" in line]
+    assert last.startswith(f"{run_dir}: training diverged at step {step} (loss "), last
+    assert last.endswith(f"lower optimizer.learning_rate (or clip gradients with optimizer.max_grad_norm), delete "
+                         f"{run_dir} and train again"), last
+    assert "Traceback" not in out.stderr
+    assert not (run_dir / paths.RUN_COMPLETE).exists() and not (run_dir / paths.RUN_MODEL).exists()
+
+
 def test_non_finite_loss_stops_with_a_message(tmp_path):
     run_dir = tmp_path / "run"
     cmd = _train_cmd(run_dir) + ["--optimizer.learning_rate", "1e30", "--optimizer.warmup", "0"]
     out = subprocess.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=600)
-    assert out.returncode != 0
-    assert "loss is not finite" in out.stderr
-    assert "Traceback" not in out.stderr.split("loss is not finite")[-1]
-    assert not (run_dir / "complete.json").exists()
-    assert not list((run_dir / "checkpoints").glob("step-*"))  # no checkpoint of a diverged state
+    _assert_diverged(out, run_dir, step=1)  # update 0 makes the parameters non-finite; update 1's loss shows it
+    assert not list((run_dir / paths.RUN_CHECKPOINTS).glob("step-*"))  # no checkpoint of a diverged state
+
+
+_HUGE_LOSS = """
+import sys
+import diffeqformer.train as t
+
+t.next_token_loss = lambda model, example, *, key=None: 1e3 * model.compute_next_token_loss(example, key=key)
+t.cli(sys.argv[1:])
+"""
+
+
+def test_a_loss_too_large_for_its_perplexity_ends_as_diverged(tmp_path):
+    """A finite training loss that overflows exp (about 8000 nats here: the smoke run's loss, scaled) is not a crash
+    in math.exp (OverflowError) nor a finished run: the run ends diverged at its last step."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-c", _HUGE_LOSS, "--config", str(SMOKE), "--run_dir", str(run_dir)]
+    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    _assert_diverged(out, run_dir, step=19)
+
+
+@pytest.mark.parametrize("loss, expected", [(2.0, np.exp(2.0)), (None, None), (float("nan"), None),
+                                            (float("inf"), None), (709.0, np.exp(709.0)), (710.0, None), (1e30, None)])
+def test_perplexity_of_a_diverged_loss_is_none(loss, expected):
+    assert train.perplexity(loss) == expected
+
+
+def test_finish_run_refuses_a_diverged_validation_loss(tmp_path):
+    """A finite train loss and a validation loss that overflows exp: ``diverged`` at that evaluation's step, before
+    the model or complete.json is written."""
+    (tmp_path / paths.RUN_METRICS).write_text("".join(json.dumps(r) + "\n" for r in [
+        {"step": 0, "time": 0.0, "train/loss": 8.0}, {"step": 9, "time": 1.0, "train/loss": 7.0, "eval/loss": 1e4}]))
+    config = train.load_config(SMOKE)
+    with pytest.raises(SystemExit, match=rf"^{tmp_path}: training diverged at step 9 \(loss 1e\+04\)") as exit_:
+        train.finish_run(config, tmp_path, model=None, digest="h", start=0.0)
+    assert "\n" not in str(exit_.value.code)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [paths.RUN_METRICS]
 
 
 def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path):

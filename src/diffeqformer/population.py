@@ -369,8 +369,9 @@ def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
         finished = [train.start_run(c, d, h) for c, d, h in zip(configs, run_dirs, digests)]
         if all(f is not None for f in finished):
             return finished
+        pretrain_text = (pretraining.run_dir / paths.RUN_CONFIG).read_text()
         for run_dir in run_dirs:
-            paths.write_atomic(run_dir / paths.RUN_PRETRAIN_CONFIG, (pretraining.run_dir / paths.RUN_CONFIG).read_text())
+            paths.write_atomic(run_dir / paths.RUN_PRETRAIN_CONFIG, pretrain_text)
 
         base, n = configs[0], len(configs)
         Seed = Axis(SEED, n)

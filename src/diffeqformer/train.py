@@ -492,8 +492,9 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
 
     Hooks: validation loss every ``trainer.steps_per_eval`` steps and at the end, throughput every step.
     ``evaluate_first`` also evaluates the initial model, logged at step -1: Levanter logs the metrics of update k
-    (0-indexed) at step k, so step -1 is the model before any update. A non-finite loss stops with a message and keeps
-    the last good checkpoint. ``config`` supplies the run's ``name``.
+    (0-indexed) at step k, so step -1 is the model before any update. A non-finite training loss (Levanter's trainer
+    raises on one, ``trainer.crash_on_nan``/``crash_on_inf``) ends the process with one line (``diverged``); the
+    checkpoints written before it stay, none of the diverged state. ``config`` supplies the run's ``name``.
 
     Levanter's training mixture restarts a corpus when it is used up, with the same permutation, so a small corpus is
     read for as many passes as ``num_train_steps`` takes. ``train_set`` and ``eval_hook`` replace the training data
@@ -529,16 +530,31 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
     )
     if int(state.step) >= trainer_config.num_train_steps:  # killed after its last checkpoint
         return state
+    done = [int(state.step) - 1]  # the last update whose hooks ran: Levanter raises on a bad loss before them
+    trainer.add_hook(lambda info: done.__setitem__(0, info.step), every=1)
     loader = trainer.data_loader(train_set).iter_from_step(int(state.step))
     try:
         return trainer.train(state, loader).state  # ends with every hook forced: evaluation, checkpoint
     except RuntimeError as err:
-        if "nan" in str(err).lower() or "inf" in str(err).lower():
-            raise SystemExit(
-                f"{config.name}: training stopped, the loss is not finite ({err}). "
-                f"The last good checkpoint is kept in {run_dir / paths.RUN_CHECKPOINTS}."
-            ) from None
+        if str(err) in NON_FINITE_LOSS:
+            raise diverged(run_dir, done[0] + 1, NON_FINITE_LOSS[str(err)]) from None
         raise
+
+
+NON_FINITE_LOSS = {"Loss is NaN": float("nan"), "Loss is Inf": float("inf")}
+"""The errors Levanter's trainer raises for a non-finite training loss (``Trainer.train_step``), and that loss."""
+
+
+def diverged(run_dir: Path, step: int, loss: float) -> SystemExit:
+    """The end of a run whose loss at ``step`` is not finite, or too large for its perplexity (``perplexity``): one
+    line naming the run directory, the step and what to do, printed without a traceback (``SystemExit``; its exit
+    status is 1). No ``complete.json`` is written, so the run is not taken for finished; its config hash is the
+    same, so the same command would diverge again, and another learning rate is another configuration, which
+    ``start_run`` refuses beside this one's checkpoints: hence delete, then train."""
+    return SystemExit(
+        f"{run_dir}: training diverged at step {step} (loss {loss:.4g}), so the run is not complete: lower "
+        f"optimizer.learning_rate (or clip gradients with optimizer.max_grad_norm), delete {run_dir} and train again"
+    )
 
 
 def once_per_step(hook):
@@ -557,9 +573,17 @@ def once_per_step(hook):
 
 
 def finish_run(config, run_dir: Path, model, digest: str, start: float, **extra) -> dict:
-    """Save the model, then write ``complete.json`` (the summary of the metrics, plus ``extra``) and return it."""
+    """Save the model, then write ``complete.json`` (the summary of the metrics, plus ``extra``) and return it.
+
+    A run whose last training or validation loss is not finite or overflows its perplexity has diverged: it ends
+    with ``diverged``, before the model or the summary is written."""
+    metrics = read_metrics(run_dir)
+    for column in ("train/loss", "eval/loss"):
+        logged = metrics[column].dropna() if column in metrics else ()
+        if len(logged) and perplexity(float(logged.iloc[-1])) is None:
+            raise diverged(run_dir, int(logged.index[-1]), float(logged.iloc[-1]))
     _save_model(model, run_dir / paths.RUN_MODEL)
-    summary = {**_summary(config, read_metrics(run_dir), digest, time.time() - start), **extra}
+    summary = {**_summary(config, metrics, digest, time.time() - start), **extra}
     paths.write_atomic(run_dir / paths.RUN_COMPLETE, json.dumps(summary, indent=1) + "\n")
     return summary
 
@@ -611,6 +635,18 @@ def median_throughput(metrics) -> Optional[float]:
     return float(values.median())
 
 
+def perplexity(loss: Optional[float]) -> Optional[float]:
+    r"""The perplexity :math:`e^{L}` of a mean next-token loss :math:`L` in nats; None where there is no loss, or where
+    it is not finite or too large for a float (:math:`L > \ln(\text{float max}) \approx 709.8`: a diverged run's,
+    which ``finish_run`` refuses)."""
+    if loss is None or not math.isfinite(loss):
+        return None
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return None
+
+
 def _summary(config: TrainConfig, metrics, digest: str, wall_s: float) -> dict:
     def last(column):
         if column not in metrics or metrics[column].dropna().empty:
@@ -624,7 +660,7 @@ def _summary(config: TrainConfig, metrics, digest: str, wall_s: float) -> dict:
         "steps": config.trainer.num_train_steps,
         "final_train_loss": last("train/loss"),
         "final_eval_loss": eval_loss,
-        "final_eval_perplexity": math.exp(eval_loss) if eval_loss is not None else None,
+        "final_eval_perplexity": perplexity(eval_loss),
         "tokens_per_second": median_throughput(metrics),
         "wall_time_s": wall_s,
         "jax_backend": jax.default_backend(),
