@@ -357,8 +357,8 @@ def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monk
         f"32-d, 3 layers or steps, seq 64, {steps} steps of 4 on shakespeare")
     assert build.config_scale(Run("x/finetune_diffeqformer_lora", module="finetune")) == (
         f"fine-tuning for {steps} steps of 4")
-    monkeypatch.setattr(build, "PRESETS", {"x": {"nb": {"runs": [Run("x/diffeqformer"),
-                                                                Run("x/finetune_diffeqformer_lora", module="finetune")]}}})
+    runs = [Run("x/diffeqformer"), Run("x/finetune_diffeqformer_lora", module="finetune")]
+    monkeypatch.setattr(build, "PRESETS", {"x": {"nb": {"runs": runs}}})
     page = build.presets_markdown()
     assert f"{steps} steps of 4 on shakespeare; fine-tuning for {steps} steps of 4" in page and "None" not in page
     assert page.startswith("| preset | training configs | scale |\n")
@@ -864,7 +864,8 @@ def test_a_worker_and_what_it_started_end_with_the_pipeline(tmp_path):
 
     import psutil
 
-    worker = ("import subprocess, sys, time; from diffeqformer.pipeline import processes; processes.exit_with_parent(); "
+    worker = ("import subprocess, sys, time; from diffeqformer.pipeline import processes; "
+              "processes.exit_with_parent(); "
               "kernel = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
               "print(kernel.pid, flush=True); time.sleep(60)")
     pipeline_stand_in = ("import subprocess, sys, time; "
