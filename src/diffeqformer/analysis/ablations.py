@@ -730,10 +730,8 @@ def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, 
     keeps about one core busy), then their measuring processes: these start, load their compiled step and run it
     once side by side too, then time their steps one after the other, each while the others wait on their standard
     input, so that no two timed steps share the machine. ``progress``: a progress bar over the runs' timed
-    measurements. In fresh cpu ``make book`` runs on the two-core machine (2026-11-26) F9 took 1:23 this way, against
-    1:13 with each run's measuring process started only after the previous one had finished; then 1:05, once its
-    processes no longer inherited the single heap arena that slowed their multi-threaded compilation
-    (``pipeline.processes.ONE_ARENA``)."""
+    measurements. F9's times in a fresh ``make book`` with this schedule, and with each measuring process started
+    only after the previous one had finished: measurements page."""
     import os
     import tempfile
 

@@ -15,7 +15,8 @@ packs many requests into each sequence of the model's length. Two adaptations, b
   sequence of its own. The wrapper counts positions from each request's first token: every request is scored as if
   it were alone (``tests/test_downstream.py`` checks this against the model run on each request alone).
 * ``HarnessConfig``: Levanter's config loads tasks with lm-eval's default task index (all of lm-eval's ~14,000
-  task files, about 11 s); this one indexes the held-out task files alone unless a paper task is asked for.
+  task files, seconds a call: measurements page); this one indexes the held-out task files alone unless a paper task
+  is asked for.
 
 ``evaluate`` runs one model on all tasks and shot counts in one harness call, cached by the model's weights and the
 task files' hashes; ``evaluate_runs`` runs every seed of every model; ``summary`` and ``comparisons`` turn the
@@ -159,10 +160,10 @@ def task_name(task: str, shots: int) -> str:
 class HarnessConfig(LmEvalHarnessConfig):
     """Levanter's harness config with the held-out task files in lm-eval's task index (``include_path``).
 
-    Two changes to Levanter's ``to_task_dict``: it indexed all of lm-eval's task files (about 11 s a call), this
-    indexes the held-out tasks' folder alone unless a task outside it is asked for; and it passed each task to
-    lm-eval as a dict of overrides (the shots), which lm-eval 0.4.13 reads as a whole task definition (without the
-    registered task's data), so this loads each task by name and sets its shots on the loaded task. Each (task,
+    Two changes to Levanter's ``to_task_dict``: it indexed all of lm-eval's task files (seconds a call: measurements
+    page), this indexes the held-out tasks' folder alone unless a task outside it is asked for; and it passed each
+    task to lm-eval as a dict of overrides (the shots), which lm-eval 0.4.13 reads as a whole task definition (without
+    the registered task's data), so this loads each task by name and sets its shots on the loaded task. Each (task,
     shots) gets its own name with Levanter's renaming, which lets one harness call run a task at several shots."""
 
     include_path: str | None = None

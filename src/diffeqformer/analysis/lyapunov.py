@@ -193,8 +193,8 @@ def _row_field(block, axes, pos_ids, out):
     The same as ``_field(block, axes, pos_ids)(x)[out]``, computed for that row alone: the query, the attention and
     the MLP of token ``out``, the keys and values of every token (the attention of ``Attention.__call__`` for one
     query, from its public parts). The rows' reverse-mode products (``_rows_fast``, D of them per output and step)
-    then differentiate through one token's MLP instead of all n tokens', which made them about 4x cheaper at the
-    cpu preset's n = 64, D = 64 (``tests/test_lyapunov.py`` checks the row against the full field)."""
+    then differentiate through one token's MLP instead of all n tokens', which makes them cheaper (measurements page;
+    ``tests/test_lyapunov.py`` checks the row against the full field)."""
     attn = block.attn
     config = attn.config
     if config.sliding_window is not None:
@@ -247,7 +247,7 @@ def _qr_step(phi, rows, h):
 def _tangent_step(blocks, k, x, phis, outs, pos_ids, axes, h: float, rows_fn):
     """Euler step ``k`` (a traced index into the stacked weights ``blocks``) of the state and of every (output, input)
     tangent matrix; compiled once per shape. (Taking step k's weights out of the stack outside the compiled step,
-    op by op, cost more than the step itself: 70 ms of a 140 ms prompt of the attribution benchmark.)"""
+    op by op, cost more than the step itself: measurements page.)"""
     block = _layer(blocks, k)
 
     def one_out(out, phi):
@@ -269,9 +269,9 @@ def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn, prepa
     phis = jnp.broadcast_to(jnp.eye(D, dtype=x.dtype), (len(outs), n, D, D))
     total = jnp.zeros((len(outs), n, D), x.dtype)
     out_ids = jnp.asarray(outs, dtype=jnp.int32)
-    # XLA runs the batched QR on the CPU through LAPACK (OpenBLAS). With OpenBLAS's worker threads, 64 QRs of
-    # 128 x 128 took 8.5 s per step on a busy two-core machine, against 0.08 s with one thread: see
-    # numerics.one_blas_thread. The result is read (np.asarray) inside the block, so every step runs under it.
+    # XLA runs the batched QR on the CPU through LAPACK (OpenBLAS). On a busy machine OpenBLAS's worker threads make
+    # the step far slower than one thread does (measurements page): see numerics.one_blas_thread. The result is read
+    # (np.asarray) inside the block, so every step runs under it.
     with one_blas_thread():
         for k in range(L):
             x, phis, logs = _tangent_step(blocks, jnp.asarray(k, jnp.int32), x, phis, out_ids, pos_ids, x0.axes, h,

@@ -29,9 +29,9 @@ Numerical choices, stated once:
   times. The paper uses 200 explicit Euler steps; ``SolverConfig(solver="euler", adaptive=False, num_steps=200)``
   reproduces that. With fast growth g(t) = t^p the velocity reaches g(T) |B| (10^4 at T = 10, p = 4), so a fixed step
   of T/200 moves a token by far more than the sphere's size per step: such runs show the discretisation, not the ODE
-  (the adaptive solve of the same systems takes up to 3 x 10^5 steps).
+  (the adaptive solve of the same systems takes orders of magnitude more steps: measurements page).
 * Sphere constraint: in float32 the drift of |x_i| accumulates over the 10^4-10^5 steps that fast growth needs
-  (measured: 2e-4 for p = 4 with Tsit5 at rtol 1e-7). We therefore renormalise: the standard projection method
+  (far above the tolerances: measurements page). We therefore renormalise: the standard projection method
   (Hairer, Lubich & Wanner, "Geometric Numerical Integration", IV.4) divides each token by its norm after every step,
   and the dense output from which the saved times are interpolated is projected the same way. This keeps the order of
   the underlying solver (tested); ``SolverConfig(project=False)`` turns it off, and the tests check that the
@@ -127,12 +127,10 @@ class SolverConfig:
     """Adaptive: the smallest step, as a fraction of t1 - t0; such a step is taken even if its error estimate is too
     large. Needed because with fast growth the softmax is nearly a hard max (beta g(t)^2 ~ 10^8 at t = 10, p = 4):
     where a token's arg max switches the field jumps, and along a switching surface the solution chatters (a sliding
-    mode), so that the controller asks for steps at float32's resolution of t. Measured on the default experiment with
-    10 seeds: with 1e-6 one run (Gaussian weights, g = t^2) made no progress in 4e6 steps and others took 7.6e5; with
-    3e-6 every run finishes within 2.5e5 steps (about 2 minutes on 2 CPU cores); with 1e-5 a forced step can move a
-    token by g(T) |V| dtmin T ~ 1 rad (Q = K = V = I, g = t^4), which broke one run. Chattering runs are not converged
-    in the usual sense: between 3e-6 and 1e-5, 7 of the 50 final fractions of clustered pairs change by more than 0.01
-    (at most 0.37), the means over seeds by at most 0.05."""
+    mode), so that the controller asks for steps at float32's resolution of t. 3e-6 was chosen on the default
+    experiment (measurements page): a smaller dtmin let chattering runs stall, and with 1e-5 a forced step can move a
+    token by g(T) |V| dtmin T ~ 1 rad (Q = K = V = I, g = t^4). Chattering runs are not converged in the usual sense:
+    their final fractions of clustered pairs depend on dtmin (measurements page)."""
     project: bool = True
     """Sphere only: renormalise every token after each step (the projection method; see the module docstring)."""
 
@@ -475,7 +473,8 @@ def _polynomial_runner(solver: SolverConfig, sphere: bool, pieces: bool) -> Call
     """The compiled solve of a batch of (power, Q, K, V [P, d, d], x(0)), one per (solver settings, geometry,
     whether the weights jump): times, beta, the step and the jump times are traced arguments, so e.g. a convergence
     study compiles once per solver. Fixed weights do without the jump times, whose step controller
-    (``ClipStepSizeController``) costs about 60% more per step. Free space solves for (y, rho) (module docstring)."""
+    (``ClipStepSizeController``) costs more per step (measurements page). Free space solves for (y, rho) (module
+    docstring)."""
 
     def field(t, state, args):
         power, q, k, v, beta, jumps, shift = args
