@@ -575,8 +575,8 @@ _DOCUMENTS: dict[tuple, tuple[Document, ...]] = {}
 
 
 def _documents_of(archive: Path) -> tuple[Document, ...]:
-    """``corpus_documents(archive)``, read once per process and archive file (about 1.2 s each time otherwise: a
-    pipeline worker prepares the corpus for every run it trains)."""
+    """``corpus_documents(archive)``, read once per process and archive file: a pipeline worker prepares the corpus
+    for every run it trains, and reading the archive each time adds up (measurements page)."""
     stat = archive.stat()
     key = (str(archive.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _DOCUMENTS:

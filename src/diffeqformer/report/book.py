@@ -130,10 +130,10 @@ def write_reader_view(executed: Path, dest: Path) -> None:
 MATHJAX_PATH = "mathjax/tex-chtml.js"
 """Sphinx's ``mathjax_path``: relative to the book's ``_static/``."""
 MATHJAX_PARTS = ("tex-chtml.js", "input/tex/extensions", "output/chtml/fonts/woff-v2", "ui", "a11y", "sre")
-"""What the book copies of the package's MathJax (24 MB, mostly combined builds for other inputs and outputs): the
-TeX-to-HTML build (1.2 MB; a page loads it and four of its fonts), the TeX extensions it loads when a formula needs
-one (``\\boldsymbol``, ...), its fonts, and what its menu loads on request: the accessibility components and their
-speech rules (3.9 MB). 7 MB in all."""
+"""What the book copies of the package's MathJax (most of the package is combined builds for other inputs and
+outputs): the TeX-to-HTML build (a page loads it and four of its fonts), the TeX extensions it loads when a formula
+needs one (``\\boldsymbol``, ...), its fonts, and what its menu loads on request: the accessibility components and
+their speech rules. Sizes: measurements page."""
 
 
 def mathjax_source() -> Path:
