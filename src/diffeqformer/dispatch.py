@@ -2,9 +2,8 @@
 
 Levanter jits the training step with Haliax's ``named_jit``, which on every call partitions the whole train state
 (model, optimiser state) into arrays and the rest, hashes the rest, infers the output's shardings again and combines
-the output back: several Python walks over a tree of a few hundred arrays. On a small model on a CPU that is a fifth
-of the step: profiled on the cpu preset's synthetic population (3 seeds, 64-d), about 27% of the main thread's time
-was spent there and 65% waiting for the computation.
+the output back: several Python walks over a tree of a few hundred arrays. On a small model on a CPU that is a
+sizeable part of the step (measurements page).
 
 ``FlatJit`` makes that work once per argument structure: it flattens the arguments with ``jax.tree_util`` (the
 static, non-array leaves and the tree structure are the cache key), and calls a ``jax.jit`` of a function of the
@@ -138,10 +137,10 @@ class Trainer(LevanterTrainer):
 
     Levanter's checkpoint hook computes ``TrainerState.saveable_state`` after every step, and then its checkpointer
     decides whether to save: a mask over the whole train state and a filter of the state with it, Python walks of an
-    Equinox tree. On the cpu preset's synthetic population that was 43% of the training loop's Python time (py-spy,
-    400 steps), the hook took 8.0-8.9 ms a step. Here the hook hands the checkpointer a ``_Saveable`` of the state,
-    and the checkpointer's ``save_checkpoint``, which is where its ``on_step`` uses the tree, computes Levanter's
-    ``saveable_state`` from it: the same checkpoint, computed when one is written."""
+    Equinox tree: on a small model, a sizeable part of the training loop's Python time (measurements page). Here the
+    hook hands the checkpointer a ``_Saveable`` of the state, and the checkpointer's ``save_checkpoint``, which is
+    where its ``on_step`` uses the tree, computes Levanter's ``saveable_state`` from it: the same checkpoint, computed
+    when one is written."""
 
     @cached_property
     def _jit_train_step_fn(self):

@@ -38,9 +38,9 @@ def check_positive_int(value, name: str) -> None:
 def one_blas_thread():
     """Run the block with the BLAS libraries limited to one thread (threadpoolctl; restored afterwards).
 
-    Why: the eigensolvers' and QR factorisations' matrices are small and many. On a two-core machine shared with
-    other processes, OpenBLAS's spinning worker threads made batched ``eigvals`` of 128 x 128 matrices 20-60x slower
-    than one thread (100 s instead of 2 s for 101 times of the 128-d model); one thread is never much slower here.
+    Why: the eigensolvers' and QR factorisations' matrices are small and many. On a machine shared with other
+    processes, OpenBLAS's spinning worker threads make such batches far slower than one thread does, and one thread is
+    never much slower (measurements page).
     """
     from threadpoolctl import threadpool_limits
 

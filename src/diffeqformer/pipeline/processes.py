@@ -2,8 +2,8 @@
 the pipeline that started them), ``keep_heap`` (their memory allocator's settings), and the Papermill child itself.
 
 Imports nothing of the package but ``paths``, and the package ``__init__`` files import nothing eagerly, so a
-Papermill child starts in about a second instead of the 12 s that the registry (Levanter, JAX, the model) takes to
-import; the notebook's kernel imports what the notebook needs."""
+Papermill child starts without waiting for the registry (Levanter, JAX, the model) to import (measurements page); the
+notebook's kernel imports what the notebook needs."""
 
 from __future__ import annotations
 
@@ -23,19 +23,14 @@ KEPT_HEAP = ("glibc.malloc.mmap_threshold=4294967296", "glibc.malloc.trim_thresh
 """glibc malloc settings (``GLIBC_TUNABLES``) for every process the pipeline starts: allocations of up to 4 GiB come
 from the heap and freed memory stays there, to be reused. By default glibc maps every allocation above its threshold
 (at most 32 MiB) afresh and unmaps it when freed; XLA's CPU runtime allocates a step's buffers on every call, so that
-each step touched new pages: the synthetic population's 11,100 page faults (21-25 ms of system time) a step, the cpu
-DiffEqFormer population's 30,000 (60 ms). Measured on the two-core machine (2026-11-26): two synthetic populations
-side by side took 232-242 ms a step as before, 205-213 ms with these settings, 181-195 ms with them and each process
-on a core of its own (``lanes.lane_cpus``) and ``ONE_ARENA``. The trained parameters are the same, bit for bit. glibc
-reads them at a process's start, so they apply to the processes the pipeline starts; elsewhere (macOS, musl) they are
-ignored."""
+each step touched new pages, thousands of page faults a step (these, and the step times with and without these
+settings: measurements page). The trained parameters are the same, bit for bit. glibc reads them at a process's
+start, so they apply to the processes the pipeline starts; elsewhere (macOS, musl) they are ignored."""
 ONE_ARENA = ("glibc.malloc.arena_max=1",)
 """Added for a training process pinned to cores of its own (``lanes.lane_cpus``): one heap for all its threads, whose
-own arenas otherwise gave freed memory back as well. Alone on one core the cpu DiffEqFormer population's step took
-376-388 ms under ``KEPT_HEAP`` and 327 ms with this too (no page fault, 0.1 ms of system time). Not for the processes
-that run on every core (notebook kernels, F9's measuring processes): there it made XLA's multi-threaded compilation
-slower, the cpu DiffEqFormer population's first step 9.7-10.3 s against 6.4-7.4 s (its steps no faster), while on
-one core it made no difference to compilation."""
+own arenas otherwise gave freed memory back as well, so that its steps still faulted pages in. Not for the
+processes that run on every core (notebook kernels, F9's measuring processes): there it makes XLA's multi-threaded
+compilation slower, while on one core it makes no difference to compilation (both: measurements page)."""
 
 
 def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> str:
