@@ -1,6 +1,8 @@
 """Every YAML file in config/ parses into its dataclass; bad input is rejected before any compute."""
 
 import re
+import subprocess
+import sys
 
 import pytest
 from levanter.models.gpt2 import Gpt2Config
@@ -8,10 +10,11 @@ from levanter.models.llama import LlamaConfig
 from levanter.optim.config import AdamConfig
 from levanter.trainer import TrainerConfig
 
-from diffeqformer import DiffEqFormerConfig, paths
-from diffeqformer.train import DataConfig, TrainConfig, load_config, main, validate
+from diffeqformer import DiffEqFormerConfig, paths, train
+from diffeqformer.train import DataConfig, TrainConfig, load_config, validate
 
-CONFIGS = sorted(p for p in paths.CONFIG.rglob("*.yaml") if not p.name.startswith("finetune_"))  # finetune configs: test_finetune
+# finetune configs: test_finetune
+CONFIGS = sorted(p for p in paths.CONFIG.rglob("*.yaml") if not p.name.startswith("finetune_"))
 PRESETS = ("smoke", "cpu", "gpu", "paper")
 
 
@@ -62,60 +65,120 @@ def test_load_config_is_what_draccus_parses(name):
     assert config_hash(config) == config_hash(expected)
 
 
-@pytest.mark.parametrize("overrides, message", [
+SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
+
+PROBES = [
+    # overrides that name no field, or no value
     (["--model.time_embed_dimx", "4"], "time_embed_dimx"),
     (["--trainer.seed"], "--trainer.seed has no value"),
     (["trainer.seed", "1"], "trainer.seed"),
-    (["--trainer.seed", "x"], "trainer"),
-])
-def test_a_bad_override_is_refused_by_name(overrides, message):
-    with pytest.raises(ValueError, match=re.escape(message)):
-        load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml", overrides)
+    (["--trainer.seed", "x"], "trainer.seed"),
+    (["--trainer.eval_batch_size", "8"], "eval_batch_size"),  # Levanter's is per_device_eval_parallelism
+    # trainer
+    (["--trainer.num_train_steps", "0"], "trainer.num_train_steps"),
+    (["--trainer.num_train_steps", "-5"], "trainer.num_train_steps"),
+    (["--trainer.num_train_steps", "1.5"], "trainer.num_train_steps"),
+    (["--trainer.num_train_steps", "null"], "trainer.num_train_steps must be a positive integer, got None"),
+    (["--trainer.train_batch_size", "0"], "trainer.train_batch_size"),
+    (["--trainer.train_batch_size", "2.5"], "trainer.train_batch_size"),
+    (["--trainer.steps_per_eval", "0"], "trainer.steps_per_eval"),
+    (["--trainer.max_eval_batches", "0"], r"trainer.max_eval_batches \(or null .*\) must be a positive integer"),
+    (["--trainer.max_eval_batches", "-1"], "trainer.max_eval_batches"),
+    (["--trainer.seed", "1.5"], "trainer.seed"),
+    (["--trainer.seed", "null"], "trainer.seed must be an integer, got None"),
+    (["--trainer.per_device_parallelism", "0"], r"trainer.per_device_parallelism \(or -1\)"),
+    (["--trainer.per_device_eval_parallelism", "-2"], "trainer.per_device_eval_parallelism"),
+    # model
+    (["--model.type", "transformer_xl"], "model.*transformer_xl"),
+    (["--model.sinusoidal_dim", "7"], "sinusoidal_dim"),
+    (["--model.time_embed_dim", "0"], "time_embed_dim"),
+    (["--model.num_heads", "3"], "divisible"),
+    # data
+    (["--data.dataset", "imagenet"], "data.dataset"),
+    (["--data.domain", "poetry"], "data.domain"),
+    (["--data.vocab_size", "100"], "data.vocab_size must be an integer >= 257"),
+    (["--data.vocab_size", "x"], "data.vocab_size"),
+    (["--data.shuffle", "maybe"], "data.shuffle"),
+    # optimizer
+    (["--optimizer.type", "sgdx"], "optimizer.*sgdx"),
+    (["--optimizer.learning_rate", "-1"], "optimizer.learning_rate must be a positive number, got -1"),
+    (["--optimizer.learning_rate", "0"], "optimizer.learning_rate"),
+    (["--optimizer.learning_rate", "nan"], "optimizer.learning_rate"),
+    (["--optimizer.learning_rate", "inf"], "optimizer.learning_rate"),
+    (["--optimizer.learning_rate", "fast"], "optimizer.learning_rate"),
+    (["--optimizer.weight_decay", "-0.1"], "optimizer.weight_decay must be at least 0"),
+    (["--optimizer.beta1", "1.0"], r"optimizer.beta1 must be in \[0, 1\)"),
+    (["--optimizer.beta2", "-0.5"], "optimizer.beta2"),
+    (["--optimizer.epsilon", "0"], "optimizer.epsilon"),
+    (["--optimizer.max_grad_norm", "-1"], "optimizer.max_grad_norm"),
+    (["--optimizer.min_lr_ratio", "2"], r"optimizer.min_lr_ratio must be in \[0, 1\]"),
+    (["--optimizer.warmup", "-0.1"], "optimizer.warmup"),
+    (["--optimizer.warmup", "2.5"], "optimizer.warmup"),
+    # the run
+    (["--name", ""], "name must be a non-empty string"),
+]
+"""Bad input on the command line, and what its error must say (a regex): the field."""
 
 
-SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
-
-
-@pytest.mark.parametrize(
-    "overrides,message",
-    [
-        (["--trainer.num_train_steps", "0"], "num_train_steps"),
-        (["--trainer.num_train_steps", "-5"], "num_train_steps"),
-        (["--model.sinusoidal_dim", "7"], "sinusoidal_dim"),
-        (["--model.time_embed_dim", "0"], "time_embed_dim"),
-        (["--model.num_heads", "3"], "divisible"),
-        (["--data.dataset", "imagenet"], "data.dataset"),
-        (["--data.domain", "poetry"], "data.domain"),
-        (["--data.vocab_size", "100"], "vocab_size"),
-        (["--optimizer.learning_rate", "-1"], "optimizer.learning_rate must be a positive number, got -1"),
-        (["--optimizer.learning_rate", "0"], "optimizer.learning_rate"),
-        (["--optimizer.learning_rate", "nan"], "optimizer.learning_rate"),
-        (["--optimizer.weight_decay", "-0.1"], "optimizer.weight_decay must be at least 0"),
-        (["--optimizer.beta1", "1.0"], r"optimizer.beta1 must be in \[0, 1\)"),
-        (["--optimizer.beta2", "-0.5"], "optimizer.beta2"),
-        (["--optimizer.epsilon", "0"], "optimizer.epsilon"),
-        (["--optimizer.max_grad_norm", "-1"], "optimizer.max_grad_norm"),
-        (["--optimizer.min_lr_ratio", "2"], r"optimizer.min_lr_ratio must be in \[0, 1\]"),
-        (["--optimizer.warmup", "-0.1"], "optimizer.warmup"),
-        (["--optimizer.warmup", "2.5"], "optimizer.warmup"),
-    ],
-)
-def test_bad_input_is_rejected_before_compute(tmp_path, monkeypatch, overrides, message):
-    # before compute: Levanter is never initialised (no trainer, no compilation)
+def _error_of(argv, monkeypatch) -> str:
+    """The error ``python -m diffeqformer.train`` ends with for ``argv``, run in this process: a ``SystemExit``
+    whose message Python prints as it is, with no traceback; checked to be one line, and to come before compute."""
     monkeypatch.setattr("levanter.trainer.initialize", _compute_started)
-    with pytest.raises(Exception, match=message):
-        config = load_config(SMOKE, overrides + ["--run_dir", str(tmp_path / "run")])
-        main(config)
+    monkeypatch.setattr(train, "use_compilation_cache", lambda *args: None)
+    with pytest.raises(SystemExit) as exit_:
+        train.cli(argv)
+    message = str(exit_.value.code)
+    assert message.startswith(("error: ", "usage: ")) and "\n" not in message, message
+    return message
+
+
+@pytest.mark.parametrize("overrides,message", PROBES, ids=[" ".join(o) for o, _ in PROBES])
+def test_bad_input_is_one_line_naming_the_field_before_compute(tmp_path, monkeypatch, overrides, message):
+    # before compute: Levanter is never initialised (no trainer, no compilation)
+    error = _error_of(["--config", str(SMOKE), "--run_dir", str(tmp_path / "run"), *overrides], monkeypatch)
+    assert re.search(message, error), error
     assert not (tmp_path / "run").exists()  # nothing half-written
+
+
+BAD_FILES = {
+    "missing": (None, "config file not found: .*missing"),
+    "a directory": (None, r"config file not found: .*a directory \(a directory\)"),
+    "not YAML": ("name: [cpu\n", r"bad.yaml: not valid YAML \(.*line 1, column 7"),
+    "a list": ("- name: cpu\n", "bad.yaml: a config file is a mapping of fields .*got a list"),
+    "not text": (b"\xff\xfe\x00name", "bad.yaml: not valid YAML"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_FILES)
+def test_a_bad_config_file_is_one_line_naming_it(tmp_path, monkeypatch, case):
+    content, message = BAD_FILES[case]
+    path = tmp_path / ("bad.yaml" if content is not None else case)
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    elif content is not None:
+        path.write_text(content)
+    elif case == "a directory":
+        path.mkdir()
+    assert re.search(message, _error_of(["--config", str(path)], monkeypatch))
+
+
+def test_no_config_file_is_the_usage(monkeypatch):
+    assert "--config without a file" in _error_of(["--config"], monkeypatch)
+    assert _error_of([], monkeypatch).startswith("usage: python -m diffeqformer.train --config")
+
+
+def test_bad_input_ends_without_a_traceback(tmp_path):
+    """As a user sees it: the process prints one line and exits with status 1."""
+    out = subprocess.run([sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir",
+                          str(tmp_path / "run"), "--trainer.max_eval_batches", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1
+    assert out.stderr.strip().splitlines() == ["error: trainer.max_eval_batches (or null for the whole validation "
+                                               "split) must be a positive integer, got 0"]
 
 
 def _compute_started(*args, **kwargs):
     raise AssertionError("the bad input reached levanter.trainer.initialize: it was not rejected before compute")
-
-
-def test_missing_config_file():
-    with pytest.raises(FileNotFoundError, match="not_there.yaml"):
-        load_config(paths.CONFIG / "smoke" / "not_there.yaml")
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(paths.CONFIG)) for p in CONFIGS])

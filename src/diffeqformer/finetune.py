@@ -142,6 +142,7 @@ def validate(config: FinetuneConfig) -> Pretraining:
     """Reject bad input before anything is written, naming the field; return the checked pretraining run.
 
     Takes seconds: the pretrained model is built shape-only (to check the LoRA rank and targets), not loaded."""
+    train.validate_name(config)
     validate_trainer(config.trainer)
     validate_optimizer(config.optimizer)
     validate_data(config.data)

@@ -109,6 +109,7 @@ def run_dir_of(config: TrainConfig) -> Path:
 
 def validate(config: TrainConfig) -> None:
     """Reject bad input before any compute, naming the field."""
+    validate_name(config)
     validate_trainer(config.trainer)
     validate_optimizer(config.optimizer)
     validate_data(config.data)
@@ -144,12 +145,29 @@ def validate_regularisers(model: LmConfig) -> None:
         )
 
 
+def validate_name(config) -> None:
+    """Reject a run name that is not a non-empty string: without ``run_dir`` the run would be written in ``runs/``
+    itself (an empty name) or fail on a path of None."""
+    if not isinstance(config.name, str) or not config.name.strip():
+        raise ValueError(f"name must be a non-empty string (the run directory is runs/<name>), got {config.name!r}")
+
+
 def validate_trainer(t: TrainerConfig) -> None:
-    """Reject a trainer section with a non-positive number of steps, batch size or evaluation interval."""
+    """Reject a trainer section that would not train, naming the field: a non-positive number of steps, batch size,
+    evaluation interval or number of evaluation batches (an evaluation of no batch has no loss), a seed that is not an
+    integer, a number of examples per device that is neither -1 (Levanter's: the batch split over the devices) nor
+    positive."""
     check_positive_int(t.num_train_steps, "trainer.num_train_steps")
     if isinstance(t.train_batch_size, int):  # else a schedule of batch sizes
         check_positive_int(t.train_batch_size, "trainer.train_batch_size")
     check_positive_int(t.steps_per_eval, "trainer.steps_per_eval")
+    if t.max_eval_batches is not None:
+        check_positive_int(t.max_eval_batches, "trainer.max_eval_batches (or null for the whole validation split)")
+    if isinstance(t.seed, bool) or not isinstance(t.seed, int):
+        raise ValueError(f"trainer.seed must be an integer, got {t.seed!r}")
+    for name in ("per_device_parallelism", "per_device_eval_parallelism"):
+        if getattr(t, name) != -1:
+            check_positive_int(getattr(t, name), f"trainer.{name} (or -1)")
 
 
 def validate_optimizer(o: OptimizerConfig) -> None:
@@ -189,7 +207,10 @@ def validate_data(data: DataConfig) -> None:
         raise ValueError(f"data.dataset must be one of {DATASETS}, got {data.dataset!r}")
     if data.domain not in DOMAINS:
         raise ValueError(f"data.domain must be one of {DOMAINS}, got {data.domain!r}")
-    check_vocab_size(data.vocab_size)
+    try:
+        check_vocab_size(data.vocab_size)
+    except ValueError as err:  # the tokenizer's check names its argument, vocab_size: say which section's
+        raise ValueError(f"data.{err}") from None
 
 
 def plain_tree(config) -> dict:
@@ -699,15 +720,21 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: ty
     from draccus.parsers import decoding
 
     path = Path(path)
-    if not path.exists():
-        raise FileNotFoundError(f"config file not found: {path}")
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}" + (" (a directory)" if path.is_dir() else ""))
+    values = parse_overrides(overrides)
     try:
-        values = parse_overrides(overrides)
         with path.open(encoding="utf-8") as handle:
             loaded = cfgparsing.load_config(handle, file=str(path)) or {}
+    except Exception as err:  # draccus wraps YAML's error, which says where: "line 1, column 7"
+        raise ValueError(f"{path}: not valid YAML ({one_line(err.__cause__ or err)})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a config file is a mapping of fields (name: ..., model: ...), got a "
+                         f"{type(loaded).__name__}")
+    try:
         return decoding.decode(cls, mergedeep.merge(loaded, values))
     except draccus.utils.DecodingError as err:  # a value of the wrong type: "`epochs`: Couldn't parse 'x' into an int"
-        raise ValueError(f"{path}: {err}") from None
+        raise ValueError(f"{path}: {one_line(err)}") from None
     except Exception as err:
         # draccus reports "Couldn't instantiate class ..." and keeps our validation error as the cause: surface it.
         cause, innermost = err, None
@@ -718,6 +745,15 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: ty
         if innermost is not None and innermost is not err:
             raise ValueError(f"{path}: {innermost}") from None
         raise
+
+
+def one_line(error) -> str:
+    """An error's message on one line: the lines of a multi-line one (draccus lists every type it tried, YAML points
+    at the column) joined by "; ", or by a space after a colon."""
+    text = ""
+    for line in filter(None, (line.strip() for line in str(error).splitlines())):
+        text += (" " if text.endswith(":") else "; ") + line if text else line
+    return text
 
 
 def use_compilation_cache(directory: str | Path | None = None) -> Path:
@@ -744,13 +780,16 @@ def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, mod
         raise SystemExit(f"usage: python -m {module} --config config/<preset>/<name>.yaml [overrides]")
     key = "--config" if "--config" in argv else "--config_path"
     i = argv.index(key)
+    if i + 1 == len(argv):
+        raise SystemExit(f"usage: python -m {module} --config config/<preset>/<name>.yaml [overrides] ({key} without a "
+                         "file)")
     path, overrides = argv[i + 1], argv[:i] + argv[i + 2 :]
     try:
         config = load_config(path, overrides, cls=cls)
         use_compilation_cache()
         run(config)
     except (ValueError, FileNotFoundError) as err:
-        raise SystemExit(f"error: {err}") from None
+        raise SystemExit(f"error: {one_line(err)}") from None
 
 
 if __name__ == "__main__":
