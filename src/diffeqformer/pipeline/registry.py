@@ -285,7 +285,9 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # bfloat16 (trainer.mp of config/gpu/), on the offline corpus; DIFFEQFORMER_GPU_CORPUS=wikitext103 trains the
     # language models of F1-F6 and F8-F11 on WikiText-103 instead (gpu_corpus). F5's synthetic model is the cpu
     # preset's. F7 fine-tunes with N = 9, 12, 18 and 24 (finetune.discretisations). Sizing, an estimate from other
-    # models' measurements, to be replaced by the first GPU run's: the book's Presets section (reproducing page).
+    # models' measurements to be replaced by the first GPU run's (reproducing page, "The gpu preset"): 108M tokens,
+    # 22 PFLOP; on an H100 (0.7 x an H200) 184 s at the utilisation of GPT-small in the H200 ladder, 477 s at that of
+    # the 384-d model measured there; plus about 25 distinct compilations of 13-24 s each, install, data, notebooks.
     "gpu": gpu_corpus({
         "f1_model": dict(run=Run("gpu/diffeqformer")),
         "f2_spectra": dict(runs=seeded(Run("gpu/diffeqformer"), GPU_SEEDS, population=True), baselines={
