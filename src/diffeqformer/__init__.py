@@ -6,6 +6,22 @@ import os as _os
 # process; Levanter silences it the same way, but only once its GPT-2 module is imported, which is too late.
 _os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
+ONEDNN_FLAG = "--xla_cpu_experimental_onednn_custom_call=true"
+"""XLA's CPU backend runs matrix products through oneDNN with this flag: faster cpu-preset training steps
+(``benchmarks/cpu_kernels.py`` prints the ratio; the measurements page), the same losses up to float32 rounding, other
+bits. ``DIFFEQFORMER_ONEDNN=0`` leaves XLA's own kernels. It must be in ``XLA_FLAGS`` before
+JAX starts its CPU backend, so it is added when the package is imported; it changes nothing on a GPU."""
+
+
+def _use_onednn(env=_os.environ) -> None:
+    """Add ``ONEDNN_FLAG`` to ``XLA_FLAGS`` unless ``DIFFEQFORMER_ONEDNN=0`` or the flags already set it."""
+    flags = env.get("XLA_FLAGS", "")
+    if env.get("DIFFEQFORMER_ONEDNN", "1") != "0" and "xla_cpu_experimental_onednn_custom_call" not in flags:
+        env["XLA_FLAGS"] = f"{flags} {ONEDNN_FLAG}".strip()
+
+
+_use_onednn()
+
 __all__ = [
     "DiffEqFormerConfig",
     "DiffEqFormerLMHeadModel",
