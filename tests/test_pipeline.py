@@ -77,14 +77,15 @@ def _run_names(value) -> set[str]:
     return set().union(*map(_run_names, value)) if isinstance(value, list) else set()
 
 
-def test_a_notebook_run_without_parameters_reads_the_cpu_presets_runs():
-    """Every notebook defaults to the cpu preset without a GPU (the gpu preset with one), and the runs its defaults
-    name are runs that the cpu preset trains for it: run by hand, it reads what ``make book`` trained."""
+@pytest.mark.parametrize("gpu,preset", [(False, "cpu"), (True, "gpu")])
+def test_a_notebook_run_without_parameters_reads_its_presets_runs(gpu, preset):
+    """Every notebook defaults to the cpu preset without a GPU and to the gpu preset with one, and the runs its
+    defaults name are runs that preset trains for it: run by hand, it reads what ``make book`` (or the gpu pipeline)
+    trained."""
     for path in sorted(paths.NOTEBOOKS.glob("*.ipynb")):
-        assert _defaults(path, gpu=True)["preset"] == "gpu", path.name
-        defaults = _defaults(path, gpu=False)
-        assert defaults["preset"] == "cpu", path.name
-        entry = pipeline.PRESETS["cpu"][path.stem]
+        defaults = _defaults(path, gpu=gpu)
+        assert defaults["preset"] == preset, path.name
+        entry = pipeline.PRESETS[preset][path.stem]
         trained: list[Run] = []
         pipeline.planning.collect_runs(entry, trained)
         names = _run_names([defaults[k] for k in entry])  # the parameters the pipeline passes (not a name stem)
