@@ -182,6 +182,37 @@ GPU_LANGUAGE_MODELS = ("gpu/diffeqformer", "gpu/diffeqformer_llama", "gpu/gpt2",
 """The configs of the gpu preset's language models of F1-F6 and F8-F11: the ones ``gpu_corpus`` moves."""
 
 
+def single_gpu_or_cpu(preset: str, seeds: int, *, base_dt: int, dts: tuple[int, ...], measure_batch: int,
+                      shots: list[int]) -> dict[str, dict[str, Any]]:
+    """The entries of the cpu preset, and of the gpu preset that mirrors it at a larger scale: the same runs of
+    ``config/<preset>/``, notebooks and seeds (every compared setting's ``seeds`` one population). F2, F3, F6 and F11
+    read F6's models (nothing more is trained for them); F3 drives its simulations with their seeds; the ablations
+    vary the F6 models themselves (d_t ``dts`` around ``base_dt``; ``measure_batch`` sequences per measured step);
+    F11 evaluates every F6 model and seed on 100 examples per held-out task with ``shots`` examples in context."""
+
+    def s(config: str) -> list[Run]:
+        return seeded(Run(f"{preset}/{config}"), seeds, population=True)
+
+    models = (("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
+              ("ours_llama", "diffeqformer_llama"))
+    return {
+        "f1_model": dict(run=Run(f"{preset}/diffeqformer")),
+        "f2_spectra": dict(runs=s("diffeqformer"), baselines={key: s(config) for key, config in models
+                                                               if key != "ours"}),
+        "f3_trajectories": dict(runs={key: s(config) for key, config in (("ours", "diffeqformer"),
+                                                                          ("shared", "shared"))},
+                                num_seeds=3, num_tokens=40, horizon=10.0, num_saves=200,
+                                euler_sweep=[200, 1000, 5000, 25000, 100000], model_tokens=40, model_saves=200),
+        "f5_lyapunov": dict(run=Run(f"{preset}/diffeqformer"), synthetic_runs=s("synthetic_diffeqformer"),
+                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
+        "f6_perplexity": dict(runs={key: s(config) for key, config in models}),
+        "f7_finetuning": dict(runs=finetune_runs(preset)),
+        **ablation_entries(preset, base_dt, dts, measure_batch=measure_batch, num_sequences=64, prefix="",
+                           seeds=seeds, population=True),
+        "f11_downstream": dict(runs={key: s(config) for key, config in models}, num_examples=100, shots=shots),
+    }
+
+
 def gpu_corpus(entries: dict[str, dict[str, Any]], corpus: str) -> dict[str, dict[str, Any]]:
     """The gpu preset's ``entries`` with every run of ``GPU_LANGUAGE_MODELS`` trained on ``corpus`` and named
     ``gpu-<corpus>-...`` (so that its runs and the offline ones live side by side), and F11 evaluating the paper's
@@ -253,32 +284,8 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The
     # ablations vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five, to keep the
     # whole build within 40 minutes.
-    "cpu": {
-        "f1_model": dict(run=Run("cpu/diffeqformer")),
-        # F2 judges the spectra of F6's models, every seed (the same runs: nothing more is trained)
-        "f2_spectra": dict(runs=seeded(Run("cpu/diffeqformer"), CPU_SEEDS, population=True), baselines={
-            key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
-                ("gpt", "gpt2"), ("shared", "shared"), ("llama", "llama"), ("ours_llama", "diffeqformer_llama"))}),
-        # F3 drives its simulations with the F6 models' seeds (the same runs: nothing more to train).
-        "f3_trajectories": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in
-                                      (("ours", "diffeqformer"), ("shared", "shared"))}, num_seeds=3, num_tokens=40,
-                                horizon=10.0, num_saves=200, euler_sweep=[200, 1000, 5000, 25000, 100000],
-                                model_tokens=40, model_saves=200),
-        "f5_lyapunov": dict(run=Run("cpu/diffeqformer"), synthetic_runs=seeded(Run("cpu/synthetic_diffeqformer"),
-                                                                                CPU_SEEDS, population=True),
-                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
-        "f6_perplexity": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
-            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
-            ("ours_llama", "diffeqformer_llama"))}),
-        "f7_finetuning": dict(runs=finetune_runs("cpu")),
-        **ablation_entries("cpu", 8, (2, 8, 32), measure_batch=16, num_sequences=64, prefix="", seeds=CPU_SEEDS,
-                           population=True),
-        # every F6 model and seed on 100 examples per held-out task, zero- and one-shot (one example of 30 tokens
-        # and the query fill the models' 64)
-        "f11_downstream": dict(runs={key: seeded(Run(f"cpu/{config}"), CPU_SEEDS, population=True) for key, config in (
-            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
-            ("ours_llama", "diffeqformer_llama"))}, num_examples=100, shots=[0, 1]),
-    },
+    # F11: one example of 30 tokens and the query fill the models' 64.
+    "cpu": single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
     # One GPU (a lent H100 or H200, or Colab): the cpu preset's runs, notebooks and seeds at 8 times its width (512-d,
     # 6 steps or layers, seq 256, 32 sequences a step) and 10 times its tokens per model (F1-F6, F8-F11: 320 steps,
     # 2.6M tokens, 1.3 epochs; F7: pretrainings 200 steps, 1.6M tokens, fine-tunings 40 steps, 0.33M tokens), in
@@ -288,31 +295,11 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     # models' measurements to be replaced by the first GPU run's (reproducing page, "The gpu preset"): 108M tokens,
     # 22 PFLOP; on an H100 (0.7 x an H200) 184 s at the utilisation of GPT-small in the H200 ladder, 477 s at that of
     # the 384-d model measured there; plus about 25 distinct compilations of 13-24 s each, install, data, notebooks.
-    "gpu": gpu_corpus({
-        "f1_model": dict(run=Run("gpu/diffeqformer")),
-        "f2_spectra": dict(runs=seeded(Run("gpu/diffeqformer"), GPU_SEEDS, population=True), baselines={
-            key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in (
-                ("gpt", "gpt2"), ("shared", "shared"), ("llama", "llama"), ("ours_llama", "diffeqformer_llama"))}),
-        "f3_trajectories": dict(runs={key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in
-                                      (("ours", "diffeqformer"), ("shared", "shared"))}, num_seeds=3, num_tokens=40,
-                                horizon=10.0, num_saves=200, euler_sweep=[200, 1000, 5000, 25000, 100000],
-                                model_tokens=40, model_saves=200),
-        "f5_lyapunov": dict(run=Run("gpu/diffeqformer"), synthetic_runs=seeded(Run("gpu/synthetic_diffeqformer"),
-                                                                                GPU_SEEDS, population=True),
-                            max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
-        "f6_perplexity": dict(runs={key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in (
-            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
-            ("ours_llama", "diffeqformer_llama"))}),
-        "f7_finetuning": dict(runs=finetune_runs("gpu")),
-        # d_t: the paper's GPT-small value 20, and a factor of 4 either side of it, as the cpu preset's 2, 8, 32
-        **ablation_entries("gpu", 20, (5, 20, 80), measure_batch=32, num_sequences=64, prefix="", seeds=GPU_SEEDS,
-                           population=True),
-        # every F6 model and seed on 100 examples per held-out task, zero- and five-shot as in the paper (five examples
-        # of 40 tokens and the query fill the models' 256); online, the paper's tasks too
-        "f11_downstream": dict(runs={key: seeded(Run(f"gpu/{config}"), GPU_SEEDS, population=True) for key, config in (
-            ("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
-            ("ours_llama", "diffeqformer_llama"))}, num_examples=100, shots=[0, 5]),
-    }, GPU_CORPUS),
+    # d_t: the paper's GPT-small value 20, and a factor of 4 either side of it, as the cpu preset's 2, 8, 32. F11:
+    # zero- and five-shot as in the paper (five examples of 40 tokens and the query fill the models' 256); online, the
+    # paper's tasks too (gpu_corpus).
+    "gpu": gpu_corpus(single_gpu_or_cpu("gpu", GPU_SEEDS, base_dt=20, dts=(5, 20, 80), measure_batch=32,
+                                        shots=[0, 5]), GPU_CORPUS),
     # The paper's configurations (Tables 1-2): multi-GPU/TPU.
     "paper": {
         "f1_model": dict(run=Run("paper/wikitext103_small_diffeqformer")),
