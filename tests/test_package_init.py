@@ -1,29 +1,50 @@
-"""The package's import-time settings (``diffeqformer/__init__.py``)."""
+"""The package's process settings (``diffeqformer/__init__.py``): which processes run XLA's CPU kernels, which oneDNN's."""
+
+import os
+import subprocess
+import sys
+
+import pytest
 
 import diffeqformer
 
 
 def test_onednn_flag_is_added_once_and_can_be_turned_off():
     env = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    diffeqformer._use_onednn(env)
+    diffeqformer.use_onednn(env)
     assert env["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {diffeqformer.ONEDNN_FLAG}"
-    diffeqformer._use_onednn(env)
+    diffeqformer.use_onednn(env)
     assert env["XLA_FLAGS"].count("onednn") == 1
 
     empty = {}
-    diffeqformer._use_onednn(empty)
+    diffeqformer.use_onednn(empty)
     assert empty["XLA_FLAGS"] == diffeqformer.ONEDNN_FLAG
 
     off = {"DIFFEQFORMER_ONEDNN": "0"}
-    diffeqformer._use_onednn(off)
+    diffeqformer.use_onednn(off)
     assert "XLA_FLAGS" not in off
 
     chosen = {"XLA_FLAGS": "--xla_cpu_experimental_onednn_custom_call=false"}
-    diffeqformer._use_onednn(chosen)
+    diffeqformer.use_onednn(chosen)
     assert chosen["XLA_FLAGS"] == "--xla_cpu_experimental_onednn_custom_call=false"  # the user's choice stands
 
 
-def test_this_process_runs_with_the_flag():
-    import os
+def test_only_training_processes_take_the_flag(monkeypatch):
+    """Importing the package changes nothing (an analysis in a notebook keeps XLA's kernels: F3's many tiny products
+    ran slower with oneDNN's); a pipeline training worker gets the flag, and so does ``python -m diffeqformer.train``
+    before its config is even read."""
+    from diffeqformer import train
+    from diffeqformer.pipeline import lanes
 
-    assert diffeqformer.ONEDNN_FLAG in os.environ["XLA_FLAGS"] or os.environ.get("DIFFEQFORMER_ONEDNN") == "0"
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "DIFFEQFORMER_ONEDNN")}
+    imported = subprocess.run([sys.executable, "-c", "import os, diffeqformer; print(os.environ.get('XLA_FLAGS'))"],
+                              env=env, capture_output=True, text=True, check=True)
+    assert imported.stdout.strip() == "None"
+    assert diffeqformer.ONEDNN_FLAG in lanes.worker_env(env, [0])["XLA_FLAGS"]
+    assert diffeqformer.ONEDNN_FLAG in lanes.worker_env(env, None)["XLA_FLAGS"]
+
+    monkeypatch.delenv("XLA_FLAGS", raising=False)
+    monkeypatch.delenv("DIFFEQFORMER_ONEDNN", raising=False)
+    with pytest.raises(SystemExit, match="usage"):
+        train.cli([])
+    assert diffeqformer.ONEDNN_FLAG in os.environ["XLA_FLAGS"]

@@ -7,20 +7,22 @@ import os as _os
 _os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 ONEDNN_FLAG = "--xla_cpu_experimental_onednn_custom_call=true"
-"""XLA's CPU backend runs matrix products through oneDNN with this flag: faster cpu-preset training steps
-(``benchmarks/cpu_kernels.py`` prints the ratio; the measurements page), the same losses up to float32 rounding, other
-bits. ``DIFFEQFORMER_ONEDNN=0`` leaves XLA's own kernels. It must be in ``XLA_FLAGS`` before
-JAX starts its CPU backend, so it is added when the package is imported; it changes nothing on a GPU."""
+"""XLA's CPU backend runs matrix products through oneDNN with this flag: faster training steps of the cpu preset's
+models (``benchmarks/cpu_kernels.py`` prints the ratio; measurements page), the same losses up to float32 rounding,
+other bits; slower for the analyses' many tiny products (F3's trajectories), so only training processes use it
+(``use_onednn``). It changes nothing on a GPU."""
 
 
-def _use_onednn(env=_os.environ) -> None:
-    """Add ``ONEDNN_FLAG`` to ``XLA_FLAGS`` unless ``DIFFEQFORMER_ONEDNN=0`` or the flags already set it."""
+def use_onednn(env=None) -> None:
+    """Add ``ONEDNN_FLAG`` to ``XLA_FLAGS`` of ``env`` (default: this process's environment, which must be done before
+    JAX starts its CPU backend) unless ``DIFFEQFORMER_ONEDNN=0`` or the flags already choose: called by the processes
+    that train (``train.cli``, the pipeline's training workers, F9's measured training steps), so that a run trained
+    by hand and one trained by the pipeline compute alike."""
+    env = _os.environ if env is None else env
     flags = env.get("XLA_FLAGS", "")
     if env.get("DIFFEQFORMER_ONEDNN", "1") != "0" and "xla_cpu_experimental_onednn_custom_call" not in flags:
         env["XLA_FLAGS"] = f"{flags} {ONEDNN_FLAG}".strip()
 
-
-_use_onednn()
 
 __all__ = [
     "DiffEqFormerConfig",

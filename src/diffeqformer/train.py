@@ -37,7 +37,7 @@ from levanter.optim.config import AdamConfig, OptimizerConfig
 from levanter.tracker import NoopConfig, Tracker, TrackerConfig
 from levanter.trainer import TrainerConfig
 
-from . import paths
+from . import paths, use_onednn
 from .dispatch import Trainer, batched_maps
 from .model.transformer import DiffEqFormerConfig
 from .numerics import check_positive_int
@@ -775,6 +775,7 @@ def use_compilation_cache(directory: str | Path | None = None) -> Path:
 def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, module: str = "diffeqformer.train"):
     """``python -m <module> --config file.yaml [overrides]``: parse into ``cls`` and call ``run``; bad input exits with
     a one-line error."""
+    use_onednn()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" not in argv and "--config_path" not in argv:
         raise SystemExit(f"usage: python -m {module} --config config/<preset>/<name>.yaml [overrides]")

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from .. import use_onednn
 from ..report.figures import log_perplexity_axis
 from ..runs import config as run_config
 from ..runs import config_field, is_finetuning, model_type, pretrain_config, require_complete, run_path, summary
@@ -885,6 +886,7 @@ def plot_time_embedding(table):
 
 
 def _main(argv: list[str] | None = None) -> None:
+    use_onednn()  # the kernels of training processes: a measured step is a training step
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.analysis.ablations")
     parser.add_argument("--measure", metavar="RUN_DIR", required=True,
                         help="measure time and peak memory of training steps of this run's model (one JSON line)")

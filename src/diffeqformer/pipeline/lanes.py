@@ -11,7 +11,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import finetune, paths, population, train
+from .. import finetune, paths, population, train, use_onednn
 from ..runs import is_complete
 from .notebooks import stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
@@ -106,8 +106,10 @@ def pin_to_worker_cpus() -> None:
 
 def worker_env(env: Mapping[str, str], cpus: list[int] | None) -> dict[str, str]:
     """The environment of a training process on ``cpus`` (None: every core): ``env`` with its cores
-    (``WORKER_CPUS``) and, pinned, one heap for all its threads (``processes.ONE_ARENA``)."""
+    (``WORKER_CPUS``), a training process's CPU kernels (``diffeqformer.use_onednn``) and, pinned, one heap for all
+    its threads (``processes.ONE_ARENA``)."""
     env = {k: v for k, v in env.items() if k != WORKER_CPUS}
+    use_onednn(env)
     if cpus is not None:
         env[WORKER_CPUS] = ",".join(map(str, cpus))
         env["GLIBC_TUNABLES"] = keep_heap(env.get("GLIBC_TUNABLES"), ONE_ARENA)
