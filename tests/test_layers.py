@@ -114,7 +114,7 @@ def test_no_private_name_of_another_module():
 
 
 def test_the_api_page_follows_the_data_path():
-    from diffeqformer.pipeline.build import api_markdown
+    from diffeqformer.pipeline.pages import api_markdown
 
     sections = [line.removeprefix("## `diffeqformer.").removesuffix("`") for line in api_markdown().splitlines()
                 if line.startswith("## ")]

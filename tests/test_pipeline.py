@@ -345,7 +345,7 @@ def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monk
     import yaml
     from levanter.trainer import TrainerConfig
 
-    from diffeqformer.pipeline import build
+    from diffeqformer.pipeline import pages
 
     for name in ("diffeqformer", "finetune_diffeqformer_lora"):
         config = yaml.safe_load((paths.CONFIG / "smoke" / f"{name}.yaml").read_text())
@@ -354,13 +354,13 @@ def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monk
         (tmp_path / "x" / f"{name}.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.setattr(paths, "CONFIG", tmp_path)
     steps = TrainerConfig().num_train_steps
-    assert build.config_scale(Run("x/diffeqformer")) == (
+    assert pages.config_scale(Run("x/diffeqformer")) == (
         f"32-d, 3 layers or steps, seq 64, {steps} steps of 4 on shakespeare")
-    assert build.config_scale(Run("x/finetune_diffeqformer_lora", module="finetune")) == (
+    assert pages.config_scale(Run("x/finetune_diffeqformer_lora", module="finetune")) == (
         f"fine-tuning for {steps} steps of 4")
     runs = [Run("x/diffeqformer"), Run("x/finetune_diffeqformer_lora", module="finetune")]
-    monkeypatch.setattr(build, "PRESETS", {"x": {"nb": {"runs": runs}}})
-    page = build.presets_markdown()
+    monkeypatch.setattr(pages, "PRESETS", {"x": {"nb": {"runs": runs}}})
+    page = pages.presets_markdown()
     assert f"{steps} steps of 4 on shakespeare; fine-tuning for {steps} steps of 4" in page and "None" not in page
     assert page.startswith("| preset | training configs | scale |\n")
     assert "`x` executes 1 notebook, in this order: `nb`." in page
@@ -369,7 +369,7 @@ def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monk
 def test_presets_page_names_the_notebooks_once():
     """The project's presets all execute the same notebooks: one sentence says which, and the table has no column that
     repeats them (it was cut off at the page's edge)."""
-    page = pipeline.build.presets_markdown()
+    page = pipeline.pages.presets_markdown()
     table = [line for line in page.splitlines() if line.startswith("|")]
     assert len(table) == 2 + len(pipeline.PRESETS) and all(line.count("|") == 4 for line in table)
     names = ", ".join(f"`{nb}`" for nb in pipeline.PRESETS["cpu"])
@@ -380,7 +380,7 @@ def test_presets_page_counts_the_runs_the_pipeline_trains(tmp_path, monkeypatch)
     """A run that F1 names alone and F6 trains as a population's member is one training: the page said 61 runs for
     the cpu preset, whose pipeline trains 56."""
     monkeypatch.setattr(paths, "RUNS", tmp_path)
-    page = pipeline.build.presets_markdown()
+    page = pipeline.pages.presets_markdown()
     for preset in pipeline.PRESETS:
         assert f"| `{preset}` | {len(pipeline.plan(preset).trainings)} runs of " in page
 
@@ -393,13 +393,13 @@ def _measured(d_t, params, tps, peak, mfu=None, model="DiffEqFormerConfig"):
 def test_gpu_page_reads_its_numbers_from_the_measurement_files(tmp_path):
     """The GPU table and its sentence come from benchmarks/gpu/measure.py's JSON: ratio, MFU and the d_t growth are
     the file's (here made up), and no file gives a sentence saying so, not an empty table."""
-    assert "No accelerator measurements" in pipeline.build.gpu_markdown(tmp_path)
+    assert "No accelerator measurements" in pipeline.pages.gpu_markdown(tmp_path)
     result = {"date": "2026-01-02", "device": "Some GPU", "jax": "0.11.2", "peak_tflops": 500.0, "pairs": [
         {"pair": "small", "ratio": 0.9, "diffeqformer": _measured(20, 2e8, 90_000, 4.0, 0.25),
          "gpt2": _measured(None, 1e8, 100_000, 3.0, 0.30, "Gpt2Config")}],
         "time_embed_dim": [_measured(80, 8e8, 81_000, 10.0, 0.2)]}
     (tmp_path / "gpu-some-2026-01-02.json").write_text(json.dumps(result))
-    page = pipeline.build.gpu_markdown(tmp_path)
+    page = pipeline.pages.gpu_markdown(tmp_path)
     assert "**Some GPU**, 2026-01-02, JAX 0.11.2, batches of 16 sequences (small: 12 x 768, seq 1024)" in page
     assert "500 TFLOP/s" in page
     assert "| small | DiffEqFormer | 20 | 200M | 90,000 | 0.900 | 25.0% | 4.00 |" in page
@@ -408,7 +408,7 @@ def test_gpu_page_reads_its_numbers_from_the_measurement_files(tmp_path):
             "From d_t = 20 to 80 the parameters grow 4.0 times, the peak memory 2.5 times, and tokens/s change by "
             "-10%.") in page
     # the committed measurements render
-    assert "TFLOP/s" in pipeline.build.gpu_markdown()
+    assert "TFLOP/s" in pipeline.pages.gpu_markdown()
 
 
 def test_gpu_page_renders_a_ladder_of_levers(tmp_path):
@@ -424,7 +424,7 @@ def test_gpu_page_renders_a_ladder_of_levers(tmp_path):
                          {"pair": "small", "row": "+cudnn-attention", "error": "Traceback\nValueError: no cuDNN"},
                          {"pair": "small", "row": "+batch-32", **pair(150_000, 120_000, 32)}]}
     (tmp_path / "gpu-some-2026-01-02-ladder.json").write_text(json.dumps(result))
-    page = pipeline.build.gpu_markdown(tmp_path)
+    page = pipeline.pages.gpu_markdown(tmp_path)
     assert "the speed levers one on top of another" in page and "500 TFLOP/s" in page
     assert ("| small | levanter-default | 16 | 50,257 | 100,000 | 25.0% | 4.0 | 100,000 | 30.0% | 3.0 | 1.000 |  |"
             in page)

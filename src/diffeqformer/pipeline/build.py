@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
-import platform
 import shutil
 import subprocess
 import sys
@@ -15,16 +13,14 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import paths
-from ..finetune import FinetuneConfig
 from ..report import book
-from ..runs import is_complete, summary
 from .lanes import DEFAULT_SECONDS, TRAIN_LANES, Progress, load_state, runs_alone, save_state, train_runs, train_worker
 from .notebooks import check_figures, execute_notebook
-from .planning import (PipelineError, Plan, cache_dir, collect_runs, html_dir, join_populations, parse_overrides, plan,
-                       work_dir)
+from .pages import generated_pages
+from .planning import PipelineError, Plan, cache_dir, html_dir, parse_overrides, plan, work_dir
 from .processes import keep_heap
-from .registry import PRESETS, Run
-from .sources import LAYERS, module_files, package_hash, sha
+from .registry import PRESETS
+from .sources import package_hash, sha
 
 BOOK_FILES = ("_config.yml", "_toc.yml")
 
@@ -35,196 +31,6 @@ def _copy_book_sources(src: Path, toc: Path | None = None) -> None:
     if toc is not None:
         shutil.copy(toc, src / "_toc.yml")
     shutil.copytree(paths.BOOK, src / "book", ignore=shutil.ignore_patterns("_generated", "_build"))
-
-
-def generated_pages(result: Plan, state: dict) -> dict[str, str]:
-    """Pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
-    contents, the API reference's module list. Only numbers that stay the same when nothing is re-run enter them,
-    so a cached run rebuilds nothing."""
-    return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
-            "api.md": api_markdown(), "gpu.md": gpu_markdown()}
-
-
-GPU_RESULTS = paths.REPO / "benchmarks" / "results"
-"""``benchmarks/gpu/measure.py``'s JSON files (``gpu-*.json``), committed from the machines they were measured on."""
-
-
-def gpu_markdown(folder: Path = GPU_RESULTS) -> str:
-    """The accelerator measurements of ``folder`` as tables, read from their JSON (no number typed by hand): per
-    file, each DiffEqFormer / GPT-2 pair's parameters, tokens/s, their ratio, model FLOP utilisation and peak
-    memory; then DiffEqFormer at each time-embedding size measured (the first pair's model, whose own d_t is in the
-    pair's row)."""
-    files = sorted(folder.glob("gpu-*.json"))
-    if not files:
-        return "No accelerator measurements are committed yet (`benchmarks/gpu/measure.py` makes them).\n"
-
-    def row(size, name, m, ratio=""):
-        mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "n/a"
-        peak = f"{m['peak_memory_gib']:.2f}" if m.get("peak_memory_gib") is not None else "n/a"
-        return (f"| {size} | {name} | {m['time_embed_dim'] or ''} | {m['params'] / 1e6:.0f}M "
-                f"| {m['tokens_per_second']:,.0f} | {ratio} | {mfu} | {peak} |")
-
-    out = []
-    for file in files:
-        r = json.loads(file.read_text())
-        if r.get("ladder"):
-            out += ladder_markdown(r, file)
-            continue
-        batch = {m["batch"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"])}
-        sizes = {p["pair"]: p["diffeqformer"] for p in r["pairs"]}
-        shapes = "; ".join(f"{name}: {m['layers']} x {m['hidden']}, seq {m['seq']}" for name, m in sizes.items())
-        out += [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, batches of {', '.join(map(str, sorted(batch)))} "
-                f"sequences ({shapes}), bfloat16 matrix-product peak measured at {r['peak_tflops']:.0f} TFLOP/s "
-                f"(`{file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file}`):", "",
-                "| size | model | d_t | parameters | tokens/s | ratio to GPT-2 | MFU | peak GiB |",
-                "|---|---|---|---|---|---|---|---|"]
-        for p in r["pairs"]:
-            out.append(row(p["pair"], "DiffEqFormer", p["diffeqformer"], f"{p['ratio']:.3f}"))
-            out.append(row(p["pair"], "GPT-2", p["gpt2"]))
-        for m in r.get("time_embed_dim", []):
-            out.append(row(r["pairs"][0]["pair"], "DiffEqFormer", m))
-        out += ["", gpu_summary(r), ""]
-    return "\n".join(out) + "\n"
-
-
-def ladder_markdown(r: Mapping[str, Any], file: Path) -> list[str]:
-    """A ``measure.py --ladder`` result as a table: per pair, each row's levers (cumulative) with both models'
-    tokens/s, model FLOP utilisation and peak memory, the ratio, and each model's change from the pair's first row;
-    a row that failed shows its error's last line."""
-    name = file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file
-    out = [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, the speed levers one on top of another "
-           f"(`benchmarks/gpu/measure.py --ladder`), bfloat16 matrix-product peak measured at "
-           f"{r['peak_tflops']:.0f} TFLOP/s (`{name}`):", "",
-           "| size | levers | batch | vocabulary | DiffEqFormer tokens/s | MFU | peak GiB | GPT-2 tokens/s | MFU "
-           "| peak GiB | ratio | change from the first row |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    first: dict[str, Mapping[str, Any]] = {}
-    for e in r["ladder"]:
-        if "error" in e:
-            out.append(f"| {e['pair']} | {e['row']} | | | failed: {e['error'].strip().splitlines()[-1][:120]} "
-                       "| | | | | | | |")
-            continue
-        ours, gpt = e["diffeqformer"], e["gpt2"]
-        base = first.setdefault(e["pair"], e)
-        change = (f"{ours['tokens_per_second'] / base['diffeqformer']['tokens_per_second'] - 1:+.0%} / "
-                  f"{gpt['tokens_per_second'] / base['gpt2']['tokens_per_second'] - 1:+.0%}") if base is not e else ""
-        cells = [f"{m['tokens_per_second']:,.0f} | {m['mfu']:.1%} | {m['peak_memory_gib']:.1f}" for m in (ours, gpt)]
-        out.append(f"| {e['pair']} | {e['row']} | {ours['batch']} | {ours['vocab']:,} | {cells[0]} | {cells[1]} "
-                   f"| {e['ratio']:.3f} | {change} |")
-    return out + [""]
-
-
-def gpu_summary(r: Mapping[str, Any]) -> str:
-    """One sentence on a ``measure.py`` result: the DiffEqFormer / GPT-2 throughput ratios and the model FLOP
-    utilisation measured, and, where several time-embedding sizes were measured, how parameters, peak memory and
-    throughput grow from the smallest d_t to the largest (the paper's Figs. 15-16)."""
-    ratios = [p["ratio"] for p in r["pairs"]]
-    mfus = [m["mfu"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"]) if m.get("mfu") is not None]
-
-    def span(values, fmt):
-        low, high = format(min(values), fmt), format(max(values), fmt)
-        return low if low == high else f"{low}-{high}"
-
-    text = f"DiffEqFormer trains at {span(ratios, '.2f')} times GPT-2's tokens/s"
-    if mfus:
-        text += f", the models at {span(mfus, '.0%')} model FLOP utilisation"
-    sweep = sorted([r["pairs"][0]["diffeqformer"], *r.get("time_embed_dim", [])], key=lambda m: m["time_embed_dim"])
-    if len(sweep) > 1 and all(m.get("peak_memory_gib") for m in sweep):
-        a, b = sweep[0], sweep[-1]
-        text += (f". From d_t = {a['time_embed_dim']} to {b['time_embed_dim']} the parameters grow "
-                 f"{b['params'] / a['params']:.1f} times, the peak memory {b['peak_memory_gib'] / a['peak_memory_gib']:.1f} "
-                 f"times, and tokens/s change by {b['tokens_per_second'] / a['tokens_per_second'] - 1:+.0%}")
-    return text + "."
-
-
-def timings_markdown(result: Plan, state: dict) -> str:
-    """A table of the times measured in this DIFFEQFORMER_HOME, for every preset built here: each training step of
-    the pipeline (with the process start-up it paid) beside the trainer's own time (``complete.json``: compilation
-    and training), and each notebook's execution. Only times that change when work is redone enter it, so a cached
-    run produces the same page."""
-    lines = ["| preset | step | pipeline step | of which in the trainer | measured on |", "|---|---|---|---|---|"]
-    machine = f"{platform.machine()}, {os.cpu_count()} cores"
-    seconds = state.get("seconds", {})
-    presets = dict(state.get("presets", {}))
-    presets[result.preset] = {"trainings": {t.config: str(t.run_dir) for t in result.trainings},
-                              "notebooks": {j.name: j.key for j in result.notebooks}}
-    for preset in [p for p in PRESETS if p in presets]:
-        entry = presets[preset]
-        for config, run_dir in entry.get("trainings", {}).items():
-            if is_complete(run_dir):
-                done = summary(run_dir)
-                step = seconds.get(f"train:{config}")
-                lines.append(f"| {preset} | train `{config}` ({done.get('steps')} steps) | "
-                             f"{Progress.fmt(step) if step else '(trained outside the pipeline)'} | "
-                             f"{Progress.fmt(done['wall_time_s'])} | "
-                             f"{machine}, JAX on {done.get('jax_backend', '?')} |")
-        for nb, key in entry.get("notebooks", {}).items():
-            record = cache_dir() / f"{nb}-{key}" / "record.json"
-            if record.exists():
-                took = json.loads(record.read_text())["seconds"]
-                lines.append(f"| {preset} | execute `{nb}` | {Progress.fmt(took)} | | {machine} |")
-    return "\n".join(lines) + "\n"
-
-
-def presets_markdown() -> str:
-    """What each preset trains (with the scale, read from the configs), then which notebooks the presets execute: one
-    sentence for the presets that share a list (all of them, since the table of contents and every preset must name
-    the same notebooks), not a column that repeats it per preset (it made the table wider than the page, which cut
-    the column off)."""
-    lines = ["| preset | training configs | scale |", "|---|---|---|"]
-    executing: dict[tuple[str, ...], list[str]] = {}  # notebook list -> the presets that execute it
-    for preset, entries in PRESETS.items():
-        trained: list[Run] = []  # as the pipeline trains them: a run that is a population's member counts once
-        collect_runs(list(join_populations(entries).values()), trained)
-        configs: dict[str, str] = {}  # config file -> the module that trains it
-        for r in trained:
-            configs.setdefault(r.config, r.module)
-        scale = "; ".join(dict.fromkeys(config_scale(Run(c, module=module)) for c, module in configs.items()))
-        count = len({r.key for r in trained})
-        lines.append(f"| `{preset}` | {count} runs of {', '.join(f'`{c}`' for c in configs)} | {scale} |")
-        executing.setdefault(tuple(entries), []).append(preset)
-    lines.append("")
-    for notebooks, presets in executing.items():
-        names = [f"`{p}`" for p in presets]
-        who = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-        count = f"{len(notebooks)} notebook{'' if len(notebooks) == 1 else 's'}"
-        lines.append(f"{who} {'executes' if len(names) == 1 else 'execute'} {count}, in this order: "
-                     f"{', '.join(f'`{nb}`' for nb in notebooks)}.")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def config_scale(run: Run) -> str:
-    """The scale of a config file as the presets page states it, read from its typed configuration (defaults filled
-    in, overrides left out): ``64-d, 6 layers or steps, seq 64, 250 steps of 16 on shakespeare``; a fine-tuning
-    template's model is its pretraining's, so it states its training alone."""
-    c = dataclasses.replace(run, overrides=()).load()
-    t = c.trainer
-    if isinstance(c, FinetuneConfig):
-        return f"fine-tuning for {t.num_train_steps} steps of {t.train_batch_size}"
-    m = c.model
-    return (f"{m.hidden_dim}-d, {m.num_layers} layers or steps, seq {m.max_seq_len}, {t.num_train_steps} steps of "
-            f"{t.train_batch_size} on {c.data.dataset}")
-
-
-def api_markdown() -> str:
-    """One autodoc section per module of the package (found on disk, so a new module appears by itself), in the order
-    data flows through them (``sources.LAYERS``; a module not placed there comes last); a subpackage's own section
-    shows its docstring, its modules their members."""
-    order = {f"diffeqformer.{m}": i for i, m in enumerate(m for layer in LAYERS for m in layer)}
-
-    def place(item):  # a subpackage's section opens it: before its first module
-        name, f = item
-        if f.name == "__init__.py":
-            return min([i for m, i in order.items() if m.startswith(name + ".")] or [len(order)]), 0, name
-        return order.get(name, len(order)), 1, name
-
-    out = []
-    for name, f in sorted(module_files().items(), key=place):
-        if name == "diffeqformer" or any(part.startswith("_") for part in name.split(".")):
-            continue
-        members = [] if f.name == "__init__.py" else ["   :members:"]
-        out += [f"## `{name}`", "", "```{eval-rst}", f".. automodule:: {name}", *members, "```", ""]
-    return "\n".join(out)
 
 
 def _tree_hash(root: Path) -> str:
