@@ -2,7 +2,7 @@
 (model, data, train, runs, report) and ``seeds``:
 
 - ``seeds``: the verdict rule (a difference is a result only when a two-sided test at 5% rejects no difference:
-  paired t-test over matched seeds, else Welch's, exact McNemar for paired hits);
+  paired t-test over matched seeds or models, else Welch's, exact McNemar for one model's paired hits);
 - ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents
   and the attribution methods they are compared with), ``inference`` (ODE solvers at inference, x1),
   ``perplexity`` (F6), ``ablations`` (F7-F10 tables, measured step time and peak memory; ``python -m

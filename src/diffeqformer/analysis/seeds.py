@@ -13,9 +13,10 @@ The rule (``RULE``), in code once (``compare``, ``mcnemar``, ``trend``):
   :math:`d_k = a_k - b_k` (n - 1 degrees of freedom): what the seeds share cancels in :math:`d_k`, which makes the
   test stronger than one on the two means.
 - Otherwise Welch's t-test, with the Welch-Satterthwaite degrees of freedom.
-- Per-item hits of two methods on the same items (F5's attribution methods on the same prompts): the exact McNemar
-  test, a binomial test of the discordant items (one method right, the other wrong) against one half; an item seen
-  by several seeds' models counts once (``mcnemar``).
+- Two methods read on the same seeds' models (F5's attribution methods): the paired t-test on the seeds' rates (the
+  model is the unit). Per-item hits of two methods on one model's items: the exact McNemar test, a binomial test of
+  the discordant items (one method right, the other wrong) against one half (``mcnemar``; an item seen by several
+  models counts once, which tests those models only).
 
 A trend over more than two settings (F9's perplexity against d_t) is judged by the same test of one number, the
 slope of a least-squares line through every seed's value (``trend``): with an intercept per seed where seed k of
@@ -47,8 +48,9 @@ LEVEL = 0.05
 
 RULE = ("a difference counts as a result when a two-sided test rejects 'no difference' at the 5% level (p < 0.05; its "
         "95% confidence interval then excludes zero): a paired t-test on the seed-matched differences where seed k "
-        "of both sides shares its data order, otherwise Welch's t-test, and for per-prompt hits of two methods the "
-        "exact McNemar test; otherwise it is within noise, and with fewer than two seeds (or pairs) it is untested")
+        "of both sides shares its data order (and for two methods read on the same seeds' models), otherwise "
+        "Welch's t-test, and for per-prompt hits of two methods on one model the exact McNemar test; otherwise it is "
+        "within noise, and with fewer than two seeds (or pairs) it is untested")
 """The rule, in words, for captions and prose."""
 
 RESULT, NOISE, UNTESTED = "result", "within noise", "untested"
