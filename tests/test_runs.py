@@ -34,8 +34,8 @@ def write_run(root, name, config_text: str, *, complete: dict | None = None, pre
 RUN_FILES = {runs.COMPLETE, runs.CONFIG, runs.PRETRAIN_CONFIG, runs.METRICS, runs.MODEL, runs.CHECKPOINTS,
              runs.HASH_PREFIX.strip()}
 
-NOT_YET = {("diffeqformer.pipeline.planning", "checkpoints")}
-"""Literals left in modules outside issue 40's first step (pipeline.planning: a killed run's checkpoints)."""
+NOT_YET: set[tuple[str, str]] = set()
+"""Literals left in modules (module, literal) that do not yet use the names of ``paths``: none."""
 
 
 def _code_strings(tree: ast.AST):

@@ -348,7 +348,8 @@ def test_runs_spectra_reads_trained_runs(tmp_path):
     """A continuous model at the given times, a GPT-2 per layer, both through the cache."""
     import json
 
-    from diffeqformer.train import MODEL_FILE, TrainConfig, dump_config
+    from diffeqformer.paths import RUN_MODEL
+    from diffeqformer.train import TrainConfig, dump_config
 
     runs = {}
     for name, config, seed in (("ode", tiny(), 0), ("gpt", baseline_config(tiny(), "gpt2"), 1)):
@@ -356,7 +357,7 @@ def test_runs_spectra_reads_trained_runs(tmp_path):
         run.mkdir()
         (run / "config.yaml").write_text(dump_config(TrainConfig(name=name, model=config)))
         (run / "complete.json").write_text(json.dumps({"vocab_size": VOCAB.size}))
-        eqx.tree_serialise_leaves(run / MODEL_FILE, random_model(config, seed))
+        eqx.tree_serialise_leaves(run / RUN_MODEL, random_model(config, seed))
         runs[name] = run
     got = S.runs_spectra(runs, TIMES, cache_dir=tmp_path / "cache")
     assert list(got) == ["ode", "gpt"]

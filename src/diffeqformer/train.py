@@ -609,10 +609,6 @@ def finish_run(config, run_dir: Path, model, digest: str, start: float, **extra)
     return summary
 
 
-MODEL_FILE = paths.RUN_MODEL
-"""``paths.RUN_MODEL`` (``runs.MODEL``), under the name older code imports it by."""
-
-
 def _save_model(model, path: Path) -> None:
     import equinox as eqx
 

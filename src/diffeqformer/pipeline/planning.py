@@ -329,7 +329,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             raise PipelineError(f"training config {r.key!r}: {err}") from None
         done = is_complete(run_dir, digest)
         first = None if done else saved_hash(run_dir)
-        if not done and first is not None and (run_dir / "checkpoints").exists():
+        if not done and first is not None and (run_dir / paths.RUN_CHECKPOINTS).exists():
             if first != digest and not retrain_stale:
                 raise PipelineError(
                     f"{run_dir} holds a run of another configuration of {r.key} (hash {first}; the config "
