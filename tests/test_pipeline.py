@@ -77,6 +77,16 @@ def _run_names(value) -> set[str]:
     return set().union(*map(_run_names, value)) if isinstance(value, list) else set()
 
 
+def test_papermill_reads_every_parameter_line():
+    """Papermill's parameter inspection skips a line with more than one '=' (and warns "Unable to parse line" when
+    the notebook executes): every parameter is one assignment whose value has no '=' (no ==, != or keyword)."""
+    import papermill
+
+    for path in sorted(paths.NOTEBOOKS.glob("*.ipynb")):
+        names = set(papermill.inspect_notebook(str(path)))
+        assert names == set(_defaults(path, gpu=False)) - {"__annotations__"}, path.name
+
+
 @pytest.mark.parametrize("gpu,preset", [(False, "cpu"), (True, "gpu")])
 def test_a_notebook_run_without_parameters_reads_its_presets_runs(gpu, preset):
     """Every notebook defaults to the cpu preset without a GPU and to the gpu preset with one, and the runs its
