@@ -159,8 +159,6 @@ def test_wikitext_fails_offline_with_the_projects_message(monkeypatch):
 
 
 @pytest.mark.slow  # a fresh Python that imports JAX and Levanter: 30 s
-@pytest.mark.xfail(strict=True, reason="train.cli turns ValueError and FileNotFoundError into a one-line exit, not "
-                   "DatasetUnavailableError (a RuntimeError): offline, the WikiText-103 run ends in a traceback")
 def test_the_training_command_names_the_missing_hub_in_one_line(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "JAX_PLATFORMS": "cpu", "DIFFEQFORMER_HOME": str(tmp_path)}
     out = subprocess.run([sys.executable, "-m", "diffeqformer.train", "--config", str(GPU / "diffeqformer.yaml"),

@@ -781,11 +781,13 @@ def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, mod
         raise SystemExit(f"usage: python -m {module} --config config/<preset>/<name>.yaml [overrides] ({key} without a "
                          "file)")
     path, overrides = argv[i + 1], argv[:i] + argv[i + 2 :]
+    from .data.corpora import DatasetUnavailableError  # an online corpus asked for offline: said in one line too
+
     try:
         config = load_config(path, overrides, cls=cls)
         use_compilation_cache()
         run(config)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, DatasetUnavailableError) as err:
         raise SystemExit(f"error: {one_line(err)}") from None
 
 
