@@ -594,6 +594,7 @@ def test_each_lane_trains_on_cores_of_its_own(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="the system cannot pin processes")
 def test_a_training_process_pins_itself_to_its_lanes_cores(tmp_path):
+    from diffeqformer import ONEDNN_FLAG
     from diffeqformer.pipeline import processes
 
     core = min(os.sched_getaffinity(0))
@@ -605,12 +606,13 @@ def test_a_training_process_pins_itself_to_its_lanes_cores(tmp_path):
             time.sleep(0.05)
     finally:
         worker.close()
-    # and a pinned process allocates from one heap (on one core it compiles no slower), one on every core does not
+    # and a pinned process allocates from one heap (on one core it compiles no slower), one on every core does not;
+    # both train with oneDNN's CPU kernels (diffeqformer.use_onednn)
     env = {"GLIBC_TUNABLES": processes.keep_heap(None), pipeline.lanes.WORKER_CPUS: "7"}
     pinned, free = pipeline.lanes.worker_env(env, [core]), pipeline.lanes.worker_env(env, None)
     assert pinned == {"GLIBC_TUNABLES": ":".join(processes.KEPT_HEAP + processes.ONE_ARENA),
-                      pipeline.lanes.WORKER_CPUS: str(core)}
-    assert free == {"GLIBC_TUNABLES": processes.keep_heap(None)}
+                      pipeline.lanes.WORKER_CPUS: str(core), "XLA_FLAGS": ONEDNN_FLAG}
+    assert free == {"GLIBC_TUNABLES": processes.keep_heap(None), "XLA_FLAGS": ONEDNN_FLAG}
 
 
 def test_the_processes_of_a_pipeline_reuse_freed_memory(tmp_path, monkeypatch):
