@@ -83,7 +83,15 @@ def _kill_when(home: Path, ready, seed: int, what: str, *extra: str) -> None:
     gone, alive = psutil.wait_procs(children, timeout=20)
     for p in alive:
         p.kill()
+    alive = [p for p in alive if _running(p)]  # a zombie has ended: it waits only to be reaped by its new parent
     assert not alive, f"(kill seed {seed}) processes of the pipeline killed at {what} lived on: {alive}"
+
+
+def _running(p: psutil.Process) -> bool:
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _glued(cache: Path) -> dict[str, str]:

@@ -164,7 +164,8 @@ def test_members_that_differ_in_more_than_their_seed_are_refused(tmp_path):
 
 _FINETUNINGS = """
 import sys
-from diffeqformer import finetune, population, train
+from diffeqformer import finetune, population, train, use_onednn
+use_onednn()  # the kernels of the command line's training (train.cli), which the resumed runs go through
 pretrain, lora, root = sys.argv[1:]
 train.main(train.load_config(pretrain, ["--run_dir", root + "/pre"]))
 args = ["--pretrain.config", pretrain, "--pretrain.run_dir", root + "/pre", "--lora.dropout", "0.1"]
