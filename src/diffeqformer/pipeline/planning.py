@@ -125,14 +125,8 @@ def _expected_type(declared: dict):
 
 
 def _plain(value):
-    """Registry values with ``Run`` markers replaced by placeholder strings (for type checks)."""
-    if isinstance(value, Run):
-        return str(value.path)
-    if isinstance(value, dict):
-        return {k: _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    return value
+    """Registry values with ``Run`` markers replaced by placeholder strings, tuples by lists (for type checks)."""
+    return _map_runs(value, lambda run: str(run.path), as_list=True)
 
 
 def check_parameters(notebook: str, values: Mapping[str, Any], declared: Mapping[str, dict]) -> None:
@@ -163,7 +157,6 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
 
 
 # -------------------------------------------------------------------------------------------------------- plan
-
 
 
 @dataclass
@@ -222,55 +215,44 @@ class Plan:
     notebooks: list[NotebookJob] = field(default_factory=list)
 
 
-def collect_runs(value, found: list[Run]):
-    if isinstance(value, Run):
-        found.append(value)
-    elif isinstance(value, dict):
-        for v in value.values():
-            collect_runs(v, found)
-    elif isinstance(value, (list, tuple)):
-        for v in value:
-            collect_runs(v, found)
-
-
-def _map_runs(value, fn):
-    """``value`` (a notebook's parameters) with every ``Run`` in it replaced by ``fn(run)``."""
+def _map_runs(value, fn, *, as_list: bool = False):
+    """``value`` (registry values: plain data in dicts, lists and tuples) with every ``Run`` in it replaced by
+    ``fn(run)``, visited in order; a tuple stays a tuple unless ``as_list``. The one walker over registry values:
+    ``collect_runs``, ``_plain``, ``join_populations`` and ``_resolve`` use it."""
     if isinstance(value, Run):
         return fn(value)
     if isinstance(value, dict):
-        return {k: _map_runs(v, fn) for k, v in value.items()}
+        return {k: _map_runs(v, fn, as_list=as_list) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return type(value)(_map_runs(v, fn) for v in value)
+        items = [_map_runs(v, fn, as_list=as_list) for v in value]
+        return items if as_list else type(value)(items)
     return value
+
+
+def collect_runs(value, found: list[Run]) -> None:
+    """Append every ``Run`` in ``value`` (registry values) to ``found``, in order."""
+    _map_runs(value, found.append, as_list=True)
 
 
 def join_populations(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """The registry's entries with every ``Run`` that is also a member of a population (``seeded(...,
     population=True)`` elsewhere in the preset) replaced by that member: F1 reading ``Run("cpu/diffeqformer")``
     reads the first seed of F6's population, trained once."""
+    found: list[Run] = []
+    collect_runs(list(entries.values()), found)
     members: dict[tuple, Run] = {}
-
-    def collect(run: Run) -> Run:
+    for run in found:
         if run.population:
             members.setdefault((run.config, run.overrides, run.module), run)
-        return run
-
-    for values in entries.values():
-        _map_runs(values, collect)
     return {nb: _map_runs(values, lambda r: members.get((r.config, r.overrides, r.module), r))
             for nb, values in entries.items()}
 
 
 def _resolve(value, run_dirs: Mapping[str, Path]):
-    if isinstance(value, Run):
-        # Relative to DIFFEQFORMER_HOME (the notebooks' working directory) where possible: the book then shows
-        # 'runs/cpu-gpt2', and the cache keys do not depend on where the home is.
-        return paths.home_relative(run_dirs[value.key])
-    if isinstance(value, dict):
-        return {k: _resolve(v, run_dirs) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_resolve(v, run_dirs) for v in value]
-    return value
+    """``value`` (a notebook's parameters) with every ``Run`` in it replaced by its run directory (``run_dirs``:
+    ``Run.key`` -> directory), tuples by lists. Relative to DIFFEQFORMER_HOME (the notebooks' working directory)
+    where possible: the book then shows 'runs/cpu-gpt2', and the cache keys do not depend on where the home is."""
+    return _map_runs(value, lambda run: paths.home_relative(run_dirs[run.key]), as_list=True)
 
 
 def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *,
@@ -281,8 +263,32 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
 
     A run directory holding another configuration's run is an error, unless ``retrain_stale`` (then ``run`` moves
     it to ``runs/.stale/`` and trains again)."""
-    registry = PRESETS if registry is None else registry
+    entries = _entries(preset, overrides, PRESETS if registry is None else registry)
+    in_toc = toc_notebooks(TOC if toc is None else toc)
+    for nb in in_toc:
+        if nb not in entries:
+            raise PipelineError(f"notebook {nb!r} is in _toc.yml but preset {preset!r} does not run it: add it to "
+                                f"diffeqformer.pipeline.PRESETS[{preset!r}]")
     notebooks_dir = paths.NOTEBOOKS if notebooks_dir is None else notebooks_dir
+    result = Plan(preset, notebooks=[_notebook_job(preset, nb, values, notebooks_dir / f"{nb}.ipynb", in_toc)
+                                     for nb, values in entries.items()])
+    needed: list[Run] = []
+    collect_runs([job.parameters for job in result.notebooks], needed)
+    pretrainings: dict[str, Path] = {}
+    for r in {r.key: r for r in needed}.values():
+        training, pretraining_dir = _training(r, retrain_stale)
+        result.trainings.append(training)
+        if pretraining_dir is not None:
+            pretrainings[r.key] = pretraining_dir
+    _wait_for_pretrainings(preset, result.trainings, pretrainings)
+    _resolve_notebooks(result)
+    return result
+
+
+def _entries(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None,
+             registry: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """The preset's registry entry (notebook -> parameter values) with the command line's ``overrides`` and the
+    populations' members joined (``join_populations``)."""
     if preset not in registry:
         raise PipelineError(f"unknown preset {preset!r}; choose one of: {', '.join(registry)}")
     entries = {nb: dict(values) for nb, values in registry[preset].items()}
@@ -291,65 +297,70 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             raise PipelineError(f"--set names notebook {nb!r}, which preset {preset!r} does not run "
                                 f"(it runs: {', '.join(entries)})")
         entries[nb].update(values)
-    entries = join_populations(entries)
-    in_toc = toc_notebooks(TOC if toc is None else toc)
-    for nb in in_toc:
-        if nb not in entries:
-            raise PipelineError(f"notebook {nb!r} is in _toc.yml but preset {preset!r} does not run it: add it to "
-                                f"diffeqformer.pipeline.PRESETS[{preset!r}]")
+    return join_populations(entries)
 
-    result = Plan(preset)
-    needed: list[Run] = []
-    for nb, values in entries.items():
-        path = notebooks_dir / f"{nb}.ipynb"
-        if not path.exists():
-            raise PipelineError(f"preset {preset!r} runs notebook {nb!r}, but {path} does not exist")
-        if nb not in in_toc:
-            raise PipelineError(f"notebook {nb!r} is run by preset {preset!r} but is not in _toc.yml")
-        declared = declared_parameters(path)
-        try:
-            book.check_colab_cell(path)
-        except ValueError as err:
-            raise PipelineError(str(err)) from None
-        if "preset" not in declared:
-            raise PipelineError(f"{nb}: its parameters cell must declare 'preset'")
-        values = {"preset": preset, **values}
-        check_parameters(nb, values, declared)
-        runs: list[Run] = []
-        collect_runs(values, runs)
-        needed += runs
-        result.notebooks.append(NotebookJob(nb, path, values, [r.key for r in runs]))
 
-    unique = list({r.key: r for r in needed}.values())
-    pretrainings: dict[str, Path] = {}
-    for r in unique:
-        try:
-            cfg, digest, run_dir, pretraining_dir = r.resolve()
-        except (ValueError, FileNotFoundError) as err:
-            raise PipelineError(f"training config {r.key!r}: {err}") from None
-        done = is_complete(run_dir, digest)
-        first = None if done else saved_hash(run_dir)
-        if not done and first is not None and (run_dir / paths.RUN_CHECKPOINTS).exists():
-            if first != digest and not retrain_stale:
-                raise PipelineError(
-                    f"{run_dir} holds a run of another configuration of {r.key} (hash {first}; the config "
-                    f"now resolves to {digest}: the file, or the code that fills in its defaults, changed). "
-                    f"Move that directory away (or pass --retrain-stale, which moves it to runs/.stale/) to "
-                    f"train it again, or point the notebook at it with --set.")
-            stale = first if first != digest else None
-        else:
-            stale = None
-        result.trainings.append(Training(r.key, r.path, cfg.name, run_dir, digest, done, stale, run=r,
-                                         data=repr(cfg.data), steps=cfg.trainer.num_train_steps))
-        if pretraining_dir is not None:
-            pretrainings[r.key] = pretraining_dir
+def _notebook_job(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_toc: list[str]) -> NotebookJob:
+    """The execution of notebook ``nb`` (at ``path``) with ``values`` and ``preset``, after checking that it exists,
+    is in ``_toc.yml``, has a valid Colab cell and declares every parameter with a fitting type. Its parameters
+    still hold the ``Run`` values (``_resolve_notebooks`` replaces them), its ``runs`` their keys."""
+    if not path.exists():
+        raise PipelineError(f"preset {preset!r} runs notebook {nb!r}, but {path} does not exist")
+    if nb not in in_toc:
+        raise PipelineError(f"notebook {nb!r} is run by preset {preset!r} but is not in _toc.yml")
+    declared = declared_parameters(path)
+    try:
+        book.check_colab_cell(path)
+    except ValueError as err:
+        raise PipelineError(str(err)) from None
+    if "preset" not in declared:
+        raise PipelineError(f"{nb}: its parameters cell must declare 'preset'")
+    values = {"preset": preset, **values}
+    check_parameters(nb, values, declared)
+    runs: list[Run] = []
+    collect_runs(values, runs)
+    return NotebookJob(nb, path, values, [r.key for r in runs])
+
+
+def _training(run: Run, retrain_stale: bool) -> tuple[Training, Path | None]:
+    """The training of ``run``, and the run directory of its pretraining (None: ``run`` is no fine-tuning)."""
+    try:
+        cfg, digest, run_dir, pretraining_dir = run.resolve()
+    except (ValueError, FileNotFoundError) as err:
+        raise PipelineError(f"training config {run.key!r}: {err}") from None
+    done = is_complete(run_dir, digest)
+    stale = None if done else _stale_hash(run, run_dir, digest, retrain_stale)
+    training = Training(run.key, run.path, cfg.name, run_dir, digest, done, stale, run=run, data=repr(cfg.data),
+                        steps=cfg.trainer.num_train_steps)
+    return training, pretraining_dir
+
+
+def _stale_hash(run: Run, run_dir: Path, digest: str, retrain_stale: bool) -> str | None:
+    """The config hash of a run of another configuration than ``digest`` that ``run_dir`` holds (with checkpoints),
+    None if it holds none; ``PipelineError`` unless ``retrain_stale``."""
+    saved = saved_hash(run_dir)
+    if saved is None or saved == digest or not (run_dir / paths.RUN_CHECKPOINTS).exists():
+        return None
+    if not retrain_stale:
+        raise PipelineError(
+            f"{run_dir} holds a run of another configuration of {run.key} (hash {saved}; the config "
+            f"now resolves to {digest}: the file, or the code that fills in its defaults, changed). "
+            f"Move that directory away (or pass --retrain-stale, which moves it to runs/.stale/) to "
+            f"train it again, or point the notebook at it with --set.")
+    return saved
+
+
+def _wait_for_pretrainings(preset: str, trainings: list[Training], pretrainings: Mapping[str, Path]) -> None:
+    """Set ``Training.after`` of each fine-tuning whose pretraining (``pretrainings``: key -> run directory) the
+    plan trains; ``PipelineError`` for two trainings into one run directory, a pretraining trained in a population,
+    or one that is neither finished nor trained."""
     by_dir: dict[Path, Training] = {}
-    for t in result.trainings:
+    for t in trainings:
         other = by_dir.setdefault(t.run_dir.resolve(), t)
         if other is not t:
             raise PipelineError(f"{t.config!r} and {other.config!r} would both train into {t.run_dir}: name one of "
                                 f"them otherwise (a run trained in a population and alone are two runs)")
-    for t in result.trainings:
+    for t in trainings:
         if t.config not in pretrainings:
             continue
         first = by_dir.get(pretrainings[t.config].resolve())
@@ -363,10 +374,14 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             raise PipelineError(f"fine-tuning {t.config!r} needs the pretrained run {pretrainings[t.config]}, which "
                                 f"is not finished and which preset {preset!r} does not train: add its config to "
                                 f"the registry")
+
+
+def _resolve_notebooks(result: Plan) -> None:
+    """Replace the ``Run`` values in the parameters of ``result``'s notebooks by their run directories, and key each
+    execution (``sources.notebook_key``) by its notebook, parameters, runs' config hashes and imported sources."""
     run_dirs = {t.config: t.run_dir for t in result.trainings}
     hashes = {t.config: t.config_hash for t in result.trainings}
     for job in result.notebooks:
         job.parameters = _resolve(job.parameters, run_dirs)
         job.key = notebook_key(job.path, job.parameters, {c: hashes[c] for c in job.runs},
                                notebook_sources_hash(job.path))
-    return result
