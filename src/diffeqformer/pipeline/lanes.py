@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import typing
 from pathlib import Path
@@ -200,18 +201,16 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     takes a notebook as soon as every run it reads (``NotebookJob.runs``) is complete, before any run still to
     train, so that notebooks fill the time in which a lane would otherwise wait for the last long run, and two
     notebooks execute side by side after the last run; one in ``alone`` (default ``RUNS_ALONE``) waits until
-    nothing else is left or running, and the other lanes wait while it runs. A failed notebook stops the lanes like a failed run.
-    Returns the measured seconds per config, and per notebook under ``notebook:<name>`` (also filled into
-    ``seconds`` as they are measured, so that a caller keeps them when a later run or notebook fails). Every run a
-    lane trains must have its ``complete.json`` for its configuration before a notebook reads it.
+    nothing else is left or running, and the other lanes wait while it runs (``_Schedule``). A failed notebook stops
+    the lanes like a failed run. Returns the measured seconds per config, and per notebook under
+    ``notebook:<name>`` (also filled into ``seconds`` as they are measured, so that a caller keeps them when a later
+    run or notebook fails). Every run a lane trains must have its ``complete.json`` for its configuration before a
+    notebook reads it.
 
     Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time with one process for
     several runs than with one process per run (110 s against 126 s). The saved parameters (``model.eqx``) were
     bit-identical either way."""
-    import threading
-
     units = _units(trainings)  # a run, or a population's members
-    todo = [t for unit in units for t in unit]
     notebooks = list(notebooks)
     seconds = {} if seconds is None else seconds
     if not units and not notebooks:
@@ -219,106 +218,175 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     if notebooks and execute is None:
         raise ValueError("train_runs: notebooks need an execute function")
     asked = TRAIN_LANES if lanes is None else lanes
-    lanes = max(1, min(asked, len(units) + len(notebooks)))
-    cpus = [lane_cpus(k, asked) for k in range(lanes)]
     index = {id(t): first_step + i for i, t in enumerate(trainings)}
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    logs = [log] + [log.with_name(f"{log.stem}-{k}{log.suffix}") for k in range(1, lanes)]
-
-    workers: list[_Worker | None] = [None] * lanes
-    first_of: dict[str, Training] = {}  # the first run of each distinct dataset
-    for t in todo:
-        first_of.setdefault(t.data, t)
-    if first_of:
-        workers[0] = _Worker(logs[0], env, cpus[0])
-        try:
-            for t in first_of.values():
-                workers[0].do(_spec(t, prepare=True))
-        except PipelineError:
-            workers[0].close(kill=True)
-            raise
-
-    alone = RUNS_ALONE if alone is None else alone
-    pending: list = sorted(units, key=lambda u: -u[0].steps)  # longest first (stable: else the registry's order)
-    pending_notebooks = list(notebooks)
+    pool = _Lanes(max(1, min(asked, len(units) + len(notebooks))), asked, log, progress, index, seconds, execute)
+    pool.prepare_data([t for unit in units for t in unit])
     finished = {t.config for t in trainings if t.done}
-    errors: list[PipelineError] = []
-    running = [0, False]  # items being worked on; whether one of them runs alone
-    cond = threading.Condition()
+    pool.run(_Schedule(units, notebooks, finished, RUNS_ALONE if alone is None else alone))
+    return seconds
 
-    def take():
-        with cond:
-            while not errors and (pending or pending_notebooks):
-                if not running[1]:
-                    ready = next(((i, j) for i, j in pending_notebooks
-                                  if j.name not in alone and all(r in finished for r in j.runs)), None)
-                    if ready is None:
-                        ready = next((u for u in pending if all(a in finished for t in u for a in t.after)), None)
-                    if ready is None and not pending and running[0] == 0:
-                        ready = next(((i, j) for i, j in pending_notebooks if all(r in finished for r in j.runs)),
-                                     None)
-                        running[1] = ready is not None
-                    if ready is not None:
-                        (pending_notebooks if isinstance(ready, tuple) else pending).remove(ready)
-                        running[0] += 1
-                        return ready
-                cond.wait()
+
+class _Schedule:
+    """What the lanes of ``train_runs`` do next, shared by their threads, which change it holding ``cond``: the units
+    still to train (longest first; of equal length, in the registry's order) and the notebooks still to execute
+    (pairs of progress index and job), what has finished, and the lanes' errors."""
+
+    def __init__(self, units: list[list[Training]], notebooks: list[tuple[int, NotebookJob]], finished: set[str],
+                 alone: frozenset):
+        self.units = sorted(units, key=lambda u: -u[0].steps)
+        self.notebooks = list(notebooks)
+        self.finished = finished
+        """Keys (``Training.config``) of the runs that are complete."""
+        self.alone = alone
+        self.errors: list[PipelineError] = []
+        self.running = 0
+        """Items that lanes are working on."""
+        self.running_alone = False
+        """Whether one of them is a notebook that runs alone (the other lanes wait)."""
+        self.cond = threading.Condition()
+
+    def take(self) -> list[Training] | tuple[int, NotebookJob] | None:
+        """The next item for a lane, a unit or a notebook, once one is ready (waiting until then); None when nothing
+        is left or a lane has failed."""
+        with self.cond:
+            while not self.errors and (self.units or self.notebooks):
+                item = None if self.running_alone else self._ready()
+                if item is not None:
+                    (self.notebooks if isinstance(item, tuple) else self.units).remove(item)
+                    self.running += 1
+                    return item
+                self.cond.wait()
             return None
 
-    def train(k: int, unit: list[Training]) -> None:
-        if workers[k] is not None and workers[k].runs >= RUNS_PER_WORKER:
-            workers[k].close()
-            workers[k] = None
-        if workers[k] is None:
-            workers[k] = _Worker(logs[k], env, cpus[k])
+    def _ready(self) -> list[Training] | tuple[int, NotebookJob] | None:
+        """The first notebook whose runs are all complete (one that runs alone excepted), else the first unit whose
+        pretrainings are, else, with no unit left and nothing running, a notebook that runs alone (then marked
+        ``running_alone``); None if nothing is ready."""
+        item = next(((i, j) for i, j in self.notebooks if j.name not in self.alone and self._readable(j)), None)
+        if item is None:
+            item = next((u for u in self.units if all(a in self.finished for t in u for a in t.after)), None)
+        if item is None and not self.units and self.running == 0:
+            item = next(((i, j) for i, j in self.notebooks if self._readable(j)), None)
+            self.running_alone = item is not None
+        return item
+
+    def _readable(self, job: NotebookJob) -> bool:
+        """Whether every run ``job`` reads is complete."""
+        return all(r in self.finished for r in job.runs)
+
+    def finish(self, item: list[Training] | tuple[int, NotebookJob]) -> None:
+        """Record that a lane finished ``item`` (a unit's runs are then complete) and wake the waiting lanes."""
+        with self.cond:
+            if not isinstance(item, tuple):
+                self.finished.update(t.config for t in item)
+            self.running -= 1
+            self.running_alone = False
+            self.cond.notify_all()
+
+    def fail(self, err: PipelineError) -> None:
+        """Record a lane's error: no lane takes another item."""
+        with self.cond:
+            self.errors.append(err)
+            self.cond.notify_all()
+
+
+class _Lanes:
+    """The lanes of ``train_runs``: one thread each, taking items from a ``_Schedule``, training a unit in the lane's
+    training process (``_Worker``: started when first needed, replaced after ``RUNS_PER_WORKER`` runs, on the lane's
+    cores, ``lane_cpus``) or executing a notebook, with progress; measured seconds go into ``seconds``."""
+
+    def __init__(self, count: int, asked: int, log: Path, progress: Progress, index: dict[int, int],
+                 seconds: dict[str, float], execute: typing.Callable[[NotebookJob], float] | None):
+        self.cpus = [lane_cpus(k, asked) for k in range(count)]
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+        self.logs = [log] + [log.with_name(f"{log.stem}-{k}{log.suffix}") for k in range(1, count)]
+        self.workers: list[_Worker | None] = [None] * count
+        self.progress = progress
+        self.index = index
+        """``id`` of a ``Training`` -> its progress index."""
+        self.seconds = seconds
+        self.execute = execute
+
+    def prepare_data(self, todo: list[Training]) -> None:
+        """Build the token caches of every dataset that ``todo`` reads, in lane 0's process (the first run of each
+        dataset prepares it), before any lane trains."""
+        first_of: dict[str, Training] = {}  # the first run of each distinct dataset
+        for t in todo:
+            first_of.setdefault(t.data, t)
+        if not first_of:
+            return
+        self.workers[0] = _Worker(self.logs[0], self.env, self.cpus[0])
+        try:
+            for t in first_of.values():
+                self.workers[0].do(_spec(t, prepare=True))
+        except PipelineError:
+            self.workers[0].close(kill=True)
+            raise
+
+    def run(self, schedule: _Schedule) -> None:
+        """Work through ``schedule`` in every lane side by side; raise the first lane's error, if any."""
+        threads = [threading.Thread(target=self.lane, args=(k, schedule), daemon=True)
+                   for k in range(len(self.workers))]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        if schedule.errors:
+            raise schedule.errors[0]
+
+    def lane(self, k: int, schedule: _Schedule) -> None:
+        """Lane ``k``'s thread: take items until none is left; on an error, stop every lane."""
+        try:
+            while (item := schedule.take()) is not None:
+                if isinstance(item, tuple):
+                    self.execute_notebook(*item)
+                else:
+                    self.train(k, item)
+                schedule.finish(item)
+        except PipelineError as err:
+            schedule.fail(err)
+            self.stop()
+        finally:
+            if self.workers[k] is not None:
+                self.workers[k].close()
+
+    def worker(self, k: int) -> _Worker:
+        """Lane ``k``'s training process, a fresh one after ``RUNS_PER_WORKER`` runs."""
+        if self.workers[k] is not None and self.workers[k].runs >= RUNS_PER_WORKER:
+            self.workers[k].close()
+            self.workers[k] = None
+        if self.workers[k] is None:
+            self.workers[k] = _Worker(self.logs[k], self.env, self.cpus[k])
+        return self.workers[k]
+
+    def train(self, k: int, unit: list[Training]) -> None:
+        """Train ``unit`` (a run, or a population's members as one spec) in lane ``k``; ``PipelineError`` unless each
+        run is then complete for its configuration."""
+        worker = self.worker(k)
         together = f" (one of a population of {len(unit)}, trained together)" if len(unit) > 1 else ""
-        started = [progress.begin(index[id(t)], f"train {t.config} -> {t.run_dir}{together}") for t in unit]
-        workers[k].do(_spec(unit if len(unit) > 1 else unit[0]))
+        started = [self.progress.begin(self.index[id(t)], f"train {t.config} -> {t.run_dir}{together}") for t in unit]
+        worker.do(_spec(unit if len(unit) > 1 else unit[0]))
         took = time.time() - started[0]
         for t, begun in zip(unit, started):
             if not is_complete(t.run_dir, t.config_hash):
                 raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
-            progress.end(index[id(t)], begun)
+            self.progress.end(self.index[id(t)], begun)
             # a population's time is shared by its members, as two lanes' time is by the runs side by side
-            seconds[t.config] = took / len(unit)
+            self.seconds[t.config] = took / len(unit)
 
-    def lane(k: int) -> None:
-        try:
-            while (item := take()) is not None:
-                if isinstance(item, tuple):
-                    i, job = item
-                    started = progress.begin(i, f"execute {job.name}")
-                    execute(job)
-                    seconds[f"notebook:{job.name}"] = progress.end(i, started)
-                else:
-                    train(k, item)
-                with cond:
-                    if not isinstance(item, tuple):
-                        finished.update(t.config for t in item)
-                    running[0] -= 1
-                    running[1] = False
-                    cond.notify_all()
-        except PipelineError as err:
-            with cond:
-                errors.append(err)
-                cond.notify_all()
-            for w in workers:  # stop the other lanes' runs too
-                if w is not None and w.proc.poll() is None:
-                    w.proc.terminate()
-            stop_notebooks()
-        finally:
-            if workers[k] is not None:
-                workers[k].close()
+    def execute_notebook(self, i: int, job: NotebookJob) -> None:
+        """Execute ``job`` (progress step ``i``) with ``execute``."""
+        started = self.progress.begin(i, f"execute {job.name}")
+        self.execute(job)
+        self.seconds[f"notebook:{job.name}"] = self.progress.end(i, started)
 
-    threads = [threading.Thread(target=lane, args=(k,), daemon=True) for k in range(lanes)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise errors[0]
-    return seconds
+    def stop(self) -> None:
+        """Stop the runs training in every lane and the notebooks executing (a lane failed)."""
+        for w in self.workers:
+            if w is not None and w.proc.poll() is None:
+                w.proc.terminate()
+        stop_notebooks()
 
 
 def _prepare_data(config) -> None:
