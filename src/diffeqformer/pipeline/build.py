@@ -90,6 +90,123 @@ def _remove_stale_staging() -> None:
             pass
 
 
+def _estimate(result: Plan, state: dict, preset: str, to_execute: list, lanes: int, build: bool,
+              force: bool) -> list[tuple[str, float]]:
+    """The pipeline's steps with the seconds each is expected to take (last measured here, else the preset's guess):
+    the trainings and the notebooks, each for its share of the lanes' wall-clock time, then the book."""
+    measured = state.get("seconds", {})
+    guess = DEFAULT_SECONDS.get(preset, DEFAULT_SECONDS["cpu"])
+    steps: list[tuple[str, float]] = []
+    for t in result.trainings:  # runs trained side by side: each counts for its share of the wall-clock time
+        steps.append((f"train {t.config}",
+                       0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
+    alone = runs_alone(preset)
+    for job in result.notebooks:  # and so do notebooks, but those that run alone
+        cached = job.cached and not force
+        share = 1 if job.name in alone else lanes
+        steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
+                                                                              guess["notebook"]) / share))
+    steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
+    return steps
+
+
+def _set_aside_stale_runs(result: Plan, stream) -> None:
+    """Move each run directory that holds another configuration's run (``--retrain-stale``) to ``runs/.stale/``."""
+    for t in result.trainings:
+        if t.stale:
+            aside = t.run_dir.parent / ".stale" / f"{t.run_dir.name}-{t.stale}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            shutil.rmtree(aside, ignore_errors=True)
+            os.replace(t.run_dir, aside)
+            print(f"moved {t.run_dir} (a run of another configuration) to {aside}", file=stream, flush=True)
+
+
+def _train_and_execute(result: Plan, preset: str, progress: Progress, state: dict, staging: Path,
+                       to_execute: list, lanes: int, force: bool) -> None:
+    """Step 1: the trainings, and each notebook as soon as the runs it reads are complete; what was measured enters
+    ``state`` even if a run or a notebook failed."""
+    work = work_dir()
+    for i, t in enumerate(result.trainings):
+        if t.done:
+            progress.end(i, progress.begin(i, f"train {t.config}"), "(complete, not retrained)")
+    for i, job in enumerate(result.notebooks):
+        if job.cached and not force:
+            progress.end(len(result.trainings) + i, progress.begin(len(result.trainings) + i,
+                                                                   f"execute {job.name}"), "(cached)")
+    seconds: dict[str, float] = {}
+    notebook_log = work / "logs" / f"notebooks-{preset}.log"
+    try:
+        train_runs(result.trainings, progress, 0, work / "logs" / f"train-{preset}.log", lanes,
+                   notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
+                   seconds=seconds, alone=runs_alone(preset))
+    finally:  # what was measured, even if a run or a notebook failed
+        state["seconds"].update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
+        save_state(state)
+    for t in result.trainings:
+        t.done = True  # train_runs checked each complete.json
+
+
+def _check_figures_unique(result: Plan) -> None:
+    """Step 2: no figure saved by two notebooks."""
+    seen_figures: dict[str, str] = {}
+    for job in result.notebooks:
+        for name in check_figures(job.cache_dir / "figures", job.name):
+            if name in seen_figures:
+                raise PipelineError(f"figure {name!r} is saved by both {seen_figures[name]} and {job.name}")
+            seen_figures[name] = job.name
+
+
+def _stage(result: Plan, state: dict, staging: Path, toc: Path | None) -> tuple[Path, Path]:
+    """Step 3: the book's sources staged in ``staging/src`` (chapters, the executed notebooks as the reader sees them,
+    the generated pages) and the figures gathered in ``staging/figures``."""
+    src, figures_new = staging / "src", staging / "figures"
+    (src / "notebooks").mkdir(parents=True)
+    figures_new.mkdir()
+    _copy_book_sources(src, toc)
+    for job in result.notebooks:  # as the reader sees them: code behind toggles (book.reader_view)
+        book.write_reader_view(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
+        for f in (job.cache_dir / "figures").iterdir():
+            shutil.copy(f, figures_new / f.name)
+    generated = src / "book" / "_generated"
+    generated.mkdir(parents=True, exist_ok=True)
+    for name, text in generated_pages(result, state).items():
+        (generated / name).write_text(text)
+    return src, figures_new
+
+
+def _build_step(src: Path, staging: Path, state: dict, progress: Progress, step: int, build: bool,
+                force: bool) -> str | None:
+    """Step 4: the book, unless ``--no-book`` or nothing it shows has changed; returns its key if it was rebuilt."""
+    started = progress.begin(step, "build the book (jupyter-book, warnings as errors)")
+    book_key = sha(_tree_hash(src), package_hash())
+    if not build:
+        progress.end(step, started, "(skipped: --no-book)")
+    elif not force and state.get("html_key") == book_key and (html_dir() / "index.html").exists():
+        progress.end(step, started, "(cached: nothing it shows has changed)")
+    else:
+        build_book(src, staging / "out")
+        state["seconds"]["book"] = progress.end(step, started)
+        return book_key
+    return None
+
+
+def _move_into_place(result: Plan, state: dict, preset: str, staging: Path, figures_new: Path,
+                     book_key: str | None, t0: float) -> None:
+    """Step 5: the figures and, if rebuilt, the book into place, all or nothing; the preset's record into the
+    state; cache entries no preset records any more removed."""
+    _swap_in(figures_new, paths.FIGURES)
+    if book_key is not None:
+        _swap_in(staging / "out" / "_build" / "html", html_dir())
+        state["html_key"] = book_key
+    state.setdefault("presets", {})[preset] = {
+        "trainings": {t.config: str(t.run_dir) for t in result.trainings},
+        "notebooks": {j.name: j.key for j in result.notebooks},
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0}
+    state["current"] = preset
+    save_state(state)
+    _prune_cache(state)
+
+
 def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *, force: bool = False,
         build: bool = True, stream=None, **plan_options) -> Plan:
     """Validate, train, execute, build and move the results into place (see the module docstring).
@@ -101,114 +218,32 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     # for every process started from here on: training workers, notebook kernels and theirs, the book's build
     os.environ["GLIBC_TUNABLES"] = keep_heap(os.environ.get("GLIBC_TUNABLES"))
     result = plan(preset, overrides, **plan_options)
-    WORK, HTML = work_dir(), html_dir()
     _remove_stale_staging()
     state = load_state()
-    measured = state.setdefault("seconds", {})  # step -> seconds, last measured here (estimates, timings page)
-    guess = DEFAULT_SECONDS.get(preset, DEFAULT_SECONDS["cpu"])
-    steps: list[tuple[str, float]] = []
+    state.setdefault("seconds", {})  # step -> seconds, last measured here (estimates, timings page)
     to_execute = [(len(result.trainings) + i, job) for i, job in enumerate(result.notebooks)
                   if force or not job.cached]
     lanes = max(1, min(TRAIN_LANES, sum(not t.done for t in result.trainings) + len(to_execute)))
-    for t in result.trainings:  # runs trained side by side: each counts for its share of the wall-clock time
-        steps.append((f"train {t.config}",
-                       0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
-    alone = runs_alone(preset)
-    for job in result.notebooks:  # and so do notebooks, but those that run alone
-        cached = job.cached and not force
-        share = 1 if job.name in alone else lanes
-        steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
-                                                                              guess["notebook"]) / share))
-    steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
+    steps = _estimate(result, state, preset, to_execute, lanes, build, force)
     progress = Progress(steps, stream)
     print(f"pipeline --preset {preset}: {len(result.trainings)} runs "
           f"({sum(not t.done for t in result.trainings)} to train), {len(result.notebooks)} notebooks "
           f"({len(to_execute)} to execute), then the book; output below {paths.HOME}", file=stream, flush=True)
 
-    staging = WORK / f"staging-{os.getpid()}"
+    staging = work_dir() / f"staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        # 1. trainings, and each notebook as soon as the runs it reads are complete
-        for t in result.trainings:
-            if t.stale:
-                aside = t.run_dir.parent / ".stale" / f"{t.run_dir.name}-{t.stale}"
-                aside.parent.mkdir(parents=True, exist_ok=True)
-                shutil.rmtree(aside, ignore_errors=True)
-                os.replace(t.run_dir, aside)
-                print(f"moved {t.run_dir} (a run of another configuration) to {aside}", file=stream, flush=True)
-        for i, t in enumerate(result.trainings):
-            if t.done:
-                progress.end(i, progress.begin(i, f"train {t.config}"), "(complete, not retrained)")
-        for i, job in enumerate(result.notebooks):
-            if job.cached and not force:
-                progress.end(len(result.trainings) + i, progress.begin(len(result.trainings) + i,
-                                                                       f"execute {job.name}"), "(cached)")
-        seconds: dict[str, float] = {}
-        notebook_log = WORK / "logs" / f"notebooks-{preset}.log"
-        try:
-            train_runs(result.trainings, progress, 0, WORK / "logs" / f"train-{preset}.log", lanes,
-                       notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
-                       seconds=seconds, alone=alone)
-        finally:  # what was measured, even if a run or a notebook failed
-            measured.update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
-            save_state(state)
-        for t in result.trainings:
-            t.done = True  # train_runs checked each complete.json
-
-        # 2. no figure saved twice
-        seen_figures: dict[str, str] = {}
-        for job in result.notebooks:
-            for name in check_figures(job.cache_dir / "figures", job.name):
-                if name in seen_figures:
-                    raise PipelineError(f"figure {name!r} is saved by both {seen_figures[name]} and {job.name}")
-                seen_figures[name] = job.name
-
-        # 3. the book's sources, staged; the figures, gathered
-        src, figures_new = staging / "src", staging / "figures"
-        (src / "notebooks").mkdir(parents=True)
-        figures_new.mkdir()
-        _copy_book_sources(src, plan_options.get("toc"))
-        for job in result.notebooks:  # as the reader sees them: code behind toggles (book.reader_view)
-            book.write_reader_view(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
-            for f in (job.cache_dir / "figures").iterdir():
-                shutil.copy(f, figures_new / f.name)
-        generated = src / "book" / "_generated"
-        generated.mkdir(parents=True, exist_ok=True)
-        for name, text in generated_pages(result, state).items():
-            (generated / name).write_text(text)
-
-        # 4. the book
-        i = len(steps) - 1
-        started = progress.begin(i, "build the book (jupyter-book, warnings as errors)")
-        book_key = sha(_tree_hash(src), package_hash())
-        rebuilt = False
-        if not build:
-            progress.end(i, started, "(skipped: --no-book)")
-        elif not force and state.get("html_key") == book_key and (HTML / "index.html").exists():
-            progress.end(i, started, "(cached: nothing it shows has changed)")
-        else:
-            build_book(src, staging / "out")
-            measured["book"] = progress.end(i, started)
-            rebuilt = True
-
-        # 5. into place, all or nothing
-        _swap_in(figures_new, paths.FIGURES)
-        if rebuilt:
-            _swap_in(staging / "out" / "_build" / "html", HTML)
-            state["html_key"] = book_key
-        state.setdefault("presets", {})[preset] = {
-            "trainings": {t.config: str(t.run_dir) for t in result.trainings},
-            "notebooks": {j.name: j.key for j in result.notebooks},
-            "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_s": time.time() - t0}
-        state["seconds"] = measured
-        state["current"] = preset
-        save_state(state)
-        _prune_cache(state)
+        _set_aside_stale_runs(result, stream)
+        _train_and_execute(result, preset, progress, state, staging, to_execute, lanes, force)
+        _check_figures_unique(result)
+        src, figures_new = _stage(result, state, staging, plan_options.get("toc"))
+        book_key = _build_step(src, staging, state, progress, len(steps) - 1, build, force)
+        _move_into_place(result, state, preset, staging, figures_new, book_key, t0)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     print(f"pipeline --preset {preset}: finished in {Progress.fmt(time.time() - t0)}; figures in {paths.FIGURES}"
-          + (f", book in {HTML / 'index.html'}" if build else ""), file=stream, flush=True)
+          + (f", book in {html_dir() / 'index.html'}" if build else ""), file=stream, flush=True)
     return result
 
 
