@@ -14,6 +14,7 @@ from typing import Any, Mapping
 
 from .. import paths
 from ..report import book
+from . import edition
 from .lanes import DEFAULT_SECONDS, TRAIN_LANES, Progress, load_state, runs_alone, save_state, train_runs, train_worker
 from .notebooks import check_figures, execute_notebook
 from .pages import generated_pages
@@ -30,7 +31,13 @@ def _copy_book_sources(src: Path, toc: Path | None = None) -> None:
         shutil.copy(paths.REPO / name, src / name)
     if toc is not None:
         shutil.copy(toc, src / "_toc.yml")
-    shutil.copytree(paths.BOOK, src / "book", ignore=shutil.ignore_patterns("_generated", "_build"))
+    # the GPU edition's folder is not a chapter: edition.stage writes its notebooks, rendered, elsewhere
+    def ignore(folder, names):
+        at_top = Path(folder) == paths.BOOK
+        return [n for n in names if n in ("_generated", "_build") or (at_top and (
+            n == edition.EDITION.name or n.startswith(f".{edition.EDITION.name}.")))]
+
+    shutil.copytree(paths.BOOK, src / "book", ignore=ignore)
 
 
 def _tree_hash(root: Path) -> str:
@@ -158,7 +165,7 @@ def _check_figures_unique(result: Plan) -> None:
 
 def _stage(result: Plan, state: dict, staging: Path, toc: Path | None) -> tuple[Path, Path]:
     """Step 3: the book's sources staged in ``staging/src`` (chapters, the executed notebooks as the reader sees them,
-    the generated pages) and the figures gathered in ``staging/figures``."""
+    the GPU edition, the generated pages) and the figures gathered in ``staging/figures``."""
     src, figures_new = staging / "src", staging / "figures"
     (src / "notebooks").mkdir(parents=True)
     figures_new.mkdir()
@@ -167,6 +174,7 @@ def _stage(result: Plan, state: dict, staging: Path, toc: Path | None) -> tuple[
         book.write_reader_view(job.cache_dir / "notebook.ipynb", src / "notebooks" / f"{job.name}.ipynb")
         for f in (job.cache_dir / "figures").iterdir():
             shutil.copy(f, figures_new / f.name)
+    edition.stage(src)
     generated = src / "book" / "_generated"
     generated.mkdir(parents=True, exist_ok=True)
     for name, text in generated_pages(result, state).items():

@@ -118,6 +118,16 @@ def git_commit(repo: Path = paths.REPO) -> str | None:
     return proc.stdout.strip() if proc.returncode == 0 else None
 
 
+def uncommitted_code(repo: Path = paths.REPO) -> bool | None:
+    """Whether ``CODE`` has changes that are not committed (``git status``), or None without git or a repository."""
+    try:
+        proc = subprocess.run(["git", "-C", str(repo), "status", "--porcelain", "--", *CODE], capture_output=True,
+                              text=True)
+    except OSError:
+        return None
+    return bool(proc.stdout.strip()) if proc.returncode == 0 else None
+
+
 def jax_device() -> str:
     """The device as JAX reports it: ``NVIDIA H100 80GB HBM3 (gpu, 1 device)``."""
     import jax
@@ -150,8 +160,7 @@ def collect(preset: str) -> tuple[dict[str, Path | bytes], dict[str, Any]]:
             if f.is_file() and f.suffix not in SKIPPED_FIGURE_FILES:
                 files[f"figures/{f.name}"] = f
     backends = set()
-    for run_dir in entry["trainings"].values():
-        run_dir = Path(run_dir)
+    for run_dir in _run_dirs(entry):
         for name in RUN_FILES:
             if (run_dir / name).exists():
                 files[f"runs/{run_dir.name}/{name}"] = run_dir / name
@@ -164,6 +173,32 @@ def collect(preset: str) -> tuple[dict[str, Path | bytes], dict[str, Any]]:
     about = {"notebooks": list(entry["notebooks"]), "date": entry.get("finished"), "wall_s": entry.get("wall_s"),
              "runs": len(entry["trainings"]), "backends": sorted(backends)}
     return files, about
+
+
+def _run_dirs(entry: Mapping[str, Any]) -> list[Path]:
+    """The run directories of a preset's pipeline: those it trained (a population's by its first member) and every
+    one a notebook read (each member of a population), from the records of the notebooks' executions."""
+    from .planning import cache_dir
+
+    found = {Path(d): None for d in entry["trainings"].values()}
+
+    def walk(value):
+        if isinstance(value, str):
+            path = paths.HOME / value
+            if (path / "complete.json").is_file():
+                found.setdefault(path.resolve(), None)
+        elif isinstance(value, dict):
+            for v in value.values():
+                walk(v)
+        elif isinstance(value, list):
+            for v in value:
+                walk(v)
+
+    for nb, key in entry["notebooks"].items():
+        record = cache_dir() / f"{nb}-{key}" / "record.json"
+        if record.exists():
+            walk(json.loads(record.read_text()).get("parameters", {}))
+    return sorted(dict.fromkeys(p.resolve() for p in found))
 
 
 def _write_parts(files: Mapping[str, Path | bytes], out: Path) -> tuple[list[dict], list[dict]]:
@@ -218,10 +253,11 @@ def pack(out: Path, *, preset: str = PRESET, device: str | None = None, commit: 
         first = next(e["path"] for e in entries if e["part"] == over)
         raise EditionError(f"the pack needs {len(parts)} parts and its manifest, more than {MAX_FILES} files: "
                            f"{over} (from {first} on) is one too many")
+    named = commit or os.environ.get("DIFFEQFORMER_COMMIT")
     manifest = {"edition": 1, "preset": preset, "device": device or jax_device(), **about,
-                "packed": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-                "commit": commit or os.environ.get("DIFFEQFORMER_COMMIT") or git_commit() or "unknown",
-                "parts": parts, "files": entries, "code": code_hashes()}
+                "packed": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "commit": named or git_commit() or "unknown",
+                "uncommitted": None if named else uncommitted_code(), "parts": parts, "files": entries,
+                "code": code_hashes()}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     for f in sorted(out.iterdir()):
         if f.stat().st_size > MAX_FILE_BYTES:
@@ -378,29 +414,32 @@ def changed_code(manifest: Mapping[str, Any], repo: Path = paths.REPO) -> tuple[
 
 
 def staleness(manifest: Mapping[str, Any], repo: Path = paths.REPO) -> str:
-    """One sentence: whether the code has changed since the edition's commit (``changed_code``)."""
+    """One sentence: whether the code has changed since the edition was computed (``changed_code``)."""
     commit = f"`{manifest.get('commit', 'unknown')[:12]}`"
     changed, why = changed_code(manifest, repo)
+    since = "since this page was computed" if manifest.get("code") else f"since commit {commit}"
     if changed is None:
         return f"Whether the code has changed since commit {commit} cannot be told here ({why})."
     if not changed:
-        return f"The code (`{'`, `'.join(CODE)}`) has not changed since commit {commit}."
+        return f"The code (`{'`, `'.join(CODE)}`) has not changed {since}."
     shown = ", ".join(f"`{f}`" for f in changed[:4]) + (", ..." if len(changed) > 4 else "")
     return (f"**This page is older than the code**: {len(changed)} file{'' if len(changed) == 1 else 's'} of the code "
-            f"changed since commit {commit} ({shown}); it shows what the code of that commit computed.")
+            f"changed {since} ({shown}); it shows what the code of then computed.")
 
 
 def banner(manifest: Mapping[str, Any], repo: Path = paths.REPO) -> str:
     """A MyST admonition for a page's first screen: device, date, commit, preset, the pipeline's wall time, and
     ``staleness``."""
     wall = clock(manifest["wall_s"]) if manifest.get("wall_s") is not None else "not recorded"
+    commit = f"`{manifest.get('commit', 'unknown')[:12]}`"
+    if manifest.get("uncommitted"):
+        commit += " with changes not committed"
     line = staleness(manifest, repo)
     kind = "warning" if line.startswith("**This page is older") else "note"
     return "\n".join([
         "```{admonition} GPU edition: executed on a GPU, not by the build of this book", f":class: {kind}", "",
-        f"Device **{manifest.get('device', 'unknown')}**, date {manifest.get('date') or 'unknown'}, commit "
-        f"`{manifest.get('commit', 'unknown')[:12]}`, preset `{manifest.get('preset')}`, pipeline wall time {wall}.",
-        "", line, "```", ""])
+        f"Device **{manifest.get('device', 'unknown')}**, date {manifest.get('date') or 'unknown'}, commit {commit}, "
+        f"preset `{manifest.get('preset')}`, pipeline wall time {wall}.", "", line, "```", ""])
 
 
 def render_notebook(nb: dict, manifest: Mapping[str, Any], repo: Path = paths.REPO) -> dict:

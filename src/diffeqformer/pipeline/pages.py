@@ -1,6 +1,6 @@
 """The pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
-contents, the accelerator measurements and the API reference's module list (``build.run`` writes them, then builds
-the book)."""
+contents, the accelerator measurements, the GPU edition's first page and the API reference's module list
+(``build.run`` writes them, then builds the book)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from .. import paths
 from ..finetune import FinetuneConfig
 from ..runs import is_complete, summary
+from . import edition
 from .lanes import Progress
 from .planning import Plan, cache_dir, collect_runs, join_populations
 from .registry import PRESETS, Run
@@ -22,10 +23,67 @@ from .sources import LAYERS, module_files
 
 def generated_pages(result: Plan, state: dict) -> dict[str, str]:
     """Pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
-    contents, the API reference's module list. Only numbers that stay the same when nothing is re-run enter them,
-    so a cached run rebuilds nothing."""
+    contents, the accelerator measurements, the GPU edition's first page, the API reference's module list. Only
+    numbers that stay the same when nothing is re-run enter them, so a cached run rebuilds nothing."""
     return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
-            "api.md": api_markdown(), "gpu.md": gpu_markdown()}
+            "api.md": api_markdown(), "gpu.md": gpu_markdown(), "gpu_edition.md": gpu_edition_markdown()}
+
+
+NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no
+result until one has been. The pages of the other parts are the cpu preset's (CI builds the smoke preset's).
+
+A session that is lent an H100 or H200 (the device tool) makes one in three device calls, of which the last installs
+the wheels, trains every run of the `gpu` preset, executes every notebook and packs what the pages need
+(`$OUT/edition`: at most eight files of at most 16 MiB, no model weights):
+
+```bash
+# here: the wheels the lent machine lacks, into .gpu/part-1 to part-3
+bash benchmarks/gpu/prepare.sh
+# on the lent machine, one device call each, carry naming its part
+bash benchmarks/gpu/run.sh stage      # carry [".gpu/part-1"]
+bash benchmarks/gpu/run.sh stage      # carry [".gpu/part-2"]
+# carry [".gpu/part-3", "data/raw"]; <sha>: `git rev-parse HEAD` here
+bash benchmarks/gpu/run.sh stage install &&
+  export PYTHONPATH=/tmp/diffeqformer-site:$PWD/src DIFFEQFORMER_COMMIT=<sha> &&
+  python3 -m diffeqformer.pipeline --preset gpu --no-book &&
+  python3 -m diffeqformer.pipeline.edition pack --out $OUT/edition
+# here, with the folder that came back: check it, install it in book/gpu/
+python -m diffeqformer.pipeline.edition import <that folder>
+make book
+```
+
+The import refuses a pack of another preset, or a corrupt one, in one line naming the problem, and leaves what is
+committed as it was.
+"""
+"""The GPU edition's first page while none is committed: how to make one (``benchmarks/gpu/run.sh``)."""
+
+
+def gpu_edition_markdown(folder: Path | None = None) -> str:
+    """The GPU edition's first page: ``NO_EDITION`` where none is committed in ``folder`` (``edition.EDITION``),
+    else its banner (``edition.banner``), its pages with the time each notebook's execution took, and its runs
+    (steps, final validation perplexity, tokens/s and the trainer's wall time, from their ``complete.json``)."""
+    folder = Path(folder or edition.EDITION)
+    manifest = edition.load(folder)
+    if manifest is None:
+        return NO_EDITION
+    out = [edition.banner(manifest), f"{len(manifest['files'])} files, installed by `python -m "
+           "diffeqformer.pipeline.edition import` from what the lent machine packed (`manifest.json` of "
+           f"`{folder.relative_to(paths.REPO) if folder.is_relative_to(paths.REPO) else folder}` lists them with "
+           "their SHA-256).", "", "| page | executed in |", "|---|---|"]
+    for nb in edition.edition_notebooks(folder):
+        record = folder / "records" / f"{nb}.json"
+        took = edition.clock(json.loads(record.read_text())["seconds"]) if record.exists() else "not recorded"
+        out.append(f"| {{doc}}`/{edition.STAGED}/{nb}` | {took} |")
+    out += ["", "| run | steps | validation perplexity | tokens/s | in the trainer | JAX on |",
+            "|---|---|---|---|---|---|"]
+    for complete in sorted(folder.glob("runs/*/complete.json")):
+        done = json.loads(complete.read_text())
+        ppl = done.get("final_eval_perplexity")
+        speed = done.get("tokens_per_second")
+        out.append(f"| `{complete.parent.name}` | {done.get('steps')} | {f'{ppl:.2f}' if ppl else 'n/a'} "
+                   f"| {f'{speed:,.0f}' if speed else 'n/a'} | {edition.clock(done.get('wall_time_s') or 0)} "
+                   f"| {done.get('jax_backend', '?')} |")
+    return "\n".join(out) + "\n"
 
 
 GPU_RESULTS = paths.REPO / "benchmarks" / "results"

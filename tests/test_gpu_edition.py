@@ -1,0 +1,371 @@
+"""diffeqformer.pipeline.edition: the GPU edition packed from a finished pipeline, imported into the committed folder
+(only a gpu pack, only an intact one, never half of one), and rendered: the banner of each page, whether the code
+changed since, and the page that says no GPU edition exists yet.
+
+The finished pipeline here is a temporary one with the pipeline's own layout (``state.json``, cache entries with
+each notebook of ``_toc.yml`` executed: its cells, one PNG output, figure files, a record; runs with their files
+and weights), made without running anything, its state saying preset ``gpu`` on a GPU: nothing of it is a GPU result
+nor is it committed anywhere."""
+
+from __future__ import annotations
+
+import base64
+import json
+import random
+import shutil
+import subprocess
+import zipfile
+import zlib
+
+import pytest
+
+from diffeqformer import paths
+from diffeqformer.pipeline import edition, pages
+from diffeqformer.pipeline.planning import toc_notebooks
+
+PNG = base64.b64encode(
+    b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00\x90wS\xde"
+    + b"\x00\x00\x00\x0cIDATx\x9cc\xf8\xcf\xc0\x00\x00\x03\x01\x01\x00\xc9\xfe\x92\xef"
+    + b"\x00\x00\x00\x00IEND\xaeB`\x82").decode()
+"""A 1 x 1 PNG, as a notebook's ``image/png`` output holds it."""
+DEVICE = "NVIDIA H100 80GB HBM3 (gpu, 1 device)"
+FINISHED = "2026-11-28T03:10:00+0000"
+
+
+def _executed(nb: str) -> dict:
+    """The notebook's own cells with one figure output, as an executed copy holds them."""
+    notebook = json.loads((paths.NOTEBOOKS / f"{nb}.ipynb").read_text())
+    cell = next(c for c in notebook["cells"] if c["cell_type"] == "code")
+    cell["outputs"] = [{"output_type": "display_data", "metadata": {},
+                        "data": {"image/png": PNG, "text/plain": ["<IPython.core.display.Image object>"]}}]
+    return notebook
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """A finished pipeline of ``preset`` in a temporary ``DIFFEQFORMER_HOME`` (module docstring); returns a function
+    of the preset that writes it and returns the home."""
+    root = tmp_path / "home"
+    monkeypatch.setattr(paths, "HOME", root)
+
+    def make(preset: str = "gpu", backend: str = "gpu"):
+        work = root / "_build" / "pipeline"
+        run = root / "runs" / f"{preset}-diffeqformer"
+        (run / "checkpoints" / "step-10").mkdir(parents=True)
+        (run / "checkpoints" / "step-10" / "params").write_bytes(b"\0" * 4096)
+        (run / "model.eqx").write_bytes(b"\0" * 4096)
+        (run / "config.yaml").write_text("# config_hash: abc\nmodel: {}\n")
+        (run / "metrics.jsonl").write_text('{"step": 1, "train/loss": 8.3}\n')
+        for member in (run, run.with_name(f"{run.name}-seed1")):  # a population's second member: read, not trained
+            member.mkdir(exist_ok=True)
+            (member / "complete.json").write_text(json.dumps({
+                "name": member.name, "steps": 320, "final_eval_perplexity": 123.456, "tokens_per_second": 1234567.0,
+                "wall_time_s": 61.0, "jax_backend": backend}))
+        notebooks = {}
+        for nb in toc_notebooks():
+            key = f"{preset}{len(notebooks)}"
+            entry = work / "cache" / f"{nb}-{key}"
+            (entry / "figures").mkdir(parents=True)
+            (entry / "notebook.ipynb").write_text(json.dumps(_executed(nb), indent=1))
+            (entry / "record.json").write_text(json.dumps({"notebook": nb, "key": key, "seconds": 75.0, "parameters": {
+                "preset": preset, "runs": [f"runs/{run.name}", f"runs/{run.name}-seed1"]}}))
+            for suffix in ("png", "svg", "json", "csv"):
+                (entry / "figures" / f"{nb}_fig.{suffix}").write_text(f"{nb} {suffix}\n")
+            notebooks[nb] = key
+        state = json.loads((work / "state.json").read_text()) if (work / "state.json").exists() else {}
+        state.setdefault("presets", {})[preset] = {"notebooks": notebooks, "finished": FINISHED, "wall_s": 462.4,
+                                                   "trainings": {f"{preset}/diffeqformer": str(run)}}
+        state["seconds"] = {f"train:{preset}/diffeqformer": 70.0, "notebook:f1_model": 75.0, "train:cpu/gpt2": 9.0}
+        (work / "state.json").write_text(json.dumps(state))
+        return root
+
+    return make
+
+
+@pytest.fixture
+def committed(tmp_path):
+    """A committed edition folder with something in it already (what a failed import must leave as it was)."""
+    folder = tmp_path / "book" / "gpu"
+    folder.mkdir(parents=True)
+    (folder / "old.txt").write_text("the edition committed before\n")
+    return folder
+
+
+def _tree(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_pack_holds_the_notebooks_figure_data_runs_and_manifest_and_no_weights(home, tmp_path):
+    home()
+    out = tmp_path / "out" / "edition"
+    manifest = edition.pack(out, device=DEVICE, commit="0123456789abcdef")
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["edition-1.zip", "manifest.json"]
+    assert manifest["preset"] == "gpu" and manifest["device"] == DEVICE and manifest["date"] == FINISHED
+    assert manifest["commit"] == "0123456789abcdef" and manifest["wall_s"] == 462.4 and manifest["backends"] == ["gpu"]
+    assert manifest["notebooks"] == toc_notebooks()
+    names = zipfile.ZipFile(out / "edition-1.zip").namelist()
+    assert {f["path"] for f in manifest["files"]} == set(names)
+    assert {f"notebooks/{nb}.ipynb" for nb in toc_notebooks()} <= set(names)
+    assert {"figures/f6_perplexity_fig.json", "figures/f6_perplexity_fig.csv", "records/f6_perplexity.json",
+            "runs/gpu-diffeqformer/complete.json", "runs/gpu-diffeqformer/config.yaml",
+            "runs/gpu-diffeqformer/metrics.jsonl", "runs/gpu-diffeqformer-seed1/complete.json",
+            "timings.json"} <= set(names)
+    assert not [n for n in names if n.endswith((".png", ".svg", ".eqx")) or "checkpoints" in n]
+    timings = json.loads(zipfile.ZipFile(out / "edition-1.zip").read("timings.json"))
+    assert timings["seconds"] == {"train:gpu/diffeqformer": 70.0, "notebook:f1_model": 75.0}  # not cpu's
+    assert "src/diffeqformer/pipeline/edition.py" in manifest["code"]
+
+
+def test_pack_splits_into_parts_and_refuses_what_does_not_fit(home, tmp_path, monkeypatch):
+    root = home()
+    largest = max(len(zlib.compress(f.read_bytes(), 6)) for f in root.rglob("notebook.ipynb"))
+    limit = 3 * largest + 2000
+    monkeypatch.setattr(edition, "MAX_FILE_BYTES", limit)
+    manifest = edition.pack(tmp_path / "parts", device=DEVICE, commit="c")
+    assert len(manifest["parts"]) > 1
+    assert all((tmp_path / "parts" / p["name"]).stat().st_size <= limit for p in manifest["parts"])
+    monkeypatch.setattr(edition, "MAX_FILE_BYTES", largest + 1400)  # a notebook a part: more than 7 parts
+    with pytest.raises(edition.EditionError, match=r"more than 8 files: edition-8.zip \(from \S+ on\) is one too many"):
+        edition.pack(tmp_path / "many", device=DEVICE, commit="c")
+    big = root / "runs" / "gpu-diffeqformer" / "metrics.jsonl"
+    big.write_bytes(random.Random(0).randbytes(2 * largest + 3000))  # does not compress
+    with pytest.raises(edition.EditionError, match="runs/gpu-diffeqformer/metrics.jsonl .* more than a pack's"):
+        edition.pack(tmp_path / "big", device=DEVICE, commit="c")
+
+
+def test_pack_refuses_a_preset_that_did_not_finish_and_a_folder_that_is_not_a_pack(home, tmp_path):
+    home("smoke")
+    with pytest.raises(edition.EditionError, match="no finished gpu pipeline in .*: run python -m "
+                                                   "diffeqformer.pipeline --preset gpu first"):
+        edition.pack(tmp_path / "out", device=DEVICE)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me\n")
+    with pytest.raises(edition.EditionError, match="holds notes.txt, which is no part of a pack"):
+        edition.pack(tmp_path / "mine", preset="smoke", device=DEVICE)
+    assert (tmp_path / "mine" / "notes.txt").exists()
+
+
+def test_import_installs_the_pack_and_refuses_another_preset(home, tmp_path, committed):
+    home("gpu")
+    edition.pack(tmp_path / "gpu-pack", device=DEVICE, commit="0123456789abcdef")
+    home("smoke", backend="cpu")
+    edition.pack(tmp_path / "smoke-pack", preset="smoke", device="cpu", commit="c")
+    before = _tree(committed)
+    with pytest.raises(edition.EditionError, match="an edition of preset 'smoke', not 'gpu'"):
+        edition.import_edition(tmp_path / "smoke-pack", committed)
+    assert _tree(committed) == before
+
+    manifest = edition.import_edition(tmp_path / "gpu-pack" / "manifest.json", committed)  # a file of it will do
+    installed = _tree(committed)
+    assert "old.txt" not in installed
+    assert {f["path"] for f in manifest["files"]} | {"manifest.json"} == set(installed)
+    assert json.loads(installed["notebooks/f2_spectra.ipynb"]) == _executed("f2_spectra")
+    assert edition.load(committed)["device"] == DEVICE
+    assert not list(committed.parent.glob(".gpu.*")), "no temporary folder is left beside it"
+
+
+def test_a_gpu_pack_of_runs_trained_on_a_cpu_is_refused(home, tmp_path, committed):
+    home("gpu", backend="cpu")
+    edition.pack(tmp_path / "pack", device="TFRT_CPU_0 (cpu, 1 device)", commit="c")
+    with pytest.raises(edition.EditionError, match="its runs trained on cpu, not on a GPU"):
+        edition.import_edition(tmp_path / "pack", committed)
+    assert (committed / "old.txt").exists()
+
+
+@pytest.mark.parametrize("damage", ["changed byte", "truncated", "truncated, manifest updated", "missing part",
+                                    "missing notebook", "corrupt manifest"])
+def test_a_corrupt_pack_is_refused_and_the_committed_edition_stays(home, tmp_path, committed, damage):
+    home()
+    pack = tmp_path / "pack"
+    manifest = edition.pack(pack, device=DEVICE, commit="c")
+    part = pack / "edition-1.zip"
+    data = part.read_bytes()
+    expected = {"changed byte": "part .*edition-1.zip is corrupt: .* \\(truncated or changed on the way\\)",
+                "truncated": "part .*edition-1.zip is corrupt",
+                "truncated, manifest updated": "part edition-1.zip cannot be read \\(BadZipFile",
+                "missing part": "part edition-1.zip is missing from",
+                "missing notebook": "lacks the executed notebook\\(s\\) f7_finetuning of _toc.yml",
+                "corrupt manifest": "manifest.json is corrupt"}[damage]
+    if damage == "changed byte":
+        part.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
+    elif damage.startswith("truncated"):
+        part.write_bytes(data[: len(data) // 2])
+        if damage.endswith("updated"):  # the size and hash agree: the archive itself must be read to see it
+            manifest["parts"][0].update(bytes=part.stat().st_size, sha256=edition._file_sha256(part))
+            (pack / "manifest.json").write_text(json.dumps(manifest))
+    elif damage == "missing part":
+        part.unlink()
+    elif damage == "missing notebook":
+        manifest["files"] = [f for f in manifest["files"] if f["path"] != "notebooks/f7_finetuning.ipynb"]
+        (pack / "manifest.json").write_text(json.dumps(manifest))
+    else:
+        (pack / "manifest.json").write_text(json.dumps(manifest)[:200])
+    before = _tree(committed)
+    with pytest.raises(edition.EditionError, match=expected) as refused:
+        edition.import_edition(pack, committed)
+    assert "\n" not in str(refused.value)
+    assert _tree(committed) == before
+    assert not list(committed.parent.glob(".gpu.*"))
+
+
+def test_a_file_that_does_not_match_its_hash_is_refused_while_unpacking(home, tmp_path, committed):
+    home()
+    pack = tmp_path / "pack"
+    manifest = edition.pack(pack, device=DEVICE, commit="c")
+    entry = next(f for f in manifest["files"] if f["path"] == "notebooks/f6_perplexity.ipynb")
+    entry["sha256"] = "0" * 64
+    (pack / "manifest.json").write_text(json.dumps(manifest))
+    before = _tree(committed)
+    with pytest.raises(edition.EditionError, match="notebooks/f6_perplexity.ipynb in part edition-1.zip does not "
+                                                   "match its SHA-256"):
+        edition.import_edition(pack, committed)
+    assert _tree(committed) == before
+
+
+def test_an_archive_of_the_pack_imports_and_a_truncated_one_is_refused(home, tmp_path, committed):
+    home()
+    edition.pack(tmp_path / "pack", device=DEVICE, commit="c")
+    archive = shutil.make_archive(str(tmp_path / "edition"), "gztar", tmp_path, "pack")
+    edition.import_edition(archive, committed)
+    assert (committed / "notebooks" / "f1_model.ipynb").exists()
+    data = open(archive, "rb").read()
+    (tmp_path / "cut.tar.gz").write_bytes(data[: len(data) // 3])
+    before = _tree(committed)
+    with pytest.raises(edition.EditionError, match="cut.tar.gz cannot be unpacked"):
+        edition.import_edition(tmp_path / "cut.tar.gz", committed)
+    assert _tree(committed) == before
+
+
+def test_the_command_refuses_in_one_line(home, tmp_path, committed, capsys):
+    home("smoke", backend="cpu")
+    edition.main(["pack", "--out", str(tmp_path / "pack"), "--preset", "smoke", "--commit", "c"])
+    assert "packed the smoke pipeline" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as stopped:
+        edition.main(["import", str(tmp_path / "pack"), "--into", str(committed)])
+    assert str(stopped.value).startswith("error: ") and "preset 'smoke', not 'gpu'" in str(stopped.value)
+    assert "\n" not in str(stopped.value)
+
+
+# ---------------------------------------------------------------------------------------------------------- render
+
+
+def _installed(home, tmp_path, committed, **manifest_changes):
+    home()
+    manifest = edition.pack(tmp_path / "pack", device=DEVICE, commit="0123456789abcdef")
+    edition.import_edition(tmp_path / "pack", committed)
+    if manifest_changes:
+        manifest = {**edition.load(committed), **manifest_changes}
+        (committed / "manifest.json").write_text(json.dumps(manifest))
+    return edition.load(committed)
+
+
+def test_each_page_opens_with_device_date_commit_preset_and_wall_time(home, tmp_path, committed):
+    manifest = _installed(home, tmp_path, committed)
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(paths.REPO / "_toc.yml", src / "_toc.yml")
+    staged = edition.stage(src, committed)
+    assert staged == toc_notebooks()
+    nb = json.loads((src / "gpu" / "f6_perplexity.ipynb").read_text())
+    first = nb["cells"][0]["source"]
+    title = json.loads((paths.NOTEBOOKS / "f6_perplexity.ipynb").read_text())["cells"][0]["source"][0].rstrip("\n")
+    assert first.startswith(f"{title} (GPU edition)\n\n```{{admonition}} GPU edition")
+    banner = first.split("```")[1]
+    for text in (f"Device **{DEVICE}**", f"date {FINISHED}", "commit `0123456789ab`", "preset `gpu`",
+                 "pipeline wall time 7:42"):
+        assert text in banner
+    assert "has not changed since this page was computed" in banner and ":class: note" in banner
+    assert all("hide-input" in c["metadata"]["tags"] or "remove-cell" in c["metadata"]["tags"]
+               for c in nb["cells"] if c["cell_type"] == "code")  # the reader's view
+    assert any(out.get("data", {}).get("image/png") == PNG for c in nb["cells"] for out in c.get("outputs", []))
+    import yaml
+
+    toc = yaml.safe_load((src / "_toc.yml").read_text())
+    part = next(p for p in toc["parts"] if p["caption"] == "GPU edition")
+    assert part["chapters"] == [{"file": edition.TOC_PAGE,
+                                 "sections": [{"file": f"gpu/{nb}"} for nb in toc_notebooks()]}]
+    page = pages.gpu_edition_markdown(committed)
+    assert f"Device **{DEVICE}**" in page and "{doc}`/gpu/f6_perplexity` | 1:15 |" in page
+    assert "| `gpu-diffeqformer` | 320 | 123.46 | 1,234,567 | 1:01 | gpu |" in page
+    assert manifest["preset"] == "gpu"
+
+
+def test_a_page_says_it_is_older_than_the_code_or_that_it_cannot_tell(home, tmp_path, committed):
+    manifest = _installed(home, tmp_path, committed)
+    repo = tmp_path / "repo"
+    shutil.copytree(paths.REPO / "src" / "diffeqformer", repo / "src" / "diffeqformer",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(paths.NOTEBOOKS, repo / "notebooks")
+    shutil.copytree(paths.CONFIG, repo / "config")
+    assert "has not changed since" in edition.banner(manifest, repo)
+    (repo / "src" / "diffeqformer" / "train.py").write_text("# changed\n")
+    (repo / "config" / "gpu" / "new.yaml").write_text("a: 1\n")
+    banner = edition.banner(manifest, repo)
+    assert ":class: warning" in banner
+    assert ("**This page is older than the code**: 2 files of the code changed since this page was computed "
+            "(`config/gpu/new.yaml`, `src/diffeqformer/train.py`)") in banner
+    nb = edition.render_notebook(_executed("f2_spectra"), manifest, repo)
+    assert "**This page is older than the code**" in nb["cells"][0]["source"]
+    assert "commit `0123456789ab` with changes not committed," in edition.banner({**manifest, "uncommitted": True})
+    # without the code's hashes, git decides; without git or the commit, the page says it cannot tell
+    no_code = {k: v for k, v in manifest.items() if k != "code"}
+    assert "cannot be told here (git cannot compare with that commit" in edition.staleness(no_code, repo)
+    assert "cannot be told here (the edition records neither" in edition.staleness({**no_code, "commit": "unknown"})
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "-A"], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "then"], check=True)
+    then = edition.git_commit(repo)
+    assert edition.staleness({**no_code, "commit": then}, repo) == (
+        f"The code (`src/diffeqformer`, `notebooks`, `config`) has not changed since commit `{then[:12]}`.")
+    (repo / "notebooks" / "f6_perplexity.ipynb").write_text("{}")
+    assert edition.staleness({**no_code, "commit": then}, repo).startswith(
+        f"**This page is older than the code**: 1 file of the code changed since commit `{then[:12]}` "
+        "(`notebooks/f6_perplexity.ipynb`)")
+
+
+def test_without_an_edition_the_part_is_one_page_saying_so_with_the_commands(tmp_path):
+    empty = tmp_path / "book" / "gpu"
+    assert edition.load(empty) is None
+    page = pages.gpu_edition_markdown(empty)
+    assert page == pages.NO_EDITION
+    assert page.startswith("No GPU edition exists yet")
+    for command in ("bash benchmarks/gpu/prepare.sh", "bash benchmarks/gpu/run.sh stage install",
+                    "python3 -m diffeqformer.pipeline --preset gpu --no-book",
+                    "python3 -m diffeqformer.pipeline.edition pack --out $OUT/edition",
+                    "python -m diffeqformer.pipeline.edition import"):
+        assert command in page
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(paths.REPO / "_toc.yml", src / "_toc.yml")
+    assert edition.stage(src, empty) == []
+    assert not (src / "gpu").exists()
+    assert (src / "_toc.yml").read_text() == (paths.REPO / "_toc.yml").read_text()
+
+
+def test_the_gpu_pages_stay_out_of_the_presets_notebook_check(home, tmp_path, committed):
+    """_toc.yml names the GPU edition's page, not its notebooks, which the pipeline adds to its staged copy, where
+    the check that every preset runs every notebook of _toc.yml does not count them."""
+    import yaml
+
+    files = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            files.extend([node["file"]] if "file" in node else [])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(yaml.safe_load((paths.REPO / "_toc.yml").read_text()))
+    assert edition.TOC_PAGE in files and not [f for f in files if f.startswith(("gpu/", "book/gpu/"))]
+    assert (paths.BOOK / "gpu_edition.md").read_text().count("_generated/gpu_edition.md") == 1
+    _installed(home, tmp_path, committed)
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(paths.REPO / "_toc.yml", src / "_toc.yml")
+    edition.stage(src, committed)
+    assert toc_notebooks(src / "_toc.yml") == toc_notebooks()
