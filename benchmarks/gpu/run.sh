@@ -13,6 +13,16 @@
 # once done: it only checks). `install` refuses to go on while a part is missing (the machine went back between
 # calls) and names it. `train` runs a short GPU training of config/gpu/diffeqformer.yaml on the offline corpus
 # (data/raw must travel: the machine cannot download it), and further arguments override that config.
+# The gpu preset's whole pipeline, and the pack of what the book's GPU edition needs (at most 8 files of 16 MiB, no
+# weights), follow `stage install` in the same call; the machine's copy of the working tree has no git, so the
+# commit of the code is named (`git rev-parse HEAD` here). Back here, `python -m diffeqformer.pipeline.edition import
+# <the edition folder that came back>` checks the pack and installs it into book/gpu/ (book/reproducing.md):
+#
+#   carry [".gpu/part-3", "data/raw"]:  bash benchmarks/gpu/run.sh stage install &&
+#     export PYTHONPATH=/tmp/diffeqformer-site:$PWD/src DIFFEQFORMER_COMMIT=<sha> &&
+#     python3 -m diffeqformer.pipeline --preset gpu --no-book &&
+#     python3 -m diffeqformer.pipeline.edition pack --out $OUT/edition
+#
 # With DIFFEQFORMER_GPU_CHECK=cpu everything but the device check runs on a CPU (benchmarks/gpu/simulate.sh).
 #
 # The step-time measurements (benchmarks/gpu/measure.py) need only the one part of
@@ -86,7 +96,7 @@ measure() {
   PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/gpu/measure.py "$@"
 }
 
-[ $# -gt 0 ] || { sed -n '2,22p' "$0"; exit 1; }
+[ $# -gt 0 ] || { sed -n '2,32p' "$0"; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
     stage) stage; shift ;;
