@@ -223,6 +223,17 @@ def test_a_file_that_does_not_match_its_hash_is_refused_while_unpacking(home, tm
     assert _tree(committed) == before
 
 
+def test_an_import_killed_between_the_renames_gets_the_committed_edition_back(home, tmp_path, committed):
+    home("smoke", backend="cpu")
+    edition.pack(tmp_path / "pack", preset="smoke", device="cpu", commit="c")
+    before = _tree(committed)
+    committed.rename(committed.with_name(".gpu.old-4242"))  # where the killed import had moved it
+    (committed.parent / ".gpu.import-4242").mkdir()
+    with pytest.raises(edition.EditionError, match="preset 'smoke'"):
+        edition.import_edition(tmp_path / "pack", committed)
+    assert _tree(committed) == before and sorted(p.name for p in committed.parent.iterdir()) == ["gpu"]
+
+
 def test_an_archive_of_the_pack_imports_and_a_truncated_one_is_refused(home, tmp_path, committed):
     home()
     edition.pack(tmp_path / "pack", device=DEVICE, commit="c")

@@ -18,7 +18,8 @@ pipeline's wall time, every file with its size, part and SHA-256, and the SHA-25
 **Import** refuses, in one line naming the problem, a pack of another preset, a part whose size or SHA-256 is not
 the manifest's (truncated or changed on the way), a file that does not match, a notebook of ``_toc.yml`` that is
 missing, or runs trained on a CPU; it unpacks into a hidden folder beside ``book/gpu/`` and swaps that in only
-when everything has passed, so that a failed import leaves the committed edition as it was.
+when everything has passed, so that a failed import leaves the committed edition as it was (and the next import
+puts it back if one was killed between the swap's two renames).
 
 **Render**: ``stage`` writes each notebook of the committed edition into the staged book (``gpu/<notebook>``) with
 a banner on its first screen (``banner``: device, date, commit, preset, wall time, and whether the code changed
@@ -358,11 +359,24 @@ def _pack_folder(source: Path, scratch: Path) -> Path:
     return found[0].parent
 
 
+def _recover(dest: Path) -> None:
+    """Undo what an import killed midway left beside ``dest``: its unpacked folder, and, if it was killed between
+    the two renames of the swap, the previous edition, which is put back."""
+    for stale in dest.parent.glob(f".{dest.name}.import-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    for old in sorted(dest.parent.glob(f".{dest.name}.old-*")):
+        if not dest.exists():
+            os.replace(old, dest)
+        else:
+            shutil.rmtree(old, ignore_errors=True)
+
+
 def import_edition(source: Path, dest: Path | None = None) -> dict:
     """Check the pack at ``source`` (a folder, a file in it, or an archive of it) and install it into ``dest``
     (``EDITION``): unpacked into a hidden folder beside it, then swapped in; on any error ``dest`` is left as it
     was. Returns the manifest."""
     dest = Path(dest or EDITION)
+    _recover(dest)
     with tempfile.TemporaryDirectory() as scratch:
         folder = _pack_folder(Path(source), Path(scratch))
         manifest = _read_manifest(folder)
