@@ -19,9 +19,9 @@ import sys
 STEP = """\
 import json, statistics, sys, time
 import jax, haliax as hax
-from diffeqformer import train
+from diffeqformer import config as configs, train
 from diffeqformer.analysis.ablations import compiled_train_step
-config = train.load_config(sys.argv[1], [])
+config = configs.load_config(sys.argv[1], [])
 vocab = hax.Axis("vocab", int(sys.argv[2]))
 model = config.model.build(vocab, key=jax.random.PRNGKey(0))
 tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", 48), config.model.max_Pos), 0, vocab.size)

@@ -39,7 +39,7 @@ def main():
     args = p.parse_args()
 
     if (Path(args.run) / "complete.json").exists():
-        from diffeqformer.train import load_model
+        from diffeqformer.runs import load_model
 
         model, source = load_model(args.run), args.run
     else:

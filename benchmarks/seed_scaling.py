@@ -24,13 +24,14 @@ import jax.random as jrandom
 import optax
 from levanter.models.lm_model import LmExample
 
-from diffeqformer import population, train
+from diffeqformer import config as configs
+from diffeqformer import population
 from diffeqformer.data.synthetic import VOCABULARY
 
 
 def make_step(config_path: str, seeds: int):
     """The jitted population step of ``seeds`` seeds and its initial (tokens, model, optimiser state)."""
-    config = train.load_config(config_path)
+    config = configs.load_config(config_path)
     mc = config.model
     # the synthetic language's word-level vocabulary, or the corpus's BPE
     vocab = len(VOCABULARY) if config.data.dataset == "synthetic" else config.data.vocab_size

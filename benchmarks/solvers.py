@@ -37,7 +37,7 @@ SHOWN = ["solver", "steps", "tolerance", "nfe", "nfe_min", "nfe_max", "rejected_
 def load(run: str, sequences: int):
     """(model, data, label) of a finished run, or of a random cpu-size model on random tokens."""
     if (Path(run) / "complete.json").exists():
-        from diffeqformer.train import load_model
+        from diffeqformer.runs import load_model
 
         return load_model(run), validation_data(run, sequences), run
     import haliax as hax

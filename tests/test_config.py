@@ -11,7 +11,7 @@ from levanter.optim.config import AdamConfig
 from levanter.trainer import TrainerConfig
 
 from diffeqformer import DiffEqFormerConfig, paths, train
-from diffeqformer.train import DataConfig, TrainConfig, load_config, validate
+from diffeqformer.config import DataConfig, TrainConfig, load_config, validate
 
 # finetune configs: test_finetune
 CONFIGS = sorted(p for p in paths.CONFIG.rglob("*.yaml") if not p.name.startswith("finetune_"))
@@ -55,7 +55,7 @@ def test_load_config_is_what_draccus_parses(name):
     """load_config skips draccus's command-line parser (1.6 s a call): the result must be draccus.parse's."""
     import draccus
 
-    from diffeqformer.train import config_hash, dump_config
+    from diffeqformer.config import config_hash, dump_config
 
     overrides = OVERRIDES if "diffeqformer" in name else OVERRIDES[:6] + OVERRIDES[-2:]  # no DiffEqFormer fields
     expected = draccus.parse(TrainConfig, config_path=str(paths.CONFIG / name), args=list(overrides))
@@ -184,7 +184,7 @@ def _compute_started(*args, **kwargs):
 @pytest.mark.parametrize("path", CONFIGS, ids=[str(p.relative_to(paths.CONFIG)) for p in CONFIGS])
 def test_saved_config_reloads_to_the_same_model(path, tmp_path):
     """What a run saves (config.yaml) is plain YAML that rebuilds the same model and data config."""
-    from diffeqformer.train import dump_config
+    from diffeqformer.config import dump_config
 
     config = load_config(path)
     text = dump_config(config)
@@ -199,7 +199,7 @@ def test_config_hash_ignores_model_defaults_but_not_changes():
     """A model field at its default does not enter the hash (new options keep old runs valid); a changed one does."""
     import dataclasses
 
-    from diffeqformer.train import config_hash
+    from diffeqformer.config import config_hash
 
     config = load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
     explicit = dataclasses.replace(config, model=dataclasses.replace(config.model, random_step_offset=False))

@@ -224,7 +224,7 @@ def test_training_sequences_are_shuffled(corpus, offline, tmp_path, monkeypatch)
     import numpy as np
     from levanter.schedule import BatchSchedule
 
-    from diffeqformer.train import DataConfig
+    from diffeqformer.config import DataConfig
 
     monkeypatch.setattr(data, "lm_dataset_config", functools.partial(
         data.lm_dataset_config, root=corpus.layout.root, cache_dir=tmp_path))

@@ -11,12 +11,13 @@ import pytest
 from levanter.data.dataset import MappedAsyncDataset
 from levanter.schedule import BatchSchedule
 
-from diffeqformer import paths, train
+from diffeqformer import config as configs
+from diffeqformer import paths
 from diffeqformer.dispatch import BatchedMap, FlatJit, batched_maps
 
 
 def _train_set(config_name):
-    config = train.load_config(paths.CONFIG / "smoke" / config_name)
+    config = configs.load_config(paths.CONFIG / "smoke" / config_name)
     data = config.data.levanter_config()
     return data.train_set(config.model.max_Pos, BatchSchedule(4), key=jrandom.PRNGKey(3))
 

@@ -18,21 +18,13 @@ from levanter.layers.attention import AttentionMask
 from levanter.adaptor.lora import LoraConfig, LowRankLinear, lora_trainable_params_filter
 
 from diffeqformer import paths
-from diffeqformer.finetune import (
-    FINETUNE_SEEDS,
-    discretisations,
-    METHODS,
-    FinetuneConfig,
-    adapt,
-    compiled_adapt,
-    finetune_grid,
-    load_model,
-    main,
-    trainable,
-)
-from diffeqformer.train import config_hash as train_config_hash
-from diffeqformer.train import load_config, read_metrics
-from diffeqformer.train import load_model as load_pretrained
+from diffeqformer.config import METHODS, FinetuneConfig, adapt
+from diffeqformer.runs import load_model
+from diffeqformer.finetune import FINETUNE_SEEDS, discretisations, compiled_adapt, finetune_grid, main, trainable
+from diffeqformer.config import config_hash as train_config_hash
+from diffeqformer.config import load_config
+from diffeqformer.runs import read_metrics
+from diffeqformer.runs import load_model as load_pretrained
 
 PRETRAIN = paths.CONFIG / "smoke" / "diffeqformer.yaml"  # 3 Euler steps
 LORA = paths.CONFIG / "smoke" / "finetune_diffeqformer_lora.yaml"  # both discretise it to 5 steps

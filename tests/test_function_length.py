@@ -17,15 +17,14 @@ LONGER = {
     "diffeqformer.analysis.trajectories._simulate_model",
     "diffeqformer.analysis.trajectories.plot_trajectories",
     "diffeqformer.data.corpora.corpus_documents",
-    "diffeqformer.finetune.validate",
     "diffeqformer.model.solve.solve_hidden",
-    "diffeqformer.pipeline.build.run",
-    "diffeqformer.population.finetune_main",
 }
 """Functions (module and qualified name) that were ``LIMIT`` lines or longer when this test was written: split one,
 then remove it here. No function joins the list."""
 
-SHORT_MODULES = ("diffeqformer.pipeline.lanes", "diffeqformer.pipeline.planning")
+SHORT_MODULES = ("diffeqformer.config", "diffeqformer.runs", "diffeqformer.train", "diffeqformer.finetune",
+                 "diffeqformer.population", "diffeqformer.pipeline.registry", "diffeqformer.pipeline.lanes",
+                 "diffeqformer.pipeline.planning", "diffeqformer.pipeline.build")
 """Modules whose functions are all under ``LIMIT`` lines, without exception."""
 
 

@@ -11,9 +11,10 @@ import pytest
 
 from diffeqformer import paths, pipeline
 from diffeqformer.data.corpora import DatasetUnavailableError
-from diffeqformer.finetune import METHODS, FinetuneConfig, finetune_grid, pretraining_of
+from diffeqformer.config import METHODS, FinetuneConfig, pretraining_of
+from diffeqformer.finetune import finetune_grid
 from diffeqformer.pipeline import Run, registry
-from diffeqformer.train import load_config, validate, validate_data, validate_optimizer, validate_trainer
+from diffeqformer.config import load_config, validate, validate_data, validate_optimizer, validate_trainer
 
 CPU, GPU = paths.CONFIG / "cpu", paths.CONFIG / "gpu"
 OFFLINE = ("shakespeare", "synthetic")
@@ -38,7 +39,7 @@ def _load(path):
 
 
 def _check(config) -> None:
-    """``train.validate``, or for a fine-tuning what ``finetune.validate`` checks before it needs the finished
+    """``configs.validate``, or for a fine-tuning what ``finetune.validate`` checks before it needs the finished
     pretraining (trainer, optimiser, data, method, steps, the pretraining's own config)."""
     if not isinstance(config, FinetuneConfig):
         validate(config)

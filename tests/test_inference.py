@@ -196,7 +196,7 @@ def test_validation_data_follows_the_run_config(tmp_path):
     """``validation_data`` reads a run's validation set as Levanter's evaluation does (smoke config)."""
     from diffeqformer import paths
     from diffeqformer.analysis.inference import validation_data
-    from diffeqformer.train import load_config
+    from diffeqformer.config import load_config
 
     source = paths.CONFIG / "smoke" / "diffeqformer.yaml"
     (tmp_path / "config.yaml").write_text(source.read_text())

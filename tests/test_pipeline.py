@@ -17,6 +17,7 @@ import nbformat
 import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
+from diffeqformer import config as configs
 from diffeqformer import paths, pipeline
 from diffeqformer.pipeline import PipelineError, Run
 from diffeqformer.report import book
@@ -334,20 +335,18 @@ def test_a_variant_is_the_config_with_its_overrides_under_its_own_name(tmp_path,
 
 
 def test_a_finetuning_run_is_hashed_with_its_pretraining_before_that_has_run(tmp_path, monkeypatch):
-    from diffeqformer import finetune, train
-
     monkeypatch.setattr(paths, "RUNS", tmp_path)
     run = Run("smoke/finetune_diffeqformer_lora", module="finetune")
     cfg, digest, run_dir = run.identity()
-    assert isinstance(cfg, finetune.FinetuneConfig) and run_dir == tmp_path / cfg.name
-    pre = train.load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
-    assert digest == finetune.config_hash(cfg, train.config_hash(pre))
+    assert isinstance(cfg, configs.FinetuneConfig) and run_dir == tmp_path / cfg.name
+    pre = configs.load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
+    assert digest == configs.finetune_hash(cfg, configs.config_hash(pre))
     # a member of a population of fine-tunings: its hash covers the population, as a training's does
     members = pipeline.seeded(run, 2, population=True)
     (first, first_hash, _), (second, second_hash, second_dir) = (m.identity() for m in members)
-    assert first_hash == finetune.config_hash(cfg, train.config_hash(pre), population=[0, 1]) != digest
+    assert first_hash == configs.finetune_hash(cfg, configs.config_hash(pre), population=[0, 1]) != digest
     assert second.trainer.seed == 1 and second_dir == tmp_path / f"{cfg.name}-seed1"
-    assert second_hash == finetune.config_hash(second, train.config_hash(pre), population=[0, 1])
+    assert second_hash == configs.finetune_hash(second, configs.config_hash(pre), population=[0, 1])
 
 
 def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monkeypatch):
@@ -369,7 +368,7 @@ def test_the_presets_page_states_a_config_default_number_of_steps(tmp_path, monk
     assert pages.config_scale(Run("x/finetune_diffeqformer_lora", module="finetune")) == (
         f"fine-tuning for {steps} steps of 4")
     runs = [Run("x/diffeqformer"), Run("x/finetune_diffeqformer_lora", module="finetune")]
-    monkeypatch.setattr(pages, "PRESETS", {"x": {"nb": {"runs": runs}}})
+    monkeypatch.setattr(pages.registry, "presets", lambda: {"x": {"nb": {"runs": runs}}})
     page = pages.presets_markdown()
     assert f"{steps} steps of 4 on shakespeare; fine-tuning for {steps} steps of 4" in page and "None" not in page
     assert page.startswith("| preset | training configs | scale |\n")

@@ -15,8 +15,9 @@ from levanter.models.gpt2 import Gpt2LMHeadModel
 
 from interrupt import check_kills, kill_seed, run_with_kills
 
-from diffeqformer import finetune, paths, population, train
-from diffeqformer.train import load_model, read_metrics
+from diffeqformer import config as configs
+from diffeqformer import paths, population, runs
+from diffeqformer.runs import load_model, read_metrics
 
 SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"  # no dropout: a member's arithmetic is its solo run's
 
@@ -75,12 +76,12 @@ def test_a_member_trains_like_its_solo_run(trained):
 
 _WITH_DROPOUT = """
 import sys
-from diffeqformer import population, train
+from diffeqformer import config as configs, population, train
 config, root = sys.argv[1], sys.argv[2]
 dropout = ["--model.embed_pdrop", "0.1", "--model.resid_pdrop", "0.1"]
-population.main(population.members_of(train.load_config(config, dropout + ["--run_dir", root + "/pop"]), 2))
+population.main(population.members_of(configs.load_config(config, dropout + ["--run_dir", root + "/pop"]), 2))
 for seed in (0, 1):
-    train.main(train.load_config(config, dropout + ["--run_dir", f"{root}/solo{seed}", "--trainer.seed", str(seed)]))
+    train.main(configs.load_config(config, dropout + ["--run_dir", f"{root}/solo{seed}", "--trainer.seed", str(seed)]))
 """
 
 
@@ -119,8 +120,8 @@ def test_members_end_as_ordinary_runs_of_their_own(trained):
     assert (first / "checkpoints").is_dir() and not (second / "checkpoints").exists()
     assert load_model(first).config.time_embed_dim == 4
     # the same config trained alone is another run: another hash
-    same = train.load_config(SMOKE, ["--name", "smoke-diffeqformer-seed1", "--trainer.seed", "1"])
-    assert summaries[1]["config_hash"] == train.config_hash(same, population=[0, 1]) != train.config_hash(same)
+    same = configs.load_config(SMOKE, ["--name", "smoke-diffeqformer-seed1", "--trainer.seed", "1"])
+    assert summaries[1]["config_hash"] == configs.config_hash(same, population=[0, 1]) != configs.config_hash(same)
     # each member's own metrics: its own loss, not the population's sum
     assert not read_metrics(first)["train/loss"].equals(read_metrics(second)["train/loss"])
     assert float(read_metrics(second)["train/loss"].dropna().iloc[-1]) == pytest.approx(
@@ -150,26 +151,26 @@ def test_population_resume_after_sigkill_equals_uninterrupted(trained, tmp_path)
 
 
 def test_members_that_differ_in_more_than_their_seed_are_refused(tmp_path):
-    configs = population.members_of(train.load_config(SMOKE, ["--run_dir", str(tmp_path / "p")]), 2)
-    other = train.load_config(SMOKE, ["--run_dir", str(tmp_path / "q"), "--trainer.seed", "1",
-                                      "--optimizer.learning_rate", "0.01"])
+    members = population.members_of(configs.load_config(SMOKE, ["--run_dir", str(tmp_path / "p")]), 2)
+    other = configs.load_config(SMOKE, ["--run_dir", str(tmp_path / "q"), "--trainer.seed", "1",
+                                       "--optimizer.learning_rate", "0.01"])
     with pytest.raises(ValueError, match="differs from .* in more than its name and trainer.seed"):
-        population.main([configs[0], other])
+        population.main([members[0], other])
     with pytest.raises(ValueError, match="must differ in trainer.seed"):
-        population.check_members([configs[0], configs[0]])
+        population.check_members([members[0], members[0]])
     with pytest.raises(ValueError, match="at least 2"):
-        population.members_of(configs[0], 1)
+        population.members_of(members[0], 1)
     assert not (tmp_path / "p").exists() and not (tmp_path / "q").exists()  # refused before anything was written
 
 
 _FINETUNINGS = """
 import sys
-from diffeqformer import finetune, population, train, use_onednn
+from diffeqformer import config as configs, finetune, population, train, use_onednn
 use_onednn()  # the kernels of the command line's training (train.cli), which the resumed runs go through
 pretrain, lora, root = sys.argv[1:]
-train.main(train.load_config(pretrain, ["--run_dir", root + "/pre"]))
+train.main(configs.load_config(pretrain, ["--run_dir", root + "/pre"]))
 args = ["--pretrain.config", pretrain, "--pretrain.run_dir", root + "/pre", "--lora.dropout", "0.1"]
-load = lambda extra: train.load_config(lora, args + extra, cls=finetune.FinetuneConfig)
+load = lambda extra: configs.load_config(lora, args + extra, cls=configs.FinetuneConfig)
 population.main(population.members_of(load(["--run_dir", root + "/pop"]), 2))
 finetune.main(load(["--run_dir", root + "/solo1", "--trainer.seed", "1"]))
 """
@@ -193,10 +194,10 @@ def test_a_finetuning_member_finetunes_like_its_solo_finetuning(finetuned):
     LoRA initialisation, batches, dropout keys and Adam state, so after 20 steps its parameters (adapters,
     embeddings and the frozen discretised weights) are its solo fine-tuning's up to float32 rounding, and so are its
     losses, the pretrained model's at step -1 included; each member ends as an ordinary fine-tuning run."""
-    assert population.config_class(LORA) is finetune.FinetuneConfig  # the CLI's dispatch
-    assert population.config_class(SMOKE) is train.TrainConfig
+    assert configs.config_class(LORA) is configs.FinetuneConfig  # the CLI's dispatch
+    assert configs.config_class(SMOKE) is configs.TrainConfig
     first, member, solo = finetuned / "pop", finetuned / "pop-seed1", finetuned / "solo1"
-    a, b = ([np.asarray(x) for x in jax.tree_util.tree_leaves(eqx.filter(finetune.load_model(d), eqx.is_array))]
+    a, b = ([np.asarray(x) for x in jax.tree_util.tree_leaves(eqx.filter(runs.load_model(d), eqx.is_array))]
             for d in (member, solo))
     mine = _assert_follows_solo(a, b, member, solo, leaves=10)  # measured: 5.4e-07 after 20 steps
     assert mine["eval/loss"].dropna().index[0] == -1
@@ -213,9 +214,9 @@ def test_a_finetuning_member_finetunes_like_its_solo_finetuning(finetuned):
     assert (member / "pretrain_config.yaml").read_text() == (finetuned / "pre" / "config.yaml").read_text()
     # its config hash covers the population: the solo fine-tuning of the same config is another run
     args = ["--pretrain.config", str(SMOKE), "--pretrain.run_dir", str(finetuned / "pre"), "--lora.dropout", "0.1"]
-    config = population.members_of(train.load_config(LORA, [*args, "--run_dir", str(first)],
-                                                     cls=finetune.FinetuneConfig), 2)[1]
-    assert summaries[1]["config_hash"] == finetune.config_hash(
+    config = population.members_of(configs.load_config(LORA, [*args, "--run_dir", str(first)],
+                                                     cls=configs.FinetuneConfig), 2)[1]
+    assert summaries[1]["config_hash"] == configs.finetune_hash(
         config, alone["pretrain_config_hash"], population=[0, 1]) != alone["config_hash"]
 
 
@@ -231,7 +232,7 @@ def test_finetuning_population_resume_after_sigkill_equals_uninterrupted(finetun
     kills, stderr = run_with_kills(cmd, _env(run_dir), run_dir, seed)
     check_kills(kills, stderr, seed)
     for resumed, full in ((run_dir, finetuned / "pop"), (tmp_path / "pop-seed1", finetuned / "pop-seed1")):
-        a, b = (jax.tree_util.tree_leaves(eqx.filter(finetune.load_model(d), eqx.is_array)) for d in (resumed, full))
+        a, b = (jax.tree_util.tree_leaves(eqx.filter(runs.load_model(d), eqx.is_array)) for d in (resumed, full))
         for x, y in zip(a, b, strict=True):
             np.testing.assert_array_equal(np.asarray(x), np.asarray(y), err_msg=f"kill seed {seed}: {kills}")
         assert read_metrics(resumed)["train/loss"].equals(read_metrics(full)["train/loss"])

@@ -15,17 +15,11 @@ from levanter.models.gpt2 import Gpt2Config
 from levanter.models.llama import LlamaConfig
 from levanter.optim.config import AdamConfig
 
+from diffeqformer import config as configs
 from diffeqformer import DiffEqFormerConfig, paths
-from diffeqformer.finetune import PaperLoraConfig
+from diffeqformer.config import PaperLoraConfig
 from diffeqformer.model.baselines import baseline_config
-from diffeqformer.train import (
-    DECAY_BASELINE,
-    TrainConfig,
-    load_config,
-    validate,
-    with_paper_weight_decay,
-    with_weight_decay,
-)
+from diffeqformer.config import DECAY_BASELINE, TrainConfig, load_config, validate, with_paper_weight_decay, with_weight_decay
 
 EMBEDDINGS = {".embeddings.token_embeddings.weight", ".embeddings.position_embeddings.weight"}
 PARALLEL_BLOCK = {f".attn.{p}_proj.weight" for p in "qkvo"} | {".mlp.c_fc.weight", ".mlp.c_proj.weight"}
@@ -34,7 +28,7 @@ LLAMA_LAYER = ({f".self_attn.{p}_proj.weight" for p in "qkvo"}
                | {f".mlp.{p}_proj.weight" for p in ("gate", "up", "down")})
 
 DECAYED = {
-    # Pretraining (train.with_paper_weight_decay): the ODE model decays its embeddings only; no hypernetwork
+    # Pretraining (configs.with_paper_weight_decay): the ODE model decays its embeddings only; no hypernetwork
     # parameter, norm or bias.
     "diffeqformer": EMBEDDINGS,
     "diffeqformer_llama": {".embeddings.token_embeddings.weight"},
@@ -93,12 +87,10 @@ def test_lora_decays_the_adapter_matrices_never_a_norm_or_bias():
 def test_a_run_trained_with_another_weight_decay_mask_is_trained_again(monkeypatch, name, retrained):
     """The mask is not in the config file, so its regex is hashed: changing the baselines' mask changes the hash of
     the runs that use it (GPT-2, the weight-shared model), not of DiffEqFormer's."""
-    from diffeqformer import train
-
     config = load_config(paths.CONFIG / "cpu" / f"{name}.yaml")
-    before = train.config_hash(config)
-    monkeypatch.setattr(train, "DECAY_BASELINE", train.DECAY_BASELINE + "|.*norm.*")
-    assert (train.config_hash(config) != before) == retrained
+    before = configs.config_hash(config)
+    monkeypatch.setattr(configs, "DECAY_BASELINE", configs.DECAY_BASELINE + "|.*norm.*")
+    assert (configs.config_hash(config) != before) == retrained
 
 
 # Every dropout rate of every model kind: the field must change a training forward pass, or be refused by the

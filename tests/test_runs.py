@@ -10,9 +10,9 @@ import pytest
 import yaml
 from levanter.trainer import TrainerConfig
 
+from diffeqformer import config as configs
 from diffeqformer import paths, runs
-from diffeqformer.finetune import FinetuneConfig
-from diffeqformer.train import TrainConfig
+from diffeqformer.config import FinetuneConfig, TrainConfig
 
 PRETRAIN = paths.CONFIG / "smoke" / "diffeqformer.yaml"
 LORA = paths.CONFIG / "smoke" / "finetune_diffeqformer_lora.yaml"
@@ -34,10 +34,6 @@ def write_run(root, name, config_text: str, *, complete: dict | None = None, pre
 RUN_FILES = {runs.COMPLETE, runs.CONFIG, runs.PRETRAIN_CONFIG, runs.METRICS, runs.MODEL, runs.CHECKPOINTS,
              runs.HASH_PREFIX.strip()}
 
-NOT_YET: set[tuple[str, str]] = set()
-"""Literals left in modules (module, literal) that do not yet use the names of ``paths``: none."""
-
-
 def _code_strings(tree: ast.AST):
     """The string constants of ``tree`` that code uses: not docstrings (prose may name a file), not the keys of a
     dict literal (a summary's field called ``checkpoints`` is no path)."""
@@ -57,16 +53,15 @@ def _code_strings(tree: ast.AST):
 
 
 def test_run_files_are_spelled_once():
-    """A run directory's file names (and the hash line's prefix) are spelled in ``paths`` only; every other module
-    uses the constants (``runs.COMPLETE`` is ``paths.RUN_COMPLETE``), so the trainers and the readers agree."""
+    """A run directory's file names (and the hash line's prefix) are spelled in ``runs`` only: every other module of
+    the package reads and writes a run directory through it, so the trainers and the readers agree."""
     from diffeqformer.pipeline import sources
 
-    assert (runs.COMPLETE, runs.PRETRAIN_CONFIG) == (paths.RUN_COMPLETE, paths.RUN_PRETRAIN_CONFIG)
     found = set()
     for name, f in sources.module_files().items():
-        if name != "diffeqformer.paths":
+        if name != "diffeqformer.runs":
             found |= {(name, s.strip()) for s in _code_strings(ast.parse(f.read_text())) if s.strip() in RUN_FILES}
-    assert found == NOT_YET
+    assert found == set()
 
 
 def test_run_path_is_relative_to_the_home(tmp_path, monkeypatch):
@@ -106,11 +101,9 @@ def test_an_unfinished_run_names_the_run_and_what_is_missing(tmp_path):
 def test_a_corrupt_summary_is_named_with_what_to_do(tmp_path):
     """A complete.json that is not JSON (a disk filled while writing): the file is named and the way to retrain it
     said, by the readers of finished runs and by the trainer that would skip it."""
-    from diffeqformer import train
-
     run = write_run(tmp_path, "pre", PRETRAIN.read_text(), complete={"vocab_size": 4096})
     (run / runs.COMPLETE).write_text("{vocab_size: 4096")
-    readers = (runs.summary, lambda r: runs.is_complete(r, "hash-pre"), lambda r: train.start_run(None, r, "hash-pre"))
+    readers = (runs.summary, lambda r: runs.is_complete(r, "hash-pre"), lambda r: runs.start_run(None, r, "hash-pre"))
     for read in readers:
         with pytest.raises(ValueError, match=rf"{runs.COMPLETE} is corrupt \(.*\): delete .*pre and train it again"):
             read(run)
@@ -138,7 +131,7 @@ def test_the_config_has_its_defaults_filled_in(tmp_path):
     config = runs.config(run)
     assert config.trainer.num_train_steps == TrainerConfig().num_train_steps is not None
     assert config.model.time_embed_dim == type(config.model)().time_embed_dim
-    assert runs.config_field(config, "trainer.num_train_steps") == config.trainer.num_train_steps
-    assert runs.config_field(config, "optimizer.beta2") == 0.999
+    assert configs.config_field(config, "trainer.num_train_steps") == config.trainer.num_train_steps
+    assert configs.config_field(config, "optimizer.beta2") == 0.999
     with pytest.raises(AttributeError, match="model.time_embed_dims"):
-        runs.config_field(config, "model.time_embed_dims")
+        configs.config_field(config, "model.time_embed_dims")

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from diffeqformer import paths, pipeline, runs, train
+from diffeqformer import config as configs
+from diffeqformer import paths, pipeline, runs
 from diffeqformer.pipeline import PipelineError
 
 COLAB = paths.REPO / "benchmarks" / "colab" / "simulate.sh"
@@ -156,9 +157,9 @@ def _train_call() -> tuple[str, list[str]]:
 def test_the_gpu_training_command_parses():
     config, overrides = _train_call()
     assert config == "config/gpu/diffeqformer.yaml" and overrides[:2] == ["--run_dir", "/tmp/run"], overrides
-    resolved = train.load_config(paths.REPO / config, overrides)
+    resolved = configs.load_config(paths.REPO / config, overrides)
     assert resolved.trainer.num_train_steps == 5 and resolved.trainer.require_accelerator is False
-    assert resolved.data.dataset == "shakespeare" and str(train.run_dir_of(resolved)) == "/tmp/run"
+    assert resolved.data.dataset == "shakespeare" and str(configs.run_dir_of(resolved)) == "/tmp/run"
     assert "cat \"$run_dir/complete.json\"" in (GPU / "run.sh").read_text() and runs.COMPLETE == "complete.json"
 
 

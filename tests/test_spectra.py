@@ -348,8 +348,8 @@ def test_runs_spectra_reads_trained_runs(tmp_path):
     """A continuous model at the given times, a GPT-2 per layer, both through the cache."""
     import json
 
-    from diffeqformer.paths import RUN_MODEL
-    from diffeqformer.train import TrainConfig, dump_config
+    from diffeqformer.runs import MODEL as RUN_MODEL
+    from diffeqformer.config import TrainConfig, dump_config
 
     runs = {}
     for name, config, seed in (("ode", tiny(), 0), ("gpt", baseline_config(tiny(), "gpt2"), 1)):

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 from interrupt import check_kills, kill_seed, run_with_kills
 
-from diffeqformer import paths, train
-from diffeqformer.train import load_model, read_metrics
+from diffeqformer import config as configs
+from diffeqformer import paths, runs, train
+from diffeqformer.runs import load_model, read_metrics
 
 SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
 
@@ -100,7 +101,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
 
 
 def _assert_diverged(out, run_dir, step):
-    """The process ended with the one line of ``train.diverged`` (run directory, step, remedy), no traceback, and
+    """The process ended with the one line of ``runs.diverged`` (run directory, step, remedy), no traceback, and
     nothing claims the run finished."""
     assert out.returncode == 1, out.stderr[-3000:]
     # the line, not the last one: Levanter's progress bar logs its end as the process exits
@@ -110,7 +111,7 @@ def _assert_diverged(out, run_dir, step):
     assert (f"lower optimizer.learning_rate (or clip gradients with optimizer.max_grad_norm), delete {run_dir} and "
             "train again") in last, last
     assert "Traceback" not in out.stderr
-    assert not (run_dir / paths.RUN_COMPLETE).exists() and not (run_dir / paths.RUN_MODEL).exists()
+    assert not (run_dir / runs.COMPLETE).exists() and not (run_dir / runs.MODEL).exists()
 
 
 def test_non_finite_loss_stops_with_a_message(tmp_path):
@@ -118,7 +119,7 @@ def test_non_finite_loss_stops_with_a_message(tmp_path):
     cmd = _train_cmd(run_dir) + ["--optimizer.learning_rate", "1e30", "--optimizer.warmup", "0"]
     out = subprocess.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=600)
     _assert_diverged(out, run_dir, step=1)  # update 0 makes the parameters non-finite; update 1's loss shows it
-    assert not list((run_dir / paths.RUN_CHECKPOINTS).glob("step-*"))  # no checkpoint of a diverged state
+    assert not list((run_dir / runs.CHECKPOINTS).glob("step-*"))  # no checkpoint of a diverged state
 
 
 _HUGE_LOSS = """
@@ -142,19 +143,19 @@ def test_a_loss_too_large_for_its_perplexity_ends_as_diverged(tmp_path):
 @pytest.mark.parametrize("loss, expected", [(2.0, np.exp(2.0)), (None, None), (float("nan"), None),
                                             (float("inf"), None), (709.0, np.exp(709.0)), (710.0, None), (1e30, None)])
 def test_perplexity_of_a_diverged_loss_is_none(loss, expected):
-    assert train.perplexity(loss) == expected
+    assert runs.perplexity(loss) == expected
 
 
 def test_finish_run_refuses_a_diverged_validation_loss(tmp_path):
     """A finite train loss and a validation loss that overflows exp: ``diverged`` at that evaluation's step, before
     the model or complete.json is written."""
-    (tmp_path / paths.RUN_METRICS).write_text("".join(json.dumps(r) + "\n" for r in [
+    (tmp_path / runs.METRICS).write_text("".join(json.dumps(r) + "\n" for r in [
         {"step": 0, "time": 0.0, "train/loss": 8.0}, {"step": 9, "time": 1.0, "train/loss": 7.0, "eval/loss": 1e4}]))
-    config = train.load_config(SMOKE)
+    config = configs.load_config(SMOKE)
     with pytest.raises(SystemExit, match=rf"^{tmp_path}: training diverged at step 9 \(loss 1e\+04\)") as exit_:
-        train.finish_run(config, tmp_path, model=None, digest="h", start=0.0)
+        runs.finish_run(config, tmp_path, model=None, digest="h", start=0.0)
     assert "\n" not in str(exit_.value.code)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [paths.RUN_METRICS]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [runs.METRICS]
 
 
 def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path):
@@ -212,8 +213,8 @@ def initialize(config):  # Levanter's, which calls jax.distributed.initialize on
     raise SystemExit(0)
 
 levanter.trainer.initialize = initialize
-from diffeqformer import population, train
-config = train.load_config(sys.argv[2], ["--run_dir", sys.argv[3]])
+from diffeqformer import config as configs, population, train
+config = configs.load_config(sys.argv[2], ["--run_dir", sys.argv[3]])
 if sys.argv[1] == "population":
     population.main(population.members_of(config, 2))
 else:

@@ -44,14 +44,14 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
 
 TRAIN_PROBE = r"""
 import importlib, importlib.metadata as md, json, os, sys, tempfile
-from diffeqformer import train
+from diffeqformer import config as configs, train
 for module in ("diffeqformer.finetune", "diffeqformer.analysis.ablations", "diffeqformer.analysis.inference",
                "diffeqformer.analysis.spectra", "diffeqformer.pipeline"):
     importlib.import_module(module)
 with tempfile.TemporaryDirectory() as tmp:
     train.use_compilation_cache(os.path.join(tmp, "jax-cache"))
     config = os.path.join(sys.argv[1], "config", "smoke", "diffeqformer.yaml")
-    train.main(train.load_config(config, ["--run_dir", os.path.join(tmp, "run")]))
+    train.main(configs.load_config(config, ["--run_dir", os.path.join(tmp, "run")]))
 """
 """What a smoke training imports (the modules the GPU benchmarks use too): the full bundle, three parts."""
 MEASURE_PROBE = r"""

@@ -7,31 +7,19 @@ on every linear map that ``lora.target_modules`` selects, everything else frozen
 
 A fine-tuning run names the finished pretraining run it starts from twice: the pretraining's config file and its run
 directory (``pretrain.config``, ``pretrain.run_dir``); the run must be complete and must have been trained with exactly
-that configuration (same config hash). The run directory (``runs/<name>/`` or ``--run_dir``) holds what a training
-run holds (``diffeqformer.train``) plus ``pretrain_config.yaml``, the pretraining's resolved configuration:
-
-    config.yaml           the resolved fine-tuning configuration, its hash on the first line
-    pretrain_config.yaml  the pretraining's config.yaml (what ``load_model`` rebuilds the model from)
-    checkpoints/          Levanter checkpoints (LoRA: the adapters and their optimiser state only)
-    metrics.jsonl         every metric; the validation loss of the model before fine-tuning is logged at step -1
-    model.eqx             the fine-tuned model (LoRA: with its adapters, not merged)
-    complete.json         final and initial validation loss, parameter counts (trainable and total), throughput, ...
-
-Its config hash covers the fine-tuning configuration and the pretraining's config hash, not the paths.
-``finetune_grid`` lists every run of the Fig. 5 experiment.
+that configuration (same config hash). The configuration is ``config.FinetuneConfig``; its run directory
+(``runs``) holds what a training run's holds plus the pretraining's ``config.yaml`` (``runs.load_model`` rebuilds
+the model from it); its checkpoints keep, for LoRA, the adapters and their optimiser state only; its metrics have
+the validation loss of the model before fine-tuning at step -1; its ``complete.json`` adds the initial validation
+loss and the parameter counts (trainable and total). Its config hash covers the fine-tuning configuration and the
+pretraining's config hash, not the paths. ``finetune_grid`` lists every run of the Fig. 5 experiment.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
-import math
 import os
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
 
 import equinox as eqx
 import jax
@@ -39,166 +27,51 @@ import jax.random as jrandom
 import levanter
 from haliax import Axis
 from haliax.partitioning import round_axis_for_partitioning
-from levanter.adaptor.lora import LoraConfig, lora_trainable_params_filter, loraize, merge_lora_modules
-from levanter.optim.config import AdamConfig, OptimizerConfig
-from levanter.tracker import NoopConfig
-from levanter.trainer import TrainerConfig
+from levanter.adaptor.lora import lora_trainable_params_filter
 
-from . import paths, train
-from .dispatch import Trainer
-from .model.transformer import DiffEqFormerConfig, count_params
-from .train import (
+from . import paths, runs, train
+from .config import (
     DECAY_BASELINE,
+    METHODS,
     DataConfig,
-    TrainConfig,
-    cli,
-    dump_config,
-    finish_run,
-    fit,
+    FinetuneConfig,
+    adapt,
+    config_hash,
     load_config,
-    next_token_loss,
-    read_metrics,
-    run_dir_of,
-    run_lock,
-    start_run,
-    trainer_config_of,
-    validate_data,
-    validate_optimizer,
-    validate_trainer,
+    validate_finetune,
     with_weight_decay,
 )
-
-METHODS = ("lora", "full")
-"""Fine-tuning methods: LoRA adapters only, or every parameter."""
-
-
-@dataclass(frozen=True)
-class PaperLoraConfig(LoraConfig):
-    """Levanter's ``LoraConfig`` with LoRA's own initialisation (Hu et al., 2021): A drawn at random, B = 0, so the
-    adapted model starts as the pretrained model and the first update moves B. (Levanter's default is the reverse,
-    A = 0 and B random.)"""
-
-    zero_init_b: bool = True
-    """B starts at zero (LoRA's convention)."""
-    a_init_mode: Literal["random", "zero"] = "random"
-    """A starts random ('random'), as in LoRA; 'zero' with zero_init_b would leave both factors without gradient."""
+from .dispatch import Trainer
+from .model.transformer import DiffEqFormerConfig, count_params
+from .train import cli, fit, next_token_loss, trainer_config_of
 
 
-@dataclass(frozen=True)
-class PretrainRef:
-    """The finished pretraining run a fine-tuning starts from."""
-
-    config: str = ""
-    """Its config file (relative paths: to the working directory, else to the repository root)."""
-    run_dir: Optional[str] = None
-    """Its run directory (default: runs/<name in that config file>); it must hold a run of exactly that config."""
-
-
-@dataclass
-class FinetuneConfig:
-    """One fine-tuning run: the pretrained model, how it is discretised and adapted, the target data, the trainer."""
-
-    name: str = "finetune"
-    """Run name: the run directory is runs/<name> unless run_dir is given."""
-    pretrain: PretrainRef = field(default_factory=PretrainRef)
-    steps: Optional[int] = None
-    """Euler steps N of the discretised DiffEqFormer (any N >= 1); null for a GPT/Llama pretraining."""
-    method: str = "lora"
-    """'lora' (Levanter's LoRA adapters, the rest frozen) or 'full' (every parameter)."""
-    lora: PaperLoraConfig = field(default_factory=PaperLoraConfig)
-    """Levanter's LoRA: rank r, alpha (adapters scaled by alpha/r), dropout, target_modules (None: every linear map)."""
-    lora_embeddings: bool = True
-    """LoRA also trains the embeddings (token and position embeddings, tied with the output layer; an untied output
-    layer too), as the paper's code does. Without them the output layer cannot follow the target domain's words."""
-    data: DataConfig = field(default_factory=DataConfig)
-    """The target domain; its tokenizer must be the pretraining's."""
-    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(tracker=NoopConfig()))
-    optimizer: OptimizerConfig = field(default_factory=AdamConfig)
-    """Weight decay (unless weight_decay_modules is set): attention/MLP weights and embeddings, as for GPT."""
-    run_dir: Optional[str] = None
-    """Where the run is written (default: runs/<name>)."""
-    wandb: bool = False
-    """Also log to Weights & Biases (off by default)."""
-
-
-@dataclass(frozen=True)
-class Pretraining:
-    """A finished pretraining run, checked against its config file (``validate``)."""
-
-    config: TrainConfig
-    run_dir: Path
-    config_hash: str
-    Vocab: Axis
-
-
-def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
-    """The pretraining's configuration (parsed from ``pretrain.config``) and its run directory (``pretrain.run_dir``,
-    else the configuration's own); neither is checked here (``validate`` does)."""
-    pre = load_config(_repository_path(config.pretrain.config))
-    return pre, Path(config.pretrain.run_dir) if config.pretrain.run_dir else run_dir_of(pre)
-
-
-def validate(config: FinetuneConfig) -> Pretraining:
-    """Reject bad input before anything is written, naming the field; return the checked pretraining run.
+def validate(config: FinetuneConfig) -> runs.Pretraining:
+    """Reject bad input before anything is written, naming the field; return the checked pretraining run: the
+    fields (``config.validate_finetune``), the finished pretraining (``runs.pretraining``), then what depends on it
+    (its model kind against ``steps``, its tokenizer, the LoRA rank and targets).
 
     Takes seconds: the pretrained model is built shape-only (to check the LoRA rank and targets), not loaded."""
-    train.validate_name(config)
-    validate_trainer(config.trainer)
-    validate_optimizer(config.optimizer)
-    validate_data(config.data)
-    if config.method not in METHODS:
-        raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
-    if config.steps is not None and (not _is_int(config.steps) or config.steps < 1):
-        raise ValueError(
-            f"steps must be a positive integer (or null for a GPT/Llama pretraining), got {config.steps!r}"
-        )
-
-    if not config.pretrain.config:
-        raise ValueError("pretrain.config must name the pretraining's config file")
-    pre_path = _repository_path(config.pretrain.config)
-    if not pre_path.exists():
-        raise ValueError(f"pretrain.config: no such file {config.pretrain.config}")
-    pre, pre_dir = pretraining_of(config)
-    complete = pre_dir / paths.RUN_COMPLETE
-    if not complete.exists():
-        raise ValueError(
-            f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no {paths.RUN_COMPLETE}); "
-            f"train it first: python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}"
-        )
-    summary = paths.read_run_json(complete)
-    digest = train.config_hash(pre)
-    if summary.get("config_hash") != digest:
-        raise ValueError(
-            f"pretrain.config: the run in {pre_dir} was trained with another configuration "
-            f"(hash {summary.get('config_hash')}) than {pre_path} (hash {digest})"
-        )
-
+    validate_finetune(config)
+    pretraining = runs.pretraining(config)
+    pre = pretraining.config
     ode = isinstance(pre.model, DiffEqFormerConfig)
-    kind = pre.model.get_choice_name(type(pre.model))
     if ode and config.steps is None:
         raise ValueError(
             f"steps must be given for a DiffEqFormer pretraining (it was trained with {pre.model.num_layers})"
         )
     if not ode and config.steps is not None:
-        raise ValueError(f"steps must be null for a {kind} pretraining: only a DiffEqFormer can be discretised")
+        raise ValueError(f"steps must be null for a {runs.model_type(pre.model)} pretraining: only a DiffEqFormer can "
+                         "be discretised")
     if _tokenizer_of(config.data) != _tokenizer_of(pre.data):
         raise ValueError(
             f"data: the fine-tuning data's tokenizer ({_tokenizer_of(config.data)}) is not the pretraining's "
-            f"({_tokenizer_of(pre.data)}); set data.dataset/data.vocab_size as in {pre_path}"
+            f"({_tokenizer_of(pre.data)}); set data.dataset/data.vocab_size as in {config.pretrain.config}"
         )
-
-    pretraining = Pretraining(pre, pre_dir, digest, Axis("vocab", summary["vocab_size"]))
     if config.method == "lora":
         r, hidden = config.lora.r, pre.model.hidden_dim
-        if not _is_int(r) or not 1 <= r <= hidden:
+        if not (isinstance(r, int) and not isinstance(r, bool)) or not 1 <= r <= hidden:
             raise ValueError(f"lora.r must be an integer from 1 to the hidden size {hidden}, got {r!r}")
-        if not (math.isfinite(config.lora.alpha) and config.lora.alpha > 0):
-            raise ValueError(f"lora.alpha must be positive, got {config.lora.alpha!r}")
-        if not 0.0 <= config.lora.dropout < 1.0:
-            raise ValueError(f"lora.dropout must be in [0, 1), got {config.lora.dropout!r}")
-        if config.lora.zero_init_b and config.lora.a_init_mode == "zero":
-            raise ValueError("lora.zero_init_b with lora.a_init_mode 'zero' starts both factors at zero, and then "
-                             "neither receives a gradient: set one of them differently")
         shape = eqx.filter_eval_shape(
             lambda: adapt(pre.model.build(pretraining.Vocab, key=jrandom.PRNGKey(0)), config, key=jrandom.PRNGKey(0))
         )
@@ -207,35 +80,21 @@ def validate(config: FinetuneConfig) -> Pretraining:
     return pretraining
 
 
-def config_hash(config: FinetuneConfig, pretrain_config_hash: str, *,
-                population: Optional[list[int]] = None) -> str:
-    """Hash of what determines the fine-tuned parameters: the fine-tuning config without its paths, and the
-    pretraining's config hash (so the same file at another path, or the same run moved, hashes the same).
+def _tokenizer_of(data: DataConfig) -> str:
+    """Which tokenizer ``data.lm_dataset_config`` uses for a corpus."""
+    from .data.corpora import ONLINE_TOKENIZER
 
-    ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, as
-    ``train.config_hash`` hashes them."""
-    relevant = dataclasses.replace(config, run_dir=None, wandb=False, pretrain=PretrainRef())
-    text = dump_config(relevant) + f"pretrain_config_hash: {pretrain_config_hash}\n"
-    if population is not None:
-        text += f"population: {[int(seed) for seed in population]}\n"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
-
-
-def adapt(model, config: FinetuneConfig, *, key):
-    """The pretrained model as it is fine-tuned: a DiffEqFormer discretised to ``config.steps`` Euler steps, then,
-    for LoRA, with Levanter's adapters on the linear maps that ``config.lora.target_modules`` selects."""
-    if config.steps is not None:
-        model = model.discretize(config.steps)
-    if config.method == "lora":
-        model = loraize(model, config.lora, key=key)
-    return model
+    if data.dataset in ("wikitext103", "openwebtext"):
+        return ONLINE_TOKENIZER
+    if data.dataset == "shakespeare":
+        return f"shakespeare BPE with {data.vocab_size} tokens"
+    return data.dataset  # synthetic: its own word-level vocabulary
 
 
 def compiled_adapt(model, config: FinetuneConfig, *, key, axis_mapping=None):
     """``adapt`` as one program, compiled as a fresh model's initialisation is (``train.compiled_once``) and sharded
-    by ``axis_mapping``: on one core 1.7 s for the cpu preset's 18-step DiffEqFormer with LoRA, against 4.8-5.1 s op
-    by op. Its discretisation rounds differently from the op-by-op one (by up to 2e-9 in the smoke model's weights);
-    resumed, a fine-tuning runs the same program again, so its frozen weights are the same."""
+    by ``axis_mapping``: faster than op by op (measurements page). Its discretisation rounds differently from the
+    op-by-op one; resumed, a fine-tuning runs the same program again, so its frozen weights are the same."""
     return train.compiled_once(lambda m, k: adapt(m, config, key=k), axis_mapping)(model, key)
 
 
@@ -255,25 +114,19 @@ def trainable(config: FinetuneConfig, model):
 def main(config: FinetuneConfig) -> dict:
     """Fine-tune (or resume, or skip a finished run) and return the contents of ``complete.json``."""
     pretraining = validate(config)
-    run_dir = run_dir_of(config)
-    with run_lock(run_dir):
-        digest = config_hash(config, pretraining.config_hash)
-        finished = start_run(config, run_dir, digest)
-        if finished is not None:
-            return finished
-        paths.write_atomic(run_dir / paths.RUN_PRETRAIN_CONFIG, (pretraining.run_dir / paths.RUN_CONFIG).read_text())
-
+    digest = config_hash(config, pretrain_config_hash=pretraining.config_hash)
+    with runs.opened([config], [digest], pretraining_dir=pretraining.run_dir) as run:
+        if run.finished:
+            return run.summaries[0]
         data = config.data.levanter_config()
-        trainer_config = trainer_config_of(config, run_dir)
+        trainer_config = trainer_config_of(config, run.dirs[0])
         optimizer = train.initialize_and_build(trainer_config, with_weight_decay(config.optimizer, DECAY_BASELINE))
-
-        start = time.time()
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
             if Vocab != pretraining.Vocab:
                 raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
-            model = compiled_adapt(train.load_model(pretraining.run_dir), config, key=adapter_key,
+            model = compiled_adapt(runs.load_model(pretraining.run_dir), config, key=adapter_key,
                                    axis_mapping=trainer.parameter_axis_mapping)
             # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones
             # from here.
@@ -286,60 +139,10 @@ def main(config: FinetuneConfig) -> dict:
             model_config = state.model.config
             flops = model_config.flops_per_token(Vocab.size, model_config.max_seq_len)
             state = fit(trainer, state, config, data, data_key=data_key, Pos=model_config.max_Pos,
-                        flops_per_token=flops, run_dir=run_dir, evaluate_first=True)
-            return finish_run(
-                config, run_dir, state.model, digest, start,
-                vocab_size=Vocab.size, method=config.method, euler_steps=config.steps, **counts,
-                pretrained_eval_loss=initial_eval_loss(run_dir), pretrain_config_hash=pretraining.config_hash,
-            )
-
-
-def load_model(run_dir: str | Path, *, merged: bool = False):
-    """The fine-tuned model of a finished run, rebuilt from ``pretrain_config.yaml`` and ``config.yaml``.
-
-    LoRA runs keep their adapters (``LoraLinear`` modules); ``merged=True`` folds them into the weights
-    (``levanter.adaptor.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained model's
-    structure."""
-    run_dir = Path(run_dir)
-    complete = run_dir / paths.RUN_COMPLETE
-    if not complete.exists():
-        raise FileNotFoundError(f"{run_dir} holds no finished run (no {paths.RUN_COMPLETE})")
-    config = load_config(run_dir / paths.RUN_CONFIG, cls=FinetuneConfig)
-    pre = load_config(run_dir / paths.RUN_PRETRAIN_CONFIG)
-    Vocab = Axis("vocab", json.loads(complete.read_text())["vocab_size"])
-    key = jrandom.PRNGKey(0)  # only shapes matter: the values are read from the file
-    skeleton = eqx.filter_eval_shape(lambda: adapt(pre.model.build(Vocab, key=key), config, key=key))
-    model = eqx.tree_deserialise_leaves(run_dir / paths.RUN_MODEL, skeleton)
-    return merge_lora_modules(model) if merged else model
-
-
-def initial_eval_loss(run_dir: Path) -> Optional[float]:
-    """The validation loss of the pretrained model, before fine-tuning (logged at step -1), from ``metrics.jsonl``."""
-    metrics = read_metrics(run_dir)
-    if -1 not in metrics.index or "eval/loss" not in metrics:
-        return None
-    return float(metrics.loc[-1, "eval/loss"])
-
-
-def _tokenizer_of(data: DataConfig) -> str:
-    """Which tokenizer ``data.lm_dataset_config`` uses for a corpus."""
-    from .data.corpora import ONLINE_TOKENIZER
-
-    if data.dataset in ("wikitext103", "openwebtext"):
-        return ONLINE_TOKENIZER
-    if data.dataset == "shakespeare":
-        return f"shakespeare BPE with {data.vocab_size} tokens"
-    return data.dataset  # synthetic: its own word-level vocabulary
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _repository_path(path: str) -> Path:
-    """``path`` as given if it exists (relative to the working directory), else relative to the repository root."""
-    given = Path(path)
-    return given if given.is_absolute() or given.exists() else paths.REPO / given
+                        flops_per_token=flops, run_dir=run.dirs[0], evaluate_first=True)
+            return run.finish(0, state.model, vocab_size=Vocab.size, method=config.method, euler_steps=config.steps,
+                              **counts, pretrained_eval_loss=runs.initial_eval_loss(run.dirs[0]),
+                              pretrain_config_hash=pretraining.config_hash)
 
 
 # --------------------------------------------------------------------------------------------- the Fig. 5 grid

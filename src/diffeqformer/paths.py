@@ -23,25 +23,6 @@ DATA_CACHE = DATA / "cache"
 RUNS = HOME / "runs"
 FIGURES = HOME / "figures"
 
-# The files of a run directory, spelled here once, below every module that writes or reads one: ``train``,
-# ``finetune`` and ``population`` write them; ``runs`` (above the trainers: it reads a run's configuration with
-# ``train.load_config``) gives them to everything else, under the same names without ``RUN_``.
-RUN_CONFIG = "config.yaml"
-"""The run's resolved configuration (``TrainConfig`` or ``FinetuneConfig``), its hash on the first line."""
-RUN_HASH_PREFIX = "# config_hash: "
-"""How the first line of a run's ``config.yaml`` records the configuration's hash."""
-RUN_PRETRAIN_CONFIG = "pretrain_config.yaml"
-"""A fine-tuning's copy of its pretraining's ``config.yaml``."""
-RUN_METRICS = "metrics.jsonl"
-"""Every metric the trainer logs, one JSON object per line."""
-RUN_MODEL = "model.eqx"
-"""The trained parameters, as ``equinox.tree_serialise_leaves`` writes them."""
-RUN_CHECKPOINTS = "checkpoints"
-"""Levanter's checkpoints (a folder): rerunning the same command resumes from the newest one."""
-RUN_COMPLETE = "complete.json"
-"""The summary a run writes last: its presence means the run finished."""
-
-
 def home_relative(path) -> str:
     """``path`` as records and pages show it: relative to ``HOME`` where it lies below it (``runs/cpu-gpt2``, the
     same on every machine), else absolute."""
@@ -67,11 +48,3 @@ def read_json(path: Path, remedy: str):
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"{path} is corrupt ({error}): {remedy}") from None
-
-
-def read_run_json(path: Path):
-    """``read_json`` of a file of a run directory (``complete.json``): a corrupt one is refused with the way to train
-    the run again."""
-    run_dir = Path(path).parent
-    return read_json(path, f"delete {run_dir} and train it again (the same command, or python -m diffeqformer.pipeline "
-                           "--preset <preset>, which retrains what is missing)")

@@ -16,24 +16,22 @@ one model whose every weight has a leading ``seed`` axis (``haliax.vmap``):
   (``PopulationTrainer``), so with dropout too a member follows its solo run up to floating-point rounding;
 - checkpoints (Levanter's, of the whole population) live in the first member's run directory; each member's metrics
   go to its own ``metrics.jsonl`` (``PopulationTracker``), and each member ends as an ordinary run: its own
-  ``config.yaml``, ``model.eqx`` and ``complete.json``, read by ``train.load_model`` like any other.
+  ``config.yaml``, ``model.eqx`` and ``complete.json``, read by ``runs.load_model`` like any other.
 
-A member's config hash covers the population (``train.config_hash(config, population=seeds)``): a run trained in a
+A member's config hash covers the population (``config.config_hash(config, population=seeds)``): a run trained in a
 population is not taken for the solo run of the same config, nor the reverse.
 
-A population of fine-tunings (``finetune.FinetuneConfig`` members, ``finetune_main``) starts every member from the
+A population of fine-tunings (``config.FinetuneConfig`` members, ``finetune_main``) starts every member from the
 same checked pretraining: member k gets its solo fine-tuning's adapter, data and training keys, so its LoRA
 initialisation, batches and dropout masks; only the weights it trains have the ``seed`` axis (the frozen ones are the
-same in every member and kept once). It ends as an ordinary fine-tuning run (``finetune.load_model`` reads it); its
-config hash is ``finetune.config_hash(config, ..., population=seeds)``.
+same in every member and kept once). It ends as an ordinary fine-tuning run (``runs.load_model`` reads it); its
+config hash is ``config.config_hash(config, population=seeds, pretrain_config_hash=...)``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
-import time
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,7 +47,21 @@ from haliax import Axis, NamedArray
 from levanter.data.dataset import AsyncDataset
 from levanter.tracker import Tracker, TrackerConfig
 
-from . import finetune, paths, train
+from . import finetune, paths, runs, train
+from .config import (
+    DECAY_BASELINE,
+    Config,
+    FinetuneConfig,
+    TrainConfig,
+    adapt,
+    config_class,
+    config_hash,
+    plain_tree,
+    run_dir_of,
+    validate,
+    with_paper_weight_decay,
+    with_weight_decay,
+)
 from .dispatch import Trainer, batched_maps
 from .model.transformer import count_params
 
@@ -57,8 +69,6 @@ SEED = "seed"
 """The name of the population's axis."""
 _MEMBER_METRIC = re.compile(r"(train|eval)/member(\d+)/(.+)")
 
-
-Config = train.TrainConfig | finetune.FinetuneConfig
 
 
 def check_members(configs: Sequence[Config]) -> list[int]:
@@ -68,7 +78,7 @@ def check_members(configs: Sequence[Config]) -> list[int]:
         raise ValueError(f"a population needs at least two members, got {len(configs)}")
 
     def rest(config):
-        tree = train.plain_tree(dataclasses.replace(config, name="", run_dir=None))
+        tree = plain_tree(dataclasses.replace(config, name="", run_dir=None))
         tree["trainer"].pop("seed")
         return tree
 
@@ -79,7 +89,7 @@ def check_members(configs: Sequence[Config]) -> list[int]:
                              f"name and trainer.seed")
     seeds = [c.trainer.seed for c in configs]
     names = [c.name for c in configs]
-    dirs = [train.run_dir_of(c) for c in configs]
+    dirs = [run_dir_of(c) for c in configs]
     for what, values in (("trainer.seed", seeds), ("name", names), ("run directory", dirs)):
         if len(set(values)) != len(values):
             raise ValueError(f"population members must differ in {what}, got {values}")
@@ -280,7 +290,7 @@ def _trainer_config(base: Config, run_dirs: Sequence[Path]):
     return dataclasses.replace(
         train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population",
         train_batch_size=len(run_dirs) * base.trainer.train_batch_size,
-        tracker=(PopulationTrackerConfig(tuple(str(d / paths.RUN_METRICS) for d in run_dirs)),))
+        tracker=(PopulationTrackerConfig(tuple(str(runs.metrics_file(d)) for d in run_dirs)),))
 
 
 def _train_set(data, trainer_config, Pos: Axis, data_keys, batch: int) -> Interleaved:
@@ -290,39 +300,31 @@ def _train_set(data, trainer_config, Pos: Axis, data_keys, batch: int) -> Interl
 
 
 def _member_throughput(run_dir: Path, n: int) -> Optional[float]:
-    """A member's share of the population's training tokens/s (``train.median_throughput``)."""
-    throughput = train.median_throughput(train.read_metrics(run_dir))
+    """A member's share of the population's training tokens/s (``runs.median_throughput``)."""
+    throughput = runs.median_throughput(runs.read_metrics(run_dir))
     return throughput / n if throughput is not None else None
 
 
 def main(configs: Sequence[Config]) -> list[dict]:
     """Train the members of a population (or resume it, or skip it when every member is complete) and return each
-    member's ``complete.json``. Members are training runs (``train.TrainConfig``) or fine-tunings
-    (``finetune.FinetuneConfig``, ``finetune_main``)."""
+    member's ``complete.json``. Members are training runs (``TrainConfig``) or fine-tunings
+    (``FinetuneConfig``, ``finetune_main``)."""
     from haliax.partitioning import round_axis_for_partitioning
 
-    if configs and all(isinstance(c, finetune.FinetuneConfig) for c in configs):
+    if configs and all(isinstance(c, FinetuneConfig) for c in configs):
         return finetune_main(configs)
     for config in configs:
-        train.validate(config)
+        validate(config)
     seeds = check_members(configs)
-    run_dirs = [train.run_dir_of(c) for c in configs]
-    with contextlib.ExitStack() as locks:
-        for run_dir in run_dirs:
-            locks.enter_context(train.run_lock(run_dir))
-        digests = [train.config_hash(c, population=seeds) for c in configs]
-        finished = [train.start_run(c, d, h) for c, d, h in zip(configs, run_dirs, digests)]
-        if all(f is not None for f in finished):
-            return finished
-
+    with runs.opened(configs, [config_hash(c, population=seeds) for c in configs]) as run:
+        if run.finished:
+            return run.summaries
         base, n = configs[0], len(configs)
         Seed = Axis(SEED, n)
         batch = base.trainer.train_batch_size
         data = base.data.levanter_config()
-        trainer_config = _trainer_config(base, run_dirs)
-        inner = train.initialize_and_build(trainer_config, train.with_paper_weight_decay(base.optimizer, base.model))
-
-        start = time.time()
+        trainer_config = _trainer_config(base, run.dirs)
+        inner = train.initialize_and_build(trainer_config, with_paper_weight_decay(base.optimizer, base.model))
         with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model, training: as train.main
             model_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
@@ -333,26 +335,25 @@ def main(configs: Sequence[Config]) -> list[dict]:
             train_set = _train_set(data, trainer_config, Pos, [k[0] for k in keys], batch)
             flops = base.model.flops_per_token(Vocab.size, base.model.max_seq_len)
             state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
-                              run_dir=run_dirs[0], train_set=train_set,
+                              run_dir=run.dirs[0], train_set=train_set,
                               eval_hook=member_evaluations(trainer, data.tagged_eval_sets(Pos), data.the_tokenizer, n))
-            models = [member(state.model, k) for k in range(n)]
-            summaries = []
-            for k, (config, run_dir, digest, model) in enumerate(zip(configs, run_dirs, digests, models)):
-                summaries.append(train.finish_run(
-                    config, run_dir, model, digest, start, vocab_size=Vocab.size,
-                    tokens_per_second=_member_throughput(run_dir, n),
-                    population={"seeds": seeds, "member": k,
-                                "checkpoints": paths.home_relative(run_dirs[0] / paths.RUN_CHECKPOINTS)}))
-            return summaries
+            return [run.finish(k, member(state.model, k), vocab_size=Vocab.size,
+                               tokens_per_second=_member_throughput(run.dirs[k], n),
+                               population=_membership(run, seeds, k)) for k in range(n)]
 
 
-def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
+def _membership(run: runs.Opened, seeds: list[int], k: int) -> dict:
+    """What a member's ``complete.json`` records of its population: the seeds, its place, where the checkpoints are."""
+    return {"seeds": seeds, "member": k, "checkpoints": paths.home_relative(run.checkpoints)}
+
+
+def finetune_main(configs: Sequence[FinetuneConfig]) -> list[dict]:
     """Fine-tune the members of a population from their one pretraining (or resume, or skip it when every member is
     complete) and return each member's ``complete.json``, whose fields are those of a solo fine-tuning's
     (``finetune.main``) plus ``population``.
 
     Member k is its solo fine-tuning of its seed: the pretrained model adapted (discretised, LoRA adapters drawn
-    from the member's adapter key: ``finetune.adapt`` vmapped over the keys; the frozen weights, the same in every
+    from the member's adapter key: ``config.adapt`` vmapped over the keys; the frozen weights, the same in every
     member, are kept once and shared), trained where ``finetune.trainable`` says (the trainable weights have the
     population's axis), on its own batches and dropout keys, with its own Adam state;
     its pretrained model's validation loss is logged at step -1. Resumed, Levanter restores the trainable part of
@@ -361,25 +362,15 @@ def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
 
     seeds = check_members(configs)
     pretraining = finetune.validate(configs[0])  # the members differ from it in name, run_dir and seed only
-    run_dirs = [train.run_dir_of(c) for c in configs]
-    with contextlib.ExitStack() as locks:
-        for run_dir in run_dirs:
-            locks.enter_context(train.run_lock(run_dir))
-        digests = [finetune.config_hash(c, pretraining.config_hash, population=seeds) for c in configs]
-        finished = [train.start_run(c, d, h) for c, d, h in zip(configs, run_dirs, digests)]
-        if all(f is not None for f in finished):
-            return finished
-        pretrain_text = (pretraining.run_dir / paths.RUN_CONFIG).read_text()
-        for run_dir in run_dirs:
-            paths.write_atomic(run_dir / paths.RUN_PRETRAIN_CONFIG, pretrain_text)
-
+    digests = [config_hash(c, population=seeds, pretrain_config_hash=pretraining.config_hash) for c in configs]
+    with runs.opened(configs, digests, pretraining_dir=pretraining.run_dir) as run:
+        if run.finished:
+            return run.summaries
         base, n = configs[0], len(configs)
         Seed = Axis(SEED, n)
         data = base.data.levanter_config()
-        trainer_config = _trainer_config(base, run_dirs)
-        inner = train.initialize_and_build(trainer_config, train.with_weight_decay(base.optimizer,
-                                                                                    train.DECAY_BASELINE))
-        start = time.time()
+        trainer_config = _trainer_config(base, run.dirs)
+        inner = train.initialize_and_build(trainer_config, with_weight_decay(base.optimizer, DECAY_BASELINE))
         with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, adapter, training: finetune.main
             adapter_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
@@ -388,7 +379,7 @@ def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
                 raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
 
             def adapt_each(pretrained, adapter_keys):
-                adapted = hax.vmap(lambda key: finetune.adapt(pretrained, base, key=key), Seed)(adapter_keys)
+                adapted = hax.vmap(lambda key: adapt(pretrained, base, key=key), Seed)(adapter_keys)
                 # adapt draws only the adapters: the frozen weights are the same in every member, so they are kept
                 # once, without the population's axis (the loss's vmap broadcasts them: one matrix product over
                 # the members' batches instead of one per member)
@@ -397,7 +388,7 @@ def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
                                    eqx.filter(member(adapted, 0), spec, inverse=True, is_leaf=named), is_leaf=named)
 
             model = train.compiled_once(adapt_each, trainer.parameter_axis_mapping)(
-                train.load_model(pretraining.run_dir), adapter_keys)
+                runs.load_model(pretraining.run_dir), adapter_keys)
             state = trainer.initial_state(training_keys, model=model, is_trainable=finetune.trainable(base, model))
             counts = {"trainable_params": count_params(member(state.trainable_model, 0)),
                       "total_params": count_params(member(state.model, 0))}
@@ -405,20 +396,16 @@ def finetune_main(configs: Sequence[finetune.FinetuneConfig]) -> list[dict]:
             Pos = model_config.max_Pos
             flops = model_config.flops_per_token(Vocab.size, model_config.max_seq_len)
             state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
-                              run_dir=run_dirs[0], evaluate_first=True,
+                              run_dir=run.dirs[0], evaluate_first=True,
                               train_set=_train_set(data, trainer_config, Pos, [k[0] for k in keys],
                                                    base.trainer.train_batch_size),
                               eval_hook=member_evaluations(trainer, data.tagged_eval_sets(Pos), data.the_tokenizer, n))
-            summaries = []
-            for k, (config, run_dir, digest) in enumerate(zip(configs, run_dirs, digests)):
-                summaries.append(train.finish_run(
-                    config, run_dir, member(state.model, k), digest, start, vocab_size=Vocab.size,
-                    tokens_per_second=_member_throughput(run_dir, n), method=config.method,
-                    euler_steps=config.steps, **counts, pretrained_eval_loss=finetune.initial_eval_loss(run_dir),
-                    pretrain_config_hash=pretraining.config_hash,
-                    population={"seeds": seeds, "member": k,
-                                "checkpoints": paths.home_relative(run_dirs[0] / paths.RUN_CHECKPOINTS)}))
-            return summaries
+            return [run.finish(k, member(state.model, k), vocab_size=Vocab.size,
+                               tokens_per_second=_member_throughput(run.dirs[k], n), method=config.method,
+                               euler_steps=config.steps, **counts,
+                               pretrained_eval_loss=runs.initial_eval_loss(run.dirs[k]),
+                               pretrain_config_hash=pretraining.config_hash, population=_membership(run, seeds, k))
+                    for k, config in enumerate(configs)]
 
 
 def members_of(config: Config, n: int) -> list[Config]:
@@ -433,16 +420,6 @@ def members_of(config: Config, n: int) -> list[Config]:
             config, name=config.name + suffix, run_dir=config.run_dir + suffix if config.run_dir else None,
             trainer=dataclasses.replace(config.trainer, seed=config.trainer.seed + k)))
     return out
-
-
-def config_class(path: str | Path) -> type:
-    """The config class of a YAML file: ``finetune.FinetuneConfig`` if it names a pretraining (``pretrain``), else
-    ``train.TrainConfig``."""
-    import yaml
-
-    path = Path(path)
-    loaded = yaml.safe_load(path.read_text()) if path.exists() else None
-    return finetune.FinetuneConfig if isinstance(loaded, dict) and "pretrain" in loaded else train.TrainConfig
 
 
 def cli(argv: list[str] | None = None) -> None:
@@ -462,7 +439,7 @@ def cli(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: --seeds must be an integer, got {argv[i + 1]!r}") from None
     del argv[i : i + 2]
     key = "--config" if "--config" in argv else "--config_path"
-    cls = config_class(argv[argv.index(key) + 1]) if key in argv[:-1] else train.TrainConfig
+    cls = config_class(argv[argv.index(key) + 1]) if key in argv[:-1] else TrainConfig
     train.cli(argv, cls=cls, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
 
 

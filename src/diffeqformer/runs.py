@@ -1,45 +1,68 @@
-"""A finished run, found, checked and loaded in one place: its directory, whether it finished, its summary and its
-typed configuration (defaults filled in).
+"""The run directory, owned here: its files, its lock, its lifecycle (lock, start or skip, finish) and the reading of
+a finished run (its summary, configuration, metrics and model).
 
-A run directory is what ``diffeqformer.train`` (and ``diffeqformer.population``, per member) writes, plus, for a
+A run directory is what ``diffeqformer.train`` writes (``diffeqformer.population`` per member), plus, for a
 fine-tuning (``diffeqformer.finetune``), the pretraining's configuration::
 
     config.yaml           the resolved configuration, its hash on the first line (``# config_hash: <hash>``)
     pretrain_config.yaml  a fine-tuning only: the pretraining's config.yaml
+    checkpoints/          Levanter's checkpoints; rerunning the same command resumes from the newest one
     metrics.jsonl         every metric
     model.eqx             the trained model
     complete.json         written last: the summary (final validation loss, config hash, vocabulary size, ...)
 
 A run is *complete* when its ``complete.json`` exists (and, where a config hash is asked for, records that hash).
-Analysis modules, figures and the pipeline ask here; ``train`` and ``finetune`` (below this module) keep their own
-check of the run they are writing. The file names are spelled once, in ``paths`` (``paths.RUN_COMPLETE``, ...), the
-one module below the trainers that both they and this module import; the constants here are those names.
+These file names are spelled in this module only.
 
-Reading a configuration imports the trainer (Levanter), so it happens inside the functions that need it: importing
-this module (as ``figures`` does, which every notebook imports) stays cheap.
+**The lifecycle** every trainer goes through (``train.main``, ``finetune.main``, ``population.main``): validate the
+configuration (``config``), then ``with opened(configs, digests) as run:`` locks the run directories, skips them when
+every one is complete for its hash (``run.finished``), else writes each one's ``config.yaml``; the trainer fits, and
+``run.finish(k, model, ...)`` saves member k's model and writes its ``complete.json``. A loss that is not finite ends
+the run as diverged (``diverged``), said in one line, with nothing written that would pass for a finished run.
+
+Reading a configuration or a model imports Levanter, so it happens inside the functions that need it: importing this
+module (as ``figures`` does, which every notebook imports) stays cheap.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Optional, Sequence
 
 from . import paths
 
-COMPLETE = paths.RUN_COMPLETE
+if TYPE_CHECKING:
+    from .config import Config, FinetuneConfig, TrainConfig
+
+COMPLETE = "complete.json"
 """The summary a run writes last: its presence means the run finished."""
-CONFIG = paths.RUN_CONFIG
+CONFIG = "config.yaml"
 """The run's resolved configuration (``TrainConfig`` or ``FinetuneConfig``), its hash on the first line."""
-PRETRAIN_CONFIG = paths.RUN_PRETRAIN_CONFIG
-"""A fine-tuning's copy of its pretraining's ``config.yaml``."""
-METRICS = paths.RUN_METRICS
-"""Every metric the trainer logs, one JSON object per line (``train.read_metrics``)."""
-MODEL = paths.RUN_MODEL
-"""The trained parameters (``train.load_model``, ``finetune.load_model``)."""
-CHECKPOINTS = paths.RUN_CHECKPOINTS
-"""Levanter's checkpoints (a folder)."""
-HASH_PREFIX = paths.RUN_HASH_PREFIX
+HASH_PREFIX = "# config_hash: "
 """How ``config.yaml``'s first line records the configuration's hash."""
+PRETRAIN_CONFIG = "pretrain_config.yaml"
+"""A fine-tuning's copy of its pretraining's ``config.yaml``."""
+METRICS = "metrics.jsonl"
+"""Every metric the trainer logs, one JSON object per line (``read_metrics``)."""
+MODEL = "model.eqx"
+"""The trained parameters, as ``equinox.tree_serialise_leaves`` writes them (``load_model``)."""
+CHECKPOINTS = "checkpoints"
+"""Levanter's checkpoints (a folder): rerunning the same command resumes from the newest one."""
+LOCK = ".lock"
+"""The lock a process holds while it trains the run (``lock``)."""
+
+RETRAIN = ("delete {run_dir} and train it again (the same command, or python -m diffeqformer.pipeline --preset "
+           "<preset>, which retrains what is missing)")
+"""What to do about a corrupt file of a run directory."""
+
+
+# ------------------------------------------------------------------------------------------- finding a run
 
 
 def run_path(run) -> Path:
@@ -74,14 +97,30 @@ def require_complete(run, label: str = "run") -> Path:
 
 def summary(run) -> dict:
     """The contents of a finished run's ``complete.json``: final validation loss and perplexity, config hash,
-    vocabulary size, wall time, ... (``train.finish_run``)."""
+    vocabulary size, wall time, ... (``finish_run``)."""
     require_complete(run)
     return read_complete(run)
 
 
 def read_complete(run) -> dict:
     """The run's ``complete.json``; a corrupt one is refused naming the file, with the way to train the run again."""
-    return paths.read_run_json(run_path(run) / COMPLETE)
+    path = run_path(run)
+    return paths.read_json(path / COMPLETE, RETRAIN.format(run_dir=path))
+
+
+def has_checkpoints(run) -> bool:
+    """Whether the run directory holds Levanter checkpoints (an interrupted or finished run)."""
+    return (run_path(run) / CHECKPOINTS).exists()
+
+
+def checkpoints(run) -> Path:
+    """The run's checkpoint folder."""
+    return run_path(run) / CHECKPOINTS
+
+
+def metrics_file(run) -> Path:
+    """The run's ``metrics.jsonl``."""
+    return run_path(run) / METRICS
 
 
 def saved_hash(run) -> str | None:
@@ -98,20 +137,21 @@ def is_finetuning(run) -> bool:
     return (run_path(run) / PRETRAIN_CONFIG).exists()
 
 
+# --------------------------------------------------------------------------------------- reading a run
+
+
 def config(run):
     """The run's configuration as its trainer read it, typed and with every default filled in: ``FinetuneConfig``
     for a fine-tuning, else ``TrainConfig``. Needs the run's ``config.yaml`` (not that the run finished)."""
-    from .finetune import FinetuneConfig
-    from .train import load_config
+    from .config import FinetuneConfig, TrainConfig, load_config
 
-    path = _config_file(run, CONFIG)
-    return load_config(path, cls=FinetuneConfig) if is_finetuning(run) else load_config(path)
+    return load_config(_config_file(run, CONFIG), cls=FinetuneConfig if is_finetuning(run) else TrainConfig)
 
 
 def pretrain_config(run):
     """The ``TrainConfig`` of the pretraining a fine-tuning run started from (its ``pretrain_config.yaml``);
     ``ValueError`` for a run that is not a fine-tuning."""
-    from .train import load_config
+    from .config import load_config
 
     if not is_finetuning(run):
         raise ValueError(f"run {run}: not a fine-tuning (no {PRETRAIN_CONFIG})")
@@ -128,15 +168,272 @@ def model_type(model) -> str:
     return model.get_choice_name(type(model))
 
 
-def config_field(cfg, dotted: str) -> Any:
-    """``cfg.model.time_embed_dim`` for ``"model.time_embed_dim"``; ``AttributeError`` naming the field if the
-    configuration has no such field."""
-    node = cfg
-    for part in dotted.split("."):
-        if not hasattr(node, part):
-            raise AttributeError(f"{type(cfg).__name__} has no field {dotted!r} (no {part!r})")
-        node = getattr(node, part)
-    return node
+def load_model(run, *, merged: bool = False):
+    """The trained model of a finished run, rebuilt from its configuration (no Levanter checkpoint machinery): a
+    training run's model, or a fine-tuning's, built from ``pretrain_config.yaml`` and adapted as it was fine-tuned
+    (``config.adapt``). A LoRA fine-tuning keeps its adapters (``LoraLinear`` modules); ``merged=True`` folds them into
+    the weights (``levanter.adaptor.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained
+    model's structure."""
+    import equinox as eqx
+    import jax.random as jrandom
+    from haliax import Axis
+    from levanter.adaptor.lora import merge_lora_modules
+
+    from .config import adapt
+
+    path = run_path(run)
+    if not (path / COMPLETE).exists():
+        raise FileNotFoundError(f"{path} holds no finished run (no {COMPLETE})")
+    Vocab = Axis("vocab", read_complete(path)["vocab_size"])
+    key = jrandom.PRNGKey(0)  # only shapes matter: the values are read from the file
+    if is_finetuning(path):
+        cfg, pre = config(path), pretrain_config(path)
+        skeleton = eqx.filter_eval_shape(lambda: adapt(pre.model.build(Vocab, key=key), cfg, key=key))
+    else:
+        skeleton = eqx.filter_eval_shape(config(path).model.build, Vocab, key=key)
+    model = eqx.tree_deserialise_leaves(path / MODEL, skeleton)
+    return merge_lora_modules(model) if merged else model
+
+
+def read_metrics(run):
+    """The metrics of a run as a pandas DataFrame: one row per step, a column per metric (NaN where not logged).
+
+    After a resume, the last value logged for a step wins."""
+    import pandas as pd
+
+    path = metrics_file(run)
+    if not path.exists():
+        raise FileNotFoundError(f"no metrics file at {path}; has the run started?")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    frame = pd.DataFrame([r for r in records if r.get("step") is not None])
+    if frame.empty:
+        return frame
+    return frame.drop(columns="time").groupby("step").last().sort_index()
+
+
+def median_throughput(metrics) -> Optional[float]:
+    """Training tokens/s of a run: the median of Levanter's per-step ``throughput/tokens_per_second`` over the steps
+    after the first tenth (which hold the compilation and warm-up), from ``read_metrics``. A single step's value (the
+    last one) varies from step to step on a shared CPU; the median over the run does not."""
+    column = "throughput/tokens_per_second"
+    if column not in metrics or metrics[column].dropna().empty:
+        return None
+    values = metrics[column].dropna()
+    values = values[values.index >= values.index.max() / 10]
+    return float(values.median())
+
+
+def initial_eval_loss(run) -> Optional[float]:
+    """The validation loss of a fine-tuning's pretrained model, before fine-tuning (logged at step -1), from
+    ``metrics.jsonl``."""
+    metrics = read_metrics(run)
+    if -1 not in metrics.index or "eval/loss" not in metrics:
+        return None
+    return float(metrics.loc[-1, "eval/loss"])
+
+
+def perplexity(loss: Optional[float]) -> Optional[float]:
+    r"""The perplexity :math:`e^{L}` of a mean next-token loss :math:`L` in nats; None where there is no loss, or where
+    it is not finite or too large for a float (:math:`L > \ln(\text{float max}) \approx 709.8`: a diverged run's,
+    which ``finish_run`` refuses)."""
+    if loss is None or not math.isfinite(loss):
+        return None
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return None
+
+
+# ----------------------------------------------------------------------------------------- a fine-tuning's start
+
+
+@dataclass(frozen=True)
+class Pretraining:
+    """A finished pretraining run, checked against its config file (``pretraining``)."""
+
+    config: "TrainConfig"
+    run_dir: Path
+    config_hash: str
+    Vocab: Any
+    """Its vocabulary axis (``haliax.Axis``), as it was trained."""
+
+
+def pretraining(config: "FinetuneConfig") -> Pretraining:
+    """The finished pretraining run a fine-tuning names (``pretrain.config``, ``pretrain.run_dir``), checked: its
+    config file exists, the run finished, and with exactly that file's configuration (the same config hash);
+    ``ValueError`` naming the field and saying what to do otherwise."""
+    from haliax import Axis
+
+    from .config import config_hash, pretraining_of, repository_path
+
+    pre_path = repository_path(config.pretrain.config)
+    if not pre_path.exists():
+        raise ValueError(f"pretrain.config: no such file {config.pretrain.config}")
+    pre, pre_dir = pretraining_of(config)
+    if not (pre_dir / COMPLETE).exists():
+        raise ValueError(
+            f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no {COMPLETE}); "
+            f"train it first: python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}"
+        )
+    summary = read_complete(pre_dir)
+    digest = config_hash(pre)
+    if summary.get("config_hash") != digest:
+        raise ValueError(
+            f"pretrain.config: the run in {pre_dir} was trained with another configuration "
+            f"(hash {summary.get('config_hash')}) than {pre_path} (hash {digest})"
+        )
+    return Pretraining(pre, pre_dir, digest, Axis("vocab", summary["vocab_size"]))
+
+
+# ------------------------------------------------------------------------------------------------- the lifecycle
+
+
+@contextlib.contextmanager
+def lock(run_dir: Path):
+    """Hold an exclusive lock on ``run_dir`` (``run_dir/.lock``) while training it: a second process that would
+    train the same run (a pipeline rerun while the killed one's worker is still ending, two pipelines at once) waits
+    for the first instead of writing the same checkpoints and metrics file."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with (run_dir / LOCK).open("w") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            print(f"{run_dir}: another process is training this run; waiting for it to end", file=sys.stderr)
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def start_run(config: "Config", run_dir: Path, digest: str) -> Optional[dict]:
+    """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written.
+
+    Refuses a run directory that holds checkpoints of another configuration."""
+    from .config import dump_config
+
+    if (run_dir / COMPLETE).exists():
+        summary = read_complete(run_dir)
+        if summary.get("config_hash") == digest:
+            print(f"{config.name}: already complete ({run_dir}); not retraining", file=sys.stderr)
+            return summary
+    saved = run_dir / CONFIG
+    if saved.exists() and (run_dir / CHECKPOINTS).exists():
+        previous = saved.read_text().split("\n", 1)[0]
+        if previous != HASH_PREFIX + digest:
+            raise ValueError(
+                f"{run_dir} holds a run with another configuration ({previous.removeprefix('# ')}); "
+                "choose another --name/--run_dir or delete it"
+            )
+    paths.write_atomic(saved, f"{HASH_PREFIX}{digest}\n" + dump_config(config))
+    return None
+
+
+@dataclass
+class Opened:
+    """The runs a trainer trains together (one, or a population's members), locked (``opened``)."""
+
+    configs: Sequence["Config"]
+    dirs: list[Path]
+    digests: list[str]
+    summaries: list[Optional[dict]]
+    """Each run's ``complete.json`` if it is already complete for its hash, else None."""
+    start: float = field(default_factory=time.time)
+    """When the runs were opened (``finish`` records the wall time since)."""
+
+    @property
+    def finished(self) -> bool:
+        """Whether every run is complete for its hash: there is nothing to train."""
+        return all(s is not None for s in self.summaries)
+
+    @property
+    def checkpoints(self) -> Path:
+        """Where the trainer keeps its checkpoints: in the first run's directory."""
+        return self.dirs[0] / CHECKPOINTS
+
+    def finish(self, k: int, model, **extra) -> dict:
+        """``finish_run`` of run ``k``."""
+        return finish_run(self.configs[k], self.dirs[k], model, self.digests[k], self.start, **extra)
+
+
+@contextlib.contextmanager
+def opened(configs: Sequence["Config"], digests: Sequence[str], *, pretraining_dir: Path | None = None):
+    """Lock the run directories of ``configs`` (their config hashes ``digests``) for training, and start each run
+    that is not complete for its hash (``start_run``: its ``config.yaml``, and ``pretraining_dir``'s ``config.yaml``
+    as a fine-tuning's ``pretrain_config.yaml``); yields an ``Opened`` whose ``finished`` says whether anything is
+    left to train. The locks are held until the block ends."""
+    from .config import run_dir_of
+
+    dirs = [run_dir_of(c) for c in configs]
+    with contextlib.ExitStack() as locks:
+        for run_dir in dirs:
+            locks.enter_context(lock(run_dir))
+        summaries = [start_run(c, d, h) for c, d, h in zip(configs, dirs, digests)]
+        if pretraining_dir is not None and not all(s is not None for s in summaries):
+            text = (pretraining_dir / CONFIG).read_text()
+            for run_dir in dirs:
+                paths.write_atomic(run_dir / PRETRAIN_CONFIG, text)
+        yield Opened(configs, dirs, list(digests), summaries)
+
+
+def diverged(run_dir: Path, step: int, loss: float) -> SystemExit:
+    """The end of a run whose loss at ``step`` is not finite, or too large for its perplexity (``perplexity``): one
+    line naming the run directory, the step and what to do, printed without a traceback (``SystemExit``; its exit
+    status is 1). No ``complete.json`` is written, so the run is not taken for finished; its config hash is the
+    same, so the same command would diverge again, and another learning rate is another configuration, which
+    ``start_run`` refuses beside this one's checkpoints: hence delete, then train."""
+    return SystemExit(
+        f"{run_dir}: training diverged at step {step} (loss {loss:.4g}), so the run is not complete: lower "
+        f"optimizer.learning_rate (or clip gradients with optimizer.max_grad_norm), delete {run_dir} and train again"
+    )
+
+
+def finish_run(config: "Config", run_dir: Path, model, digest: str, start: float, **extra) -> dict:
+    """Save the model, then write ``complete.json`` (the summary of the metrics, plus ``extra``) and return it.
+
+    A run whose last training or validation loss is not finite or overflows its perplexity has diverged: it ends
+    with ``diverged``, before the model or the summary is written."""
+    metrics = read_metrics(run_dir)
+    for column in ("train/loss", "eval/loss"):
+        logged = metrics[column].dropna() if column in metrics else ()
+        if len(logged) and perplexity(float(logged.iloc[-1])) is None:
+            raise diverged(run_dir, int(logged.index[-1]), float(logged.iloc[-1]))
+    _save_model(model, run_dir / MODEL)
+    summary = {**_summary(config, metrics, digest, time.time() - start), **extra}
+    paths.write_atomic(run_dir / COMPLETE, json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+def _save_model(model, path: Path) -> None:
+    import equinox as eqx
+
+    tmp = path.with_suffix(".tmp")
+    eqx.tree_serialise_leaves(tmp, model)
+    tmp.replace(path)
+
+
+def _summary(config: "Config", metrics, digest: str, wall_s: float) -> dict:
+    import jax
+
+    def last(column):
+        if column not in metrics or metrics[column].dropna().empty:
+            return None
+        return float(metrics[column].dropna().iloc[-1])
+
+    eval_loss = last("eval/loss")
+    return {
+        "name": config.name,
+        "config_hash": digest,
+        "steps": config.trainer.num_train_steps,
+        "final_train_loss": last("train/loss"),
+        "final_eval_loss": eval_loss,
+        "final_eval_perplexity": perplexity(eval_loss),
+        "tokens_per_second": median_throughput(metrics),
+        "wall_time_s": wall_s,
+        "jax_backend": jax.default_backend(),
+    }
 
 
 def _config_file(run, name: str) -> Path:

@@ -22,10 +22,20 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from .. import use_onednn
+from ..config import config_field
 from ..report.figures import log_perplexity_axis
 from ..runs import config as run_config
-from ..runs import config_field, is_finetuning, model_type, pretrain_config, require_complete, run_path, summary
-from ..train import median_throughput, next_token_loss, read_metrics
+from ..runs import (
+    is_finetuning,
+    median_throughput,
+    model_type,
+    pretrain_config,
+    read_metrics,
+    require_complete,
+    run_path,
+    summary,
+)
+from ..train import next_token_loss
 from .seeds import NOISE, RESULT, Comparison, Trend, as_list, compare, sign_word, spread, trend
 
 # --------------------------------------------------------------------------------------------------- one run

@@ -208,7 +208,7 @@ def load(run):
     from ..data.corpora import load_tokenizer
     from ..runs import config as run_config
     from ..runs import require_complete
-    from ..train import load_model
+    from ..runs import load_model
 
     path = require_complete(run)
     config = run_config(path)

@@ -97,7 +97,7 @@ def curves(runs: Mapping[str, str | Sequence[str]]):
     import numpy as np
     import pandas as pd
 
-    from ..train import read_metrics
+    from ..runs import read_metrics
 
     frames = []
     for key, seed_runs in check_runs(runs).items():

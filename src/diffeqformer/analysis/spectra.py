@@ -454,7 +454,7 @@ def runs_spectra(runs: Mapping[str, str | Path], times=None, *, cache_dir: str |
     through ``cached_spectra``. Keyword arguments go to ``spectra``.
     """
     from ..runs import run_path
-    from ..train import load_model
+    from ..runs import load_model
 
     out = {}
     for label, run in runs.items():

@@ -20,7 +20,7 @@ from .notebooks import check_figures, execute_notebook
 from .pages import generated_pages
 from .planning import PipelineError, Plan, cache_dir, html_dir, parse_overrides, plan, work_dir
 from .processes import keep_heap
-from .registry import PRESETS
+from .registry import presets
 from .sources import package_hash, sha
 
 BOOK_FILES = ("_config.yml", "_toc.yml")
@@ -263,7 +263,7 @@ def main(argv: list[str] | None = None) -> None:
     description = sys.modules[__package__].__doc__.split("\n\n")[1]
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline", description=description,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--preset", required=True, help=f"one of: {', '.join(PRESETS)}")
+    parser.add_argument("--preset", required=True, help=f"one of: {', '.join(presets())}")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="NOTEBOOK.PARAM=VALUE",
                         help="override one parameter of one notebook (YAML value); repeatable")
     parser.add_argument("--force", action="store_true", help="execute every notebook and build the book again")

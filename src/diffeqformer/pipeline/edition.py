@@ -43,7 +43,7 @@ import zlib
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import paths
+from .. import paths, runs
 from ..report import book
 
 EDITION = paths.BOOK / "gpu"
@@ -64,8 +64,8 @@ TOC_PAGE = "book/gpu_edition"
 STAGED = "gpu"
 """Where ``stage`` writes the rendered notebooks in the staged book: beside ``notebooks/``, one folder down, so that
 a notebook's relative links (``../book/model``) lead where they lead from its own page."""
-RUN_FILES = ("config.yaml", "complete.json", "metrics.jsonl")
-"""What a pack keeps of each run (``runs.CONFIG``, ``runs.COMPLETE``, ``runs.METRICS``): no weights, no checkpoint."""
+RUN_FILES = (runs.CONFIG, runs.COMPLETE, runs.METRICS)
+"""What a pack keeps of each run: no weights, no checkpoint."""
 SKIPPED_FIGURE_FILES = (".png", ".svg")
 """A figure's image files stay out of a pack: the executed notebook holds its PNG."""
 
@@ -165,8 +165,8 @@ def collect(preset: str) -> tuple[dict[str, Path | bytes], dict[str, Any]]:
         for name in RUN_FILES:
             if (run_dir / name).exists():
                 files[f"runs/{run_dir.name}/{name}"] = run_dir / name
-        if (run_dir / "complete.json").exists():
-            backends.add(json.loads((run_dir / "complete.json").read_text()).get("jax_backend", "unknown"))
+        if runs.is_complete(run_dir):
+            backends.add(runs.read_complete(run_dir).get("jax_backend", "unknown"))
     seconds = {k: v for k, v in state.get("seconds", {}).items()
                if k.removeprefix("notebook:") in entry["notebooks"] or k.removeprefix("train:") in entry["trainings"]}
     files["timings.json"] = (json.dumps({"wall_s": entry.get("wall_s"), "finished": entry.get("finished"),
@@ -186,7 +186,7 @@ def _run_dirs(entry: Mapping[str, Any]) -> list[Path]:
     def walk(value):
         if isinstance(value, str):
             path = paths.HOME / value
-            if (path / "complete.json").is_file():
+            if runs.is_complete(path):
                 found.setdefault(path.resolve(), None)
         elif isinstance(value, dict):
             for v in value.values():

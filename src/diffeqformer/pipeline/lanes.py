@@ -12,6 +12,7 @@ import typing
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import config as configs
 from .. import finetune, paths, population, train, use_onednn
 from ..runs import is_complete
 from .notebooks import stop_notebooks
@@ -72,11 +73,10 @@ RUNS_PER_WORKER = 8
 preset after 32 runs (LLVM: "Cannot allocate memory" while compiling, then a segmentation fault): compiled
 programs pile up in a long-lived JAX process. Starting one costs about 10 s (JAX, Levanter)."""
 TRAIN_LANES = int(os.environ.get("DIFFEQFORMER_TRAIN_LANES", "2"))
-"""Training processes that run side by side (``DIFFEQFORMER_TRAIN_LANES``; 1 trains one run at a time). On the
-two-core machine two 64-d runs of 150 steps took 82 s side by side against 140 s one after the other: start-up,
-compilation and evaluation keep mostly one core busy. The training steps themselves gain nothing: two 3-seed
-populations' steps side by side had 0.97 times the throughput of one (2026-11-26), whose XLA program already keeps
-both cores busy: so each lane's processes run on cores of their own (``lane_cpus``)."""
+"""Training processes that run side by side (``DIFFEQFORMER_TRAIN_LANES``; 1 trains one run at a time): a run's
+start-up, compilation and evaluation keep mostly one core busy, so two lanes finish sooner; the training steps
+themselves gain nothing from it (measurements page), so each lane's processes run on cores of their own
+(``lane_cpus``)."""
 WORKER_CPUS = "DIFFEQFORMER_WORKER_CPUS"
 """Environment variable through which a lane tells its training process the cores it runs on (``lane_cpus``)."""
 
@@ -205,11 +205,8 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     the lanes like a failed run. Returns the measured seconds per config, and per notebook under
     ``notebook:<name>`` (also filled into ``seconds`` as they are measured, so that a caller keeps them when a later
     run or notebook fails). Every run a lane trains must have its ``complete.json`` for its configuration before a
-    notebook reads it.
-
-    Measured on the three smoke runs on a shared two-core machine: about 10% less CPU time with one process for
-    several runs than with one process per run (110 s against 126 s). The saved parameters (``model.eqx``) were
-    bit-identical either way."""
+    notebook reads it. One process trains several runs (``RUNS_PER_WORKER``): less CPU time than a process per run,
+    the same parameters (measurements page)."""
     units = _units(trainings)  # a run, or a population's members
     notebooks = list(notebooks)
     seconds = {} if seconds is None else seconds
@@ -389,6 +386,12 @@ class _Lanes:
         stop_notebooks()
 
 
+def _load(spec: dict):
+    """The configuration a worker's spec names: its file, overrides and module (``finetune``: a fine-tuning's)."""
+    cls = configs.FinetuneConfig if spec["module"] == "finetune" else configs.TrainConfig
+    return configs.load_config(spec["config"], spec["overrides"], cls=cls)
+
+
 def _prepare_data(config) -> None:
     """Build (or load) the token caches of a run's training and validation data (Levanter builds them in this
     process and returns once they are finished)."""
@@ -411,17 +414,12 @@ def train_worker() -> None:
     exit_with_parent()
     for line in sys.stdin:
         spec = json.loads(line)
-        if spec["module"] == "finetune":
-            config = train.load_config(spec["config"], spec["overrides"], cls=finetune.FinetuneConfig)
-            main = finetune.main
-        elif spec["module"] == "population" and not spec.get("prepare"):
-            config = [train.load_config(m["config"], m["overrides"],
-                                        cls=finetune.FinetuneConfig if m["module"] == "finetune" else train.TrainConfig)
-                      for m in spec["members"]]
+        if spec["module"] == "population" and not spec.get("prepare"):
+            config = [_load(member) for member in spec["members"]]
             main = population.main
         else:
-            config = train.load_config(spec["config"], spec["overrides"])
-            main = train.main
+            config = _load(spec)
+            main = finetune.main if spec["module"] == "finetune" else train.main
         (_prepare_data if spec.get("prepare") else main)(config)
         jax.clear_caches()  # this run's compiled programs: the next run compiles its own
         gc.collect()

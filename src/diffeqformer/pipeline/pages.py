@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import paths
-from ..finetune import FinetuneConfig
+from ..config import FinetuneConfig
 from ..runs import is_complete, summary
 from . import edition
 from .lanes import Progress
 from .planning import Plan, cache_dir, collect_runs, join_populations
-from .registry import PRESETS, Run
+from . import registry
+from .registry import Run
 from .sources import LAYERS, module_files
 
 
@@ -188,7 +189,7 @@ def timings_markdown(result: Plan, state: dict) -> str:
     presets = dict(state.get("presets", {}))
     presets[result.preset] = {"trainings": {t.config: str(t.run_dir) for t in result.trainings},
                               "notebooks": {j.name: j.key for j in result.notebooks}}
-    for preset in [p for p in PRESETS if p in presets]:
+    for preset in [p for p in registry.presets() if p in presets]:
         entry = presets[preset]
         for config, run_dir in entry.get("trainings", {}).items():
             if is_complete(run_dir):
@@ -213,7 +214,7 @@ def presets_markdown() -> str:
     the column off)."""
     lines = ["| preset | training configs | scale |", "|---|---|---|"]
     executing: dict[tuple[str, ...], list[str]] = {}  # notebook list -> the presets that execute it
-    for preset, entries in PRESETS.items():
+    for preset, entries in registry.presets().items():
         trained: list[Run] = []  # as the pipeline trains them: a run that is a population's member counts once
         collect_runs(list(join_populations(entries).values()), trained)
         configs: dict[str, str] = {}  # config file -> the module that trains it

@@ -13,8 +13,8 @@ from typing import Any, Mapping
 
 from .. import paths
 from ..report import book
-from ..runs import is_complete, saved_hash
-from .registry import PRESETS, Run
+from ..runs import has_checkpoints, is_complete, saved_hash
+from .registry import Run, presets
 from .sources import notebook_key, notebook_sources_hash
 
 TOC = paths.REPO / "_toc.yml"
@@ -263,7 +263,7 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
 
     A run directory holding another configuration's run is an error, unless ``retrain_stale`` (then ``run`` moves
     it to ``runs/.stale/`` and trains again)."""
-    entries = _entries(preset, overrides, PRESETS if registry is None else registry)
+    entries = _entries(preset, overrides, presets() if registry is None else registry)
     in_toc = toc_notebooks(TOC if toc is None else toc)
     for nb in in_toc:
         if nb not in entries:
@@ -339,7 +339,7 @@ def _stale_hash(run: Run, run_dir: Path, digest: str, retrain_stale: bool) -> st
     """The config hash of a run of another configuration than ``digest`` that ``run_dir`` holds (with checkpoints),
     None if it holds none; ``PipelineError`` unless ``retrain_stale``."""
     saved = saved_hash(run_dir)
-    if saved is None or saved == digest or not (run_dir / paths.RUN_CHECKPOINTS).exists():
+    if saved is None or saved == digest or not has_checkpoints(run_dir):
         return None
     if not retrain_stale:
         raise PipelineError(

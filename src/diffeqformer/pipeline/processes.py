@@ -43,7 +43,7 @@ def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> st
 def exit_with_parent(poll_s: float = 0.2) -> None:
     """End this worker, and every process it started, as soon as the pipeline that started it is gone. A killed
     pipeline closes the worker's standard input, but the worker reads it only between runs: without this it would go
-    on training its run while the rerun pipeline's worker trains the same run (``train.run_lock`` makes the second
+    on training its run while the rerun pipeline's worker trains the same run (``runs.lock`` makes the second
     wait for the first). A Papermill child's notebook kernel is its own process, which would outlive it: ipykernel
     ends a kernel whose parent is gone only when the kernel is handed to process 1, and in a container another
     process (a subreaper) takes it; so the worker kills its descendants before it ends."""

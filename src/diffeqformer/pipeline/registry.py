@@ -1,17 +1,18 @@
-"""The registry: per preset, which notebooks the pipeline runs with which parameter values (``PRESETS``), and the
-``Run`` values that stand for training runs in it."""
+"""The registry: per preset, which notebooks the pipeline runs with which parameter values (``PRESETS``, built on
+first use: importing this module reads no file), and the ``Run`` values that stand for training runs in it."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from .. import paths, train
-from ..finetune import FinetuneConfig, config_hash, finetune_grid, pretraining_of
+from .. import config as configs
+from .. import paths
+from ..finetune import finetune_grid
 
 
 @dataclass(frozen=True)
@@ -46,20 +47,12 @@ class Run:
     @property
     def population_key(self) -> tuple:
         """What the members of one population share: the config, the overrides but name and seed, the seeds."""
-        rest, i = [], 0
-        while i < len(self.overrides):
-            if self.overrides[i] in ("--name", "--trainer.seed"):
-                i += 2
-                continue
-            rest.append(self.overrides[i])
-            i += 1
-        return self.config, tuple(rest), self.population
+        return self.config, configs.without_overrides(self.overrides, "name", "trainer.seed"), self.population
 
     def load(self):
         """The resolved configuration (``TrainConfig``, or ``FinetuneConfig`` for a fine-tuning)."""
-        if self.module == "finetune":
-            return train.load_config(self.path, list(self.overrides), cls=FinetuneConfig)
-        return train.load_config(self.path, list(self.overrides))
+        cls = configs.FinetuneConfig if self.module == "finetune" else configs.TrainConfig
+        return configs.load_config(self.path, list(self.overrides), cls=cls)
 
     def identity(self) -> tuple[Any, str, Path]:
         """(configuration, config hash, run directory); a fine-tuning's hash covers its pretraining's config hash,
@@ -74,19 +67,17 @@ class Run:
             raise ValueError(f"its trainer.seed {cfg.trainer.seed} is not one of its population's {self.population}")
         population = list(self.population) or None
         if self.module == "finetune":
-            pretraining, pretraining_dir = pretraining_of(cfg)
-            digest = config_hash(cfg, train.config_hash(pretraining), population=population)
-            return cfg, digest, train.run_dir_of(cfg), pretraining_dir
-        return cfg, train.config_hash(cfg, population=population), train.run_dir_of(cfg), None
+            pretraining, pretraining_dir = configs.pretraining_of(cfg)
+            digest = configs.config_hash(cfg, population=population,
+                                         pretrain_config_hash=configs.config_hash(pretraining))
+            return cfg, digest, configs.run_dir_of(cfg), pretraining_dir
+        return cfg, configs.config_hash(cfg, population=population), configs.run_dir_of(cfg), None
 
 
 def variant(config: str, name: str, values: Mapping[str, Any]) -> Run:
     """The run of ``config/<config>.yaml`` with some fields changed (``{"model.time_embed_dim": 4}``), named
     ``name`` (its run directory is ``runs/<name>``)."""
-    overrides = ["--name", name]
-    for field_name, value in values.items():
-        overrides += [f"--{field_name}", json.dumps(value) if not isinstance(value, str) else value]
-    return Run(config, tuple(overrides))
+    return Run(config, ("--name", name, *configs.override_args(values)))
 
 
 def seeded(run: Run, n: int, *, population: bool = False) -> list[Run]:
@@ -100,11 +91,7 @@ def seeded(run: Run, n: int, *, population: bool = False) -> list[Run]:
         raise ValueError(f"a comparison needs a positive number of seeds, got {n!r}")
     resolved = run.load()  # the run's name and seed, its overrides applied, defaults filled in
     name, base_seed = resolved.name, resolved.trainer.seed
-    overrides = list(run.overrides)
-    for flag in ("--name", "--trainer.seed"):
-        if flag in overrides:
-            i = overrides.index(flag)
-            del overrides[i : i + 2]
+    overrides = configs.without_overrides(run.overrides, "name", "trainer.seed")
     seeds = tuple(base_seed + k for k in range(n)) if population and n > 1 else ()
     first = dataclasses.replace(run, population=seeds)
     return [first] + [Run(run.config, (*overrides, "--name", f"{name}-seed{k}", "--trainer.seed", str(base_seed + k)),
@@ -235,12 +222,8 @@ def gpu_corpus(entries: dict[str, dict[str, Any]], corpus: str) -> dict[str, dic
             return type(value)(move(v) for v in value)
         if not isinstance(value, Run) or value.module != "train" or value.config not in GPU_LANGUAGE_MODELS:
             return value
-        overrides = list(value.overrides)
         name = f"gpu-{corpus}-{value.load().name.removeprefix('gpu-')}"
-        if "--name" in overrides:
-            overrides[overrides.index("--name") + 1] = name
-        else:
-            overrides += ["--name", name]
+        overrides = configs.with_override(value.overrides, "name", name)
         return dataclasses.replace(value, overrides=(*overrides, "--data.dataset", corpus))
 
     moved = move(entries)
@@ -248,9 +231,44 @@ def gpu_corpus(entries: dict[str, dict[str, Any]], corpus: str) -> dict[str, dic
     return moved
 
 
-PRESETS: dict[str, dict[str, dict[str, Any]]] = {
-    # CI: seconds of training per run; checks that every notebook executes and the book builds.
-    "smoke": {
+def __getattr__(name: str):
+    """``PRESETS``, built on first use (PEP 562)."""
+    if name == "PRESETS":
+        return presets()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+@functools.cache
+def presets() -> dict[str, dict[str, dict[str, Any]]]:
+    """preset -> notebook (file stem in ``notebooks/``, in execution order) -> parameter values: ``PRESETS``. Built
+    once, on first use: ``seeded`` and ``finetune_runs`` read the preset's config files."""
+    return {
+        # CI: seconds of training per run; checks that every notebook executes and the book builds.
+        "smoke": _smoke(),
+        # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The
+        # ablations vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five, to keep the
+        # whole build within 40 minutes.
+        # F11: one example of 30 tokens and the query fill the models' 64.
+        "cpu": single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
+        # One GPU (a lent H100 or H200, or Colab): the cpu preset's runs, notebooks and seeds at 8 times its width
+        # (512-d, 6 steps or layers, seq 256, 32 sequences a step) and 10 times its tokens per model (F1-F6, F8-F11: 320
+        # steps, 2.6M tokens, 1.3 epochs; F7: pretrainings 200 steps, 1.6M tokens, fine-tunings 40 steps, 0.33M tokens),
+        # in bfloat16 (trainer.mp of config/gpu/), on the offline corpus; DIFFEQFORMER_GPU_CORPUS=wikitext103 trains the
+        # language models of F1-F6 and F8-F11 on WikiText-103 instead (gpu_corpus). F5's synthetic model is the cpu
+        # preset's. F7 fine-tunes with N = 9, 12, 18 and 24 (finetune.discretisations). Its sizing is on the reproducing
+        # page ("The gpu preset"). d_t: the paper's GPT-small value 20, and a factor of 4 either side of it, as the cpu
+        # preset's 2, 8, 32. F11: zero- and five-shot as in the paper (five examples of 40 tokens and the query fill the
+        # models' 256); online, the paper's tasks too (gpu_corpus).
+        "gpu": gpu_corpus(single_gpu_or_cpu("gpu", GPU_SEEDS, base_dt=20, dts=(5, 20, 80), measure_batch=32,
+                                            shots=[0, 5]), GPU_CORPUS),
+        # The paper's configurations (Tables 1-2): multi-GPU/TPU.
+        "paper": _paper(),
+    }
+
+
+def _smoke() -> dict[str, dict[str, Any]]:
+    """The smoke preset's entries: seconds of training per run."""
+    return {
         "f1_model": dict(run=Run("smoke/diffeqformer"), num_times=401),
         "f2_spectra": dict(runs=seeded(Run("smoke/diffeqformer"), 2),
                            baselines={"gpt": seeded(Run("smoke/gpt2"), 2)}),  # F6's two seeds of each
@@ -268,7 +286,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
             "smoke-finetune-gpt2-lora": Run("smoke/finetune_gpt2_lora", module="finetune")}),
         # One variant of the smoke model changes every field an ablation varies (beta2, d_t, hypernetwork, step
         # placement): each notebook still compares two runs that differ in its field, and CI trains one run, not
-        # four (measured: 52-87 s per smoke run).
+        # four.
         "f8_beta2": dict(runs={"ours": [Run("smoke/diffeqformer"), SMOKE_VARIANT],
                                "gpt": [Run("smoke/gpt2"), variant("smoke/gpt2", "smoke-gpt2-beta2-0.95",
                                                                   {"optimizer.beta2": 0.95})]}),
@@ -280,28 +298,12 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         # F6's runs, a few examples per held-out task: CI goes through the harness, the tables and the verdicts
         "f11_downstream": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2), "shared": Run("smoke/shared"),
                                      "ours": seeded(Run("smoke/diffeqformer"), 2)}, num_examples=8, shots=[0, 1]),
-    },
-    # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The
-    # ablations vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five, to keep the
-    # whole build within 40 minutes.
-    # F11: one example of 30 tokens and the query fill the models' 64.
-    "cpu": single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
-    # One GPU (a lent H100 or H200, or Colab): the cpu preset's runs, notebooks and seeds at 8 times its width (512-d,
-    # 6 steps or layers, seq 256, 32 sequences a step) and 10 times its tokens per model (F1-F6, F8-F11: 320 steps,
-    # 2.6M tokens, 1.3 epochs; F7: pretrainings 200 steps, 1.6M tokens, fine-tunings 40 steps, 0.33M tokens), in
-    # bfloat16 (trainer.mp of config/gpu/), on the offline corpus; DIFFEQFORMER_GPU_CORPUS=wikitext103 trains the
-    # language models of F1-F6 and F8-F11 on WikiText-103 instead (gpu_corpus). F5's synthetic model is the cpu
-    # preset's. F7 fine-tunes with N = 9, 12, 18 and 24 (finetune.discretisations). Sizing, an estimate from other
-    # models' measurements to be replaced by the first GPU run's (reproducing page, "The gpu preset"): 108M tokens,
-    # 22 PFLOP; on an H100 (0.7 x an H200) 184 s at the utilisation of GPT-small in the H200 ladder, 477 s at that of
-    # the 384-d model measured there; plus about 25 distinct compilations of 13-24 s each, install, data, notebooks.
-    # d_t: the paper's GPT-small value 20, and a factor of 4 either side of it, as the cpu preset's 2, 8, 32. F11:
-    # zero- and five-shot as in the paper (five examples of 40 tokens and the query fill the models' 256); online, the
-    # paper's tasks too (gpu_corpus).
-    "gpu": gpu_corpus(single_gpu_or_cpu("gpu", GPU_SEEDS, base_dt=20, dts=(5, 20, 80), measure_batch=32,
-                                        shots=[0, 5]), GPU_CORPUS),
-    # The paper's configurations (Tables 1-2): multi-GPU/TPU.
-    "paper": {
+    }
+
+
+def _paper() -> dict[str, dict[str, Any]]:
+    """The paper's configurations (Tables 1-2), for many GPUs or a TPU pod."""
+    return {
         "f1_model": dict(run=Run("paper/wikitext103_small_diffeqformer")),
         "f2_spectra": dict(runs=[Run("paper/wikitext103_small_diffeqformer")],
                            baselines={"gpt": [Run("paper/wikitext103_small_gpt2")]}),
@@ -321,8 +323,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         }),
         "f7_finetuning": dict(runs=finetune_runs("paper")),
         **ablation_entries("paper", 20, (20, 48, 72, 96, 120, 144), measure_batch=8, num_sequences=256),
-        "f11_downstream": dict(runs={"gpt": Run("paper/owt_small_gpt2"), "ours": Run("paper/owt_small_diffeqformer")},
+        "f11_downstream": dict(runs={"gpt": Run("paper/owt_small_gpt2"),
+                                     "ours": Run("paper/owt_small_diffeqformer")},
                                num_examples=1000, shots=[0, 5], paper_tasks=True),
-    },
-}
-"""preset -> notebook (file stem in ``notebooks/``, in execution order) -> parameter values."""
+    }

@@ -31,10 +31,11 @@ LAYERS = [
     ["data.corpora"],
     ["data.tasks"],  # F11's downstream tasks from the corpus's held-out documents
     ["data.__main__"],
+    ["config"],  # the typed configurations: load, parse overrides, validate, hash, dump
+    ["runs"],  # the run directory: its files, lock and lifecycle; a finished run's summary, config, metrics, model
     ["train"],
     ["finetune"],
     ["population"],  # trains populations of training runs and of fine-tunings
-    ["runs"],  # finds, checks and loads a finished run and its config
     # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
     ["report", "report.figures", "report.book"],
     # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores

@@ -1,0 +1,534 @@
+"""The configurations, typed and frozen: a training run's (``TrainConfig``: data, model, Levanter trainer and
+optimiser) and a fine-tuning's (``FinetuneConfig``), read from YAML with draccus-style overrides, validated, hashed
+and dumped here and nowhere else.
+
+* ``load_config(path, overrides, cls=...)`` parses a file and overrides such as ``--model.time_embed_dim 32``
+  (``parse_overrides``; ``without_overrides`` and ``override_args`` edit such lists): the one parser of overrides;
+* ``validate`` / ``validate_finetune`` reject bad fields before anything runs, naming the field;
+* ``config_hash`` is what decides whether a finished run is the run asked for: what determines the trained
+  parameters, not where the run is written;
+* ``dump_config`` is the YAML a run directory keeps (``runs``), which ``load_config`` reads back.
+
+The model configurations are Levanter's ``LmConfig`` subclasses (``DiffEqFormerConfig``, GPT-2, Llama), chosen by
+their ``type`` in YAML.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import draccus
+from levanter.adaptor.lora import LoraConfig, loraize
+from levanter.models.lm_model import LmConfig
+from levanter.optim.config import AdamConfig, OptimizerConfig
+from levanter.tracker import NoopConfig
+from levanter.trainer import TrainerConfig
+
+from . import paths
+from .model.transformer import DiffEqFormerConfig
+from .numerics import check_positive_int
+
+LOOP_VERSION = 3
+"""Version of the training loop's numerics, hashed into every run's config hash: runs trained by an older loop are
+trained again. 3: marin-levanter on JAX 0.11. (2 trained without buffer donation and with a strongly typed step
+counter, which jaxlib 0.7.2 needed for a resumed run to end bit-identical to an uninterrupted one; on JAX 0.11.2
+Levanter's own trainer does, donation and all: ``tests/test_train.py`` kills and resumes runs to check it.)"""
+
+
+DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
+"""Weight decay of the ODE model, a regex for Levanter's ``weight_decay_modules`` (``re.match`` on each parameter's
+path): the paper's code decays only its embeddings (not the hypernetworks, norms or biases)."""
+
+
+DECAY_BASELINE = r"(?!.*norm)(.*\.)?(attn|self_attn|mlp)\.(.*\.)?weight$|.*token_embeddings.*|.*position_embeddings.*"
+"""Weight decay of the baselines (GPT-2, Llama, the weight-shared model) and of every fine-tuned model (a discretised
+DiffEqFormer or a baseline), nanoGPT's convention: the weight matrices of the attention and MLP submodules
+(``attn``/``self_attn``/``mlp``, LoRA adapters included) and the embeddings; never a norm or a bias. A path that
+names a norm anywhere is excluded: the parallel block's ``attn_norm``/``mlp_norm`` (GPT-2's ``ln_1``/``ln_2``) are
+norms, although their names begin like the submodules'."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Which corpus to train on."""
+
+    dataset: str = "shakespeare"
+    """'shakespeare' (offline default), 'wikitext103' or 'openwebtext' (need the internet)."""
+    domain: str = "all"
+    """Shakespeare corpus domain: 'all', 'plays' or 'prose'."""
+    vocab_size: int = 4096
+    """Size of the byte-level BPE trained on the offline corpus (online corpora use GPT-2's tokenizer)."""
+    shuffle: bool = True
+    """Shuffle the training sequences (one Feistel permutation, the same each epoch). Levanter's own default is not to
+    shuffle, which feeds the corpus document after document, and every model's validation loss then follows the
+    genre it is reading (measurements page)."""
+
+    def levanter_config(self):
+        import dataclasses
+
+        from .data.corpora import lm_dataset_config
+
+        config = lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size)
+        return dataclasses.replace(config, shuffle=self.shuffle, permutation_type="feistel")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """One training run: data, model, Levanter trainer and optimiser, and where the run is written."""
+
+    name: str = "diffeqformer"
+    """Run name: the run directory is runs/<name> unless run_dir is given."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: LmConfig = field(default_factory=DiffEqFormerConfig)
+    """Any Levanter LmConfig: type diffeqformer, gpt2 or llama."""
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(tracker=NoopConfig()))
+    optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    run_dir: Optional[str] = None
+    """Where the run is written (default: runs/<name>)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (off by default)."""
+
+
+METHODS = ("lora", "full")
+"""Fine-tuning methods: LoRA adapters only, or every parameter."""
+
+
+@dataclass(frozen=True)
+class PaperLoraConfig(LoraConfig):
+    """Levanter's ``LoraConfig`` with LoRA's own initialisation (Hu et al., 2021): A drawn at random, B = 0, so the
+    adapted model starts as the pretrained model and the first update moves B. (Levanter's default is the reverse,
+    A = 0 and B random.)"""
+
+    zero_init_b: bool = True
+    """B starts at zero (LoRA's convention)."""
+    a_init_mode: Literal["random", "zero"] = "random"
+    """A starts random ('random'), as in LoRA; 'zero' with zero_init_b would leave both factors without gradient."""
+
+
+@dataclass(frozen=True)
+class PretrainRef:
+    """The finished pretraining run a fine-tuning starts from."""
+
+    config: str = ""
+    """Its config file (relative paths: to the working directory, else to the repository root)."""
+    run_dir: Optional[str] = None
+    """Its run directory (default: runs/<name in that config file>); it must hold a run of exactly that config."""
+
+
+@dataclass(frozen=True)
+class FinetuneConfig:
+    """One fine-tuning run: the pretrained model, how it is discretised and adapted, the target data, the trainer."""
+
+    name: str = "finetune"
+    """Run name: the run directory is runs/<name> unless run_dir is given."""
+    pretrain: PretrainRef = field(default_factory=PretrainRef)
+    steps: Optional[int] = None
+    """Euler steps N of the discretised DiffEqFormer (any N >= 1); null for a GPT/Llama pretraining."""
+    method: str = "lora"
+    """'lora' (Levanter's LoRA adapters, the rest frozen) or 'full' (every parameter)."""
+    lora: PaperLoraConfig = field(default_factory=PaperLoraConfig)
+    """Levanter's LoRA: rank r, alpha (adapters scaled by alpha/r), dropout, target_modules (None: every linear map)."""
+    lora_embeddings: bool = True
+    """LoRA also trains the embeddings (token and position embeddings, tied with the output layer; an untied output
+    layer too), as the paper's code does. Without them the output layer cannot follow the target domain's words."""
+    data: DataConfig = field(default_factory=DataConfig)
+    """The target domain; its tokenizer must be the pretraining's."""
+    trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(tracker=NoopConfig()))
+    optimizer: OptimizerConfig = field(default_factory=AdamConfig)
+    """Weight decay (unless weight_decay_modules is set): attention/MLP weights and embeddings, as for GPT."""
+    run_dir: Optional[str] = None
+    """Where the run is written (default: runs/<name>)."""
+    wandb: bool = False
+    """Also log to Weights & Biases (off by default)."""
+
+
+Config = TrainConfig | FinetuneConfig
+"""A run's configuration: a training run's or a fine-tuning's."""
+
+
+def run_dir_of(config: Config) -> Path:
+    """Where a run is written: its ``run_dir``, else ``runs/<name>``."""
+    return Path(config.run_dir) if config.run_dir else paths.RUNS / config.name
+
+
+def validate(config: TrainConfig) -> None:
+    """Reject bad input before any compute, naming the field."""
+    validate_name(config)
+    validate_trainer(config.trainer)
+    validate_optimizer(config.optimizer)
+    validate_data(config.data)
+    for name in ("max_seq_len", "hidden_dim", "num_layers", "num_heads"):
+        check_positive_int(getattr(config.model, name, 1), f"model.{name}")
+    if config.model.hidden_dim % config.model.num_heads:
+        raise ValueError(
+            f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
+            f"({config.model.num_heads})"
+        )
+    validate_regularisers(config.model)
+
+
+def validate_regularisers(model: LmConfig) -> None:
+    """Reject a dropout rate outside [0, 1), and a regulariser that the model would not apply, naming the field.
+
+    Levanter's GPT-2 has an ``attn_pdrop`` field that its attention never reads: ``Gpt2Attention`` calls
+    ``dot_product_attention`` without a dropout rate, so the rate is that function's default, 0, whatever the
+    attention backend (the field only travels to and from Hugging Face configs). A GPT-2 config with attention
+    dropout would claim a regulariser it does not have; DiffEqFormer, like the official code, has none either."""
+    from levanter.models.gpt2 import Gpt2Config
+
+    if not isinstance(model, Gpt2Config):  # DiffEqFormerConfig checks its own rates; Levanter's Llama has none
+        return
+    for name in ("embed_pdrop", "resid_pdrop", "attn_pdrop"):
+        rate = getattr(model, name)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"model.{name} must be in [0, 1), got {rate!r}")
+    if model.attn_pdrop != 0:
+        raise ValueError(
+            f"model.attn_pdrop must be 0, got {model.attn_pdrop!r}: Levanter's GPT-2 does not apply attention "
+            "dropout (its attention passes no dropout rate to dot_product_attention), so the value would do nothing"
+        )
+
+
+def validate_name(config) -> None:
+    """Reject a run name that is not a non-empty string: without ``run_dir`` the run would be written in ``runs/``
+    itself (an empty name) or fail on a path of None."""
+    if not isinstance(config.name, str) or not config.name.strip():
+        raise ValueError(f"name must be a non-empty string (the run directory is runs/<name>), got {config.name!r}")
+
+
+def validate_trainer(t: TrainerConfig) -> None:
+    """Reject a trainer section that would not train, naming the field: a non-positive number of steps, batch size,
+    evaluation interval or number of evaluation batches (an evaluation of no batch has no loss), a seed that is not an
+    integer, a number of examples per device that is neither -1 (Levanter's: the batch split over the devices) nor
+    positive."""
+    check_positive_int(t.num_train_steps, "trainer.num_train_steps")
+    if isinstance(t.train_batch_size, int):  # else a schedule of batch sizes
+        check_positive_int(t.train_batch_size, "trainer.train_batch_size")
+    check_positive_int(t.steps_per_eval, "trainer.steps_per_eval")
+    if t.max_eval_batches is not None:
+        check_positive_int(t.max_eval_batches, "trainer.max_eval_batches (or null for the whole validation split)")
+    if isinstance(t.seed, bool) or not isinstance(t.seed, int):
+        raise ValueError(f"trainer.seed must be an integer, got {t.seed!r}")
+    for name in ("per_device_parallelism", "per_device_eval_parallelism"):
+        if getattr(t, name) != -1:
+            check_positive_int(getattr(t, name), f"trainer.{name} (or -1)")
+
+
+def validate_optimizer(o: OptimizerConfig) -> None:
+    """Reject an optimizer section that would not train, naming the field: a learning rate that is not a positive
+    finite number (a negative one climbs the loss), a negative weight decay, Adam's betas outside [0, 1), a
+    non-positive epsilon or gradient-norm bound, a warm-up or final learning-rate ratio outside [0, 1]."""
+    def number(name):
+        value = getattr(o, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ValueError(f"optimizer.{name} must be a number, got {value!r}")
+        return value
+
+    def check(name, ok, expected):
+        value = number(name)
+        if value is not None and not (math.isfinite(value) and ok(value)):
+            raise ValueError(f"optimizer.{name} must be {expected}, got {value!r}")
+
+    check("learning_rate", lambda v: v > 0, "a positive number")
+    check("weight_decay", lambda v: v >= 0, "at least 0")
+    check("beta1", lambda v: 0 <= v < 1, "in [0, 1)")
+    check("beta2", lambda v: 0 <= v < 1, "in [0, 1)")
+    check("epsilon", lambda v: v > 0, "a positive number")
+    check("max_grad_norm", lambda v: v > 0, "a positive number (or null for no clipping)")
+    check("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
+    warmup = number("warmup")
+    if warmup is not None and not (math.isfinite(warmup) and (0 <= warmup <= 1 or float(warmup).is_integer()
+                                                                and warmup > 1)):
+        raise ValueError(f"optimizer.warmup must be a fraction of the steps in [0, 1] or a whole number of steps, "
+                         f"got {warmup!r}")
+
+
+def validate_data(data: DataConfig) -> None:
+    """Reject an unknown corpus or domain, or a vocabulary size the tokenizer cannot have."""
+    from .data.corpora import DATASETS, DOMAINS, check_vocab_size
+
+    if data.dataset not in DATASETS:
+        raise ValueError(f"data.dataset must be one of {DATASETS}, got {data.dataset!r}")
+    if data.domain not in DOMAINS:
+        raise ValueError(f"data.domain must be one of {DOMAINS}, got {data.domain!r}")
+    try:
+        check_vocab_size(data.vocab_size)
+    except ValueError as err:  # the tokenizer's check names its argument, vocab_size: say which section's
+        raise ValueError(f"data.{err}") from None
+
+
+def validate_finetune(config: FinetuneConfig) -> None:
+    """Reject a fine-tuning's bad fields before anything runs, naming the field: those of its name, trainer,
+    optimiser and data (as ``validate``), its method, Euler steps and LoRA settings, and a missing pretraining. What
+    needs the pretraining (that it finished with its config file's hash, its model kind, tokenizer and width) is
+    checked by ``finetune.validate``."""
+    validate_name(config)
+    validate_trainer(config.trainer)
+    validate_optimizer(config.optimizer)
+    validate_data(config.data)
+    if config.method not in METHODS:
+        raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
+    if config.steps is not None and (not _is_int(config.steps) or config.steps < 1):
+        raise ValueError(
+            f"steps must be a positive integer (or null for a GPT/Llama pretraining), got {config.steps!r}"
+        )
+    if not config.pretrain.config:
+        raise ValueError("pretrain.config must name the pretraining's config file")
+    if config.method == "lora":
+        if not (math.isfinite(config.lora.alpha) and config.lora.alpha > 0):
+            raise ValueError(f"lora.alpha must be positive, got {config.lora.alpha!r}")
+        if not 0.0 <= config.lora.dropout < 1.0:
+            raise ValueError(f"lora.dropout must be in [0, 1), got {config.lora.dropout!r}")
+        if config.lora.zero_init_b and config.lora.a_init_mode == "zero":
+            raise ValueError("lora.zero_init_b with lora.a_init_mode 'zero' starts both factors at zero, and then "
+                             "neither receives a gradient: set one of them differently")
+
+
+def plain_tree(config) -> dict:
+    """A draccus-encoded config reduced to plain YAML values (enums to their values, paths to strings).
+
+    ``draccus.dump`` writes str-valued enums (Levanter's activation functions) as Python-object tags that a safe
+    YAML loader refuses, hence this reduction."""
+    import enum
+
+    def plain(x):
+        if isinstance(x, enum.Enum):
+            return x.value
+        if isinstance(x, dict):
+            return {k: plain(v) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [plain(v) for v in x]
+        if isinstance(x, Path):
+            return str(x)
+        return x
+
+    return plain(draccus.encode(config))
+
+
+def dump_config(config) -> str:
+    """The config as plain YAML that ``load_config`` reads back."""
+    import yaml
+
+    return yaml.safe_dump(plain_tree(config), sort_keys=False)
+
+
+def config_hash(config: Config, *, population: Optional[list[int]] = None,
+                pretrain_config_hash: Optional[str] = None) -> str:
+    """Hash of what determines the trained parameters (not where the run is written, nor logging): a training run's
+    (below) or a fine-tuning's (``finetune_hash``, which needs ``pretrain_config_hash``).
+
+    ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, so
+    that a member of a population and the solo run of the same config never share a hash.
+
+    Model fields left at their class default are not hashed, so that adding a model option whose default keeps the
+    old behaviour (e.g. ``random_step_offset``) does not invalidate finished runs. Any value that differs from the
+    default is hashed, so two configs that train differently never share a hash. So is the weight-decay mask the run
+    trains with (``with_paper_weight_decay``), which the config leaves to the code: a run trained with another mask
+    is trained again."""
+    import yaml
+
+    if isinstance(config, FinetuneConfig):
+        if pretrain_config_hash is None:
+            raise ValueError("a fine-tuning's config hash covers its pretraining's: pass pretrain_config_hash")
+        return finetune_hash(config, pretrain_config_hash, population=population)
+    tree = plain_tree(dataclasses.replace(config, run_dir=None, wandb=False))
+    defaults = plain_tree(type(config.model)())
+    tree["model"] = {k: v for k, v in tree["model"].items() if k not in defaults or defaults[k] != v}
+    tree["training_loop"] = LOOP_VERSION
+    if config.optimizer.weight_decay:
+        tree["weight_decay_modules"] = with_paper_weight_decay(config.optimizer, config.model).weight_decay_modules
+    if population is not None:
+        tree["population"] = [int(seed) for seed in population]
+    return hashlib.sha256(yaml.safe_dump(tree, sort_keys=False).encode()).hexdigest()[:16]
+
+
+def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
+    """The paper's weight-decay masks, unless the config sets its own ``weight_decay_modules``."""
+    decay = DECAY_ODE if isinstance(model, DiffEqFormerConfig) and model.time_dependent else DECAY_BASELINE
+    return with_weight_decay(optimizer, decay)
+
+
+def with_weight_decay(optimizer: OptimizerConfig, modules: str) -> OptimizerConfig:
+    """Decay the parameters whose path matches the regex ``modules`` (only), unless the config sets its own."""
+    if optimizer.weight_decay_modules is not None:
+        return optimizer
+    return dataclasses.replace(optimizer, weight_decay_modules=modules, default_weight_decay_mask=False)
+
+
+def override_pairs(overrides: list[str] | tuple[str, ...] | None) -> list[tuple[str, str]]:
+    """The (dotted field, value as written) of each draccus-style override: ``["--model.time_embed_dim", "32",
+    "--trainer.seed=1"]`` -> ``[("model.time_embed_dim", "32"), ("trainer.seed", "1")]``; ``ValueError`` for an item
+    that is not one."""
+    pairs = []
+    items = iter(overrides or [])
+    for item in items:
+        if not item.startswith("--") or item == "--":
+            raise ValueError(f"an override must look like --field.name VALUE, got {item!r}")
+        key, eq, value = item[2:].partition("=")
+        if not eq:
+            value = next(items, None)
+            if value is None:
+                raise ValueError(f"the override {item} has no value")
+        pairs.append((key, value))
+    return pairs
+
+
+def parse_overrides(overrides: list[str] | tuple[str, ...] | None) -> dict:
+    """Nested values of draccus-style overrides: ``["--model.time_embed_dim", "32", "--trainer.seed=1"]`` ->
+    ``{"model": {"time_embed_dim": 32}, "trainer": {"seed": 1}}``, each value parsed as draccus's command line parses
+    it (YAML)."""
+    from draccus import cfgparsing, utils
+
+    flat: dict[str, Any] = {key: cfgparsing.parse_string(value) for key, value in override_pairs(overrides)}
+    return utils.deflatten(flat, sep=".")
+
+
+def without_overrides(overrides: list[str] | tuple[str, ...], *fields: str) -> tuple[str, ...]:
+    """``overrides`` less those that set one of ``fields`` (dotted names, e.g. ``"trainer.seed"``), each kept one as
+    ``--field value``."""
+    return tuple(item for key, value in override_pairs(overrides) if key not in fields
+                 for item in (f"--{key}", value))
+
+
+def with_override(overrides: list[str] | tuple[str, ...], dotted: str, value: str) -> tuple[str, ...]:
+    """``overrides`` with ``dotted`` set to ``value``: in the place of the override that set it, else at the end."""
+    pairs = override_pairs(overrides)
+    if dotted not in {key for key, _ in pairs}:
+        pairs.append((dotted, value))
+    return tuple(item for key, old in pairs for item in (f"--{key}", value if key == dotted else old))
+
+
+def override_args(values: dict[str, Any]) -> tuple[str, ...]:
+    """Overrides that set each dotted field of ``values`` to its value (a string as it is, anything else as JSON, which
+    draccus reads back as YAML): ``{"model.hypernet": "shared_mlp", "optimizer.beta2": 0.95}`` ->
+    ``("--model.hypernet", "shared_mlp", "--optimizer.beta2", "0.95")``."""
+    import json
+
+    return tuple(item for key, value in values.items()
+                 for item in (f"--{key}", value if isinstance(value, str) else json.dumps(value)))
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: type = TrainConfig):
+    """Parse a YAML file (plus draccus-style overrides such as ``--model.time_embed_dim 32``) into ``cls``.
+
+    This is what ``draccus.parse`` does (the file's values, the overrides merged over them, decoded into ``cls``)
+    without building its command-line parser, which reads the docstring of every field of every registered Levanter
+    config class at every call (measurements page), while the pipeline loads about 70 configs before it trains
+    anything. An override naming no field is refused by the decoder, by name."""
+    import mergedeep
+    from draccus import cfgparsing
+    from draccus.parsers import decoding
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"config file not found: {path}" + (" (a directory)" if path.is_dir() else ""))
+    values = parse_overrides(overrides)
+    try:
+        with path.open(encoding="utf-8") as handle:
+            loaded = cfgparsing.load_config(handle, file=str(path)) or {}
+    except Exception as err:  # draccus wraps YAML's error, which says where: "line 1, column 7"
+        raise ValueError(f"{path}: not valid YAML ({one_line(err.__cause__ or err)})") from None
+    if not isinstance(loaded, dict):
+        raise ValueError(f"{path}: a config file is a mapping of fields (name: ..., model: ...), got a "
+                         f"{type(loaded).__name__}")
+    try:
+        return decoding.decode(cls, mergedeep.merge(loaded, values))
+    except draccus.utils.DecodingError as err:  # a value of the wrong type: "`epochs`: Couldn't parse 'x' into an int"
+        raise ValueError(f"{path}: {one_line(err)}") from None
+    except Exception as err:
+        # draccus reports "Couldn't instantiate class ..." and keeps our validation error as the cause: surface it.
+        cause, innermost = err, None
+        while cause is not None:
+            if isinstance(cause, ValueError):
+                innermost = cause
+            cause = cause.__cause__ or cause.__context__
+        if innermost is not None and innermost is not err:
+            raise ValueError(f"{path}: {innermost}") from None
+        raise
+
+
+def one_line(error) -> str:
+    """An error's message on one line: the lines of a multi-line one (draccus lists every type it tried, YAML points
+    at the column) joined by "; ", or by a space after a colon."""
+    text = ""
+    for line in filter(None, (line.strip() for line in str(error).splitlines())):
+        text += (" " if text.endswith(":") else "; ") + line if text else line
+    return text
+
+
+def finetune_hash(config: FinetuneConfig, pretrain_config_hash: str, *,
+                  population: Optional[list[int]] = None) -> str:
+    """Hash of what determines the fine-tuned parameters: the fine-tuning config without its paths, and the
+    pretraining's config hash (so the same file at another path, or the same run moved, hashes the same).
+
+    ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, as
+    a training run's hash does."""
+    relevant = dataclasses.replace(config, run_dir=None, wandb=False, pretrain=PretrainRef())
+    text = dump_config(relevant) + f"pretrain_config_hash: {pretrain_config_hash}\n"
+    if population is not None:
+        text += f"population: {[int(seed) for seed in population]}\n"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def adapt(model, config: FinetuneConfig, *, key):
+    """The pretrained model as it is fine-tuned: a DiffEqFormer discretised to ``config.steps`` Euler steps, then,
+    for LoRA, with Levanter's adapters on the linear maps that ``config.lora.target_modules`` selects."""
+    if config.steps is not None:
+        model = model.discretize(config.steps)
+    if config.method == "lora":
+        model = loraize(model, config.lora, key=key)
+    return model
+
+
+def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
+    """The pretraining's configuration (parsed from ``pretrain.config``) and its run directory (``pretrain.run_dir``,
+    else the configuration's own); neither is checked here (``runs.pretraining`` does)."""
+    pre = load_config(repository_path(config.pretrain.config))
+    return pre, Path(config.pretrain.run_dir) if config.pretrain.run_dir else run_dir_of(pre)
+
+
+def _tokenizer_of(data: DataConfig) -> str:
+    """Which tokenizer ``data.lm_dataset_config`` uses for a corpus."""
+    from .data.corpora import ONLINE_TOKENIZER
+
+    if data.dataset in ("wikitext103", "openwebtext"):
+        return ONLINE_TOKENIZER
+    if data.dataset == "shakespeare":
+        return f"shakespeare BPE with {data.vocab_size} tokens"
+    return data.dataset  # synthetic: its own word-level vocabulary
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def repository_path(path: str) -> Path:
+    """``path`` as given if it exists (relative to the working directory), else relative to the repository root."""
+    given = Path(path)
+    return given if given.is_absolute() or given.exists() else paths.REPO / given
+
+
+def config_class(path: str | Path) -> type:
+    """The config class of a YAML file: ``FinetuneConfig`` if it names a pretraining (``pretrain``), else
+    ``TrainConfig``."""
+    import yaml
+
+    path = Path(path)
+    loaded = yaml.safe_load(path.read_text()) if path.exists() else None
+    return FinetuneConfig if isinstance(loaded, dict) and "pretrain" in loaded else TrainConfig
+
+
+def config_field(config: Config, dotted: str) -> Any:
+    """``config.model.time_embed_dim`` for ``"model.time_embed_dim"``; ``AttributeError`` naming the field if the
+    configuration has no such field."""
+    node = config
+    for part in dotted.split("."):
+        if not hasattr(node, part):
+            raise AttributeError(f"{type(config).__name__} has no field {dotted!r} (no {part!r})")
+        node = getattr(node, part)
+    return node
