@@ -18,7 +18,7 @@ import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import config as configs
-from diffeqformer import paths, pipeline
+from diffeqformer import paths, pipeline, runs
 from diffeqformer.pipeline import PipelineError, Run
 from diffeqformer.report import book
 
@@ -554,6 +554,32 @@ def _fake_trainings(tmp_path, names_after):
     return out
 
 
+@pytest.mark.parametrize("prune", [False, True])
+def test_a_complete_runs_checkpoints_are_pruned_when_asked(tmp_path, monkeypatch, prune):
+    """With ``DIFFEQFORMER_PRUNE_CHECKPOINTS=1`` (a lent GPU machine's small disk) the checkpoints of a run the lanes
+    finished are deleted, its summary kept; without it they stay (resume, as on this machine)."""
+    from diffeqformer.pipeline import processes
+
+    class Checkpointing(_FakeWorker):
+        def do_one(self, spec):
+            run_dir = Path(spec["config"]).with_suffix("")
+            if not spec["prepare"]:
+                (run_dir / runs.CHECKPOINTS / "step-1").mkdir(parents=True)
+            super().do_one(spec)
+
+    monkeypatch.setattr(pipeline.lanes, "_Worker", Checkpointing)
+    if prune:
+        monkeypatch.setenv(processes.PRUNE_CHECKPOINTS, "1")
+    else:
+        monkeypatch.delenv(processes.PRUNE_CHECKPOINTS, raising=False)
+    Checkpointing.log, Checkpointing.fail = [], None
+    trainings = _fake_trainings(tmp_path, [("a", (), "a")])
+    progress = pipeline.Progress([(f"train {t.config}", 1.0) for t in trainings], io.StringIO())
+    pipeline.train_runs(trainings, progress, 0, tmp_path / "train.log", lanes=1)
+    assert runs.is_complete(tmp_path / "a", "h")
+    assert runs.has_checkpoints(tmp_path / "a") is not prune
+
+
 @pytest.mark.parametrize("lanes", [1, 2, 3])
 def test_training_lanes_respect_dependencies_and_prepare_each_dataset_once(tmp_path, monkeypatch, lanes):
     monkeypatch.setattr(pipeline.lanes, "_Worker", _FakeWorker)
@@ -627,6 +653,7 @@ def test_the_processes_of_a_pipeline_reuse_freed_memory(tmp_path, monkeypatch):
     assert processes.keep_heap("a=1", processes.ONE_ARENA) == ":".join(["a=1", *processes.ONE_ARENA])
     assert not any("arena" in t for t in processes.KEPT_HEAP)  # one arena slowed multi-threaded compilation
     monkeypatch.delenv("GLIBC_TUNABLES", raising=False)  # restored after the test
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_PREALLOCATE", raising=False)
 
     def stop(*args, **kwargs):
         raise PipelineError("stopped after setting up the environment")
@@ -635,6 +662,12 @@ def test_the_processes_of_a_pipeline_reuse_freed_memory(tmp_path, monkeypatch):
     with pytest.raises(PipelineError, match="stopped"):
         build.run("smoke")
     assert os.environ["GLIBC_TUNABLES"] == processes.keep_heap(None)
+    # and JAX in every process it starts allocates GPU memory as it needs it, so that lanes and kernels share a GPU
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "false"
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_PREALLOCATE", "true")  # the user's choice wins
+    with pytest.raises(PipelineError, match="stopped"):
+        build.run("smoke")
+    assert os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] == "true"
 
     class Started(Exception):
         pass

@@ -19,7 +19,7 @@ from .lanes import DEFAULT_SECONDS, TRAIN_LANES, Progress, load_state, runs_alon
 from .notebooks import check_figures, execute_notebook
 from .pages import generated_pages
 from .planning import PipelineError, Plan, cache_dir, html_dir, parse_overrides, plan, work_dir
-from .processes import keep_heap
+from .processes import keep_heap, share_device
 from .registry import presets
 from .sources import package_hash, sha
 
@@ -225,6 +225,7 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     t0 = time.time()
     # for every process started from here on: training workers, notebook kernels and theirs, the book's build
     os.environ["GLIBC_TUNABLES"] = keep_heap(os.environ.get("GLIBC_TUNABLES"))
+    share_device(os.environ)
     result = plan(preset, overrides, **plan_options)
     _remove_stale_staging()
     state = load_state()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -13,11 +14,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import config as configs
-from .. import finetune, paths, population, train, use_onednn
+from .. import finetune, paths, population, runs, train, use_onednn
 from ..runs import is_complete
 from .notebooks import stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
-from .processes import ONE_ARENA, exit_with_parent, keep_heap
+from .processes import ONE_ARENA, PRUNE_CHECKPOINTS, exit_with_parent, keep_heap
 
 DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
                    "cpu": {"train": 90, "notebook": 60, "book": 90},
@@ -371,6 +372,9 @@ class _Lanes:
             self.progress.end(self.index[id(t)], begun)
             # a population's time is shared by its members, as two lanes' time is by the runs side by side
             self.seconds[t.config] = took / len(unit)
+        if os.environ.get(PRUNE_CHECKPOINTS) == "1":
+            for t in unit:
+                shutil.rmtree(runs.checkpoints(t.run_dir), ignore_errors=True)
 
     def execute_notebook(self, i: int, job: NotebookJob) -> None:
         """Execute ``job`` (progress step ``i``) with ``execute``."""

@@ -33,6 +33,23 @@ processes that run on every core (notebook kernels, F9's measuring processes): t
 compilation slower, while on one core it makes no difference to compilation (both: measurements page)."""
 
 
+SHARED_DEVICE = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+"""JAX's settings for every process the pipeline starts: on a GPU, JAX takes 75% of the device's memory when a
+process starts, so a second training lane or a notebook's kernel beside a training would find none left; with
+these, each process allocates what it uses. The user's own settings win (``share_device``). A CPU ignores them."""
+
+PRUNE_CHECKPOINTS = "DIFFEQFORMER_PRUNE_CHECKPOINTS"
+"""Environment variable: ``1`` deletes a run's Levanter checkpoints once the run is complete (its ``model.eqx`` and
+``complete.json`` are what the notebooks read), so that a preset's runs fit a small disk (a lent GPU machine's
+64 GiB). An interrupted run keeps its checkpoints and resumes from them; a complete one is not trained again."""
+
+
+def share_device(env) -> None:
+    """Add ``SHARED_DEVICE`` to ``env`` (a mapping, e.g. ``os.environ``), keeping any value already set."""
+    for name, value in SHARED_DEVICE.items():
+        env.setdefault(name, value)
+
+
 def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> str:
     """``GLIBC_TUNABLES`` with ``settings`` added, keeping any setting of the same names already in ``tunables``."""
     items = [t for t in (tunables or "").split(":") if t]
