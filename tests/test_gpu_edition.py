@@ -380,3 +380,37 @@ def test_the_gpu_pages_stay_out_of_the_presets_notebook_check(home, tmp_path, co
     shutil.copy(paths.REPO / "_toc.yml", src / "_toc.yml")
     edition.stage(src, committed)
     assert toc_notebooks(src / "_toc.yml") == toc_notebooks()
+
+
+def _glue(name: str, text: str) -> dict:
+    """A ``glue`` output of an executed notebook, as ``report.figures.glue`` writes a string."""
+    return {"output_type": "display_data", "metadata": {"scrapbook": {"name": name, "mime_prefix": ""}},
+            "data": {"application/papermill.record/text/plain": repr(text), "text/plain": [repr(text)]}}
+
+
+def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by_side(home, tmp_path, committed):
+    """``pages.verdicts_markdown``: each headline claim (``pages.HEADLINES``) with the paper's side, the verdict
+    glued by this build's notebook, and the GPU edition's, or that there is none yet."""
+    from types import SimpleNamespace
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    nb = _executed("f8_beta2")
+    nb["cells"][-1].setdefault("outputs", []).append(_glue("f8_verdict", "Not reproduced at this scale."))
+    (cache / "notebook.ipynb").write_text(json.dumps(nb))
+    result = SimpleNamespace(preset="cpu", notebooks=[SimpleNamespace(name="f8_beta2", cache_dir=cache)])
+    page = pages.verdicts_markdown(result, tmp_path / "no-edition")
+    f8 = page.split("**F8**")[1].split("**F9**")[0]
+    assert "- the paper: beta2 = 0.95 helps DiffEqFormer and hurts GPT-2" in f8
+    assert "- `cpu` preset: Not reproduced at this scale;" in f8
+    assert f"- GPU edition: {pages.NO_GPU_VERDICT}." in f8
+    assert "- `cpu` preset: not computed by this preset;" in page.split("**F10**")[1]
+    assert "p < 0.05" in page  # the rule is stated
+
+    _installed(home, tmp_path, committed)  # an edition whose f8 glued its own verdict
+    gpu_nb = committed / "notebooks" / "f8_beta2.ipynb"
+    executed = json.loads(gpu_nb.read_text())
+    executed["cells"][-1].setdefault("outputs", []).append(_glue("f8_verdict", "Reproduced."))
+    gpu_nb.write_text(json.dumps(executed))
+    f8 = pages.verdicts_markdown(result, committed).split("**F8**")[1].split("**F9**")[0]
+    assert "- GPU edition: Reproduced." in f8 and "{doc}`GPU </gpu/f8_beta2>`" in f8

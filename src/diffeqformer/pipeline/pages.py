@@ -27,7 +27,64 @@ def generated_pages(result: Plan, state: dict) -> dict[str, str]:
     contents, the accelerator measurements, the GPU edition's first page, the API reference's module list. Only
     numbers that stay the same when nothing is re-run enter them, so a cached run rebuilds nothing."""
     return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
-            "api.md": api_markdown(), "gpu.md": gpu_markdown(), "gpu_edition.md": gpu_edition_markdown()}
+            "api.md": api_markdown(), "gpu.md": gpu_markdown(), "gpu_edition.md": gpu_edition_markdown(),
+            "verdicts.md": verdicts_markdown(result)}
+
+
+HEADLINES = (
+    ("F2", "f2_spectra", "f2_verdict", "the QK and OV eigenvalue magnitudes grow with t (Fig. 2a-b)"),
+    ("F3", "f3_trajectories", "f3_verdict_ode_trend", "with W(t) = t^p W(0) the tokens cluster less as p grows "
+     "(Fig. 2c-d, Fig. 13); here: the slope of the clustered fraction of token pairs over p, the paper's random "
+     "weights, accurate solve"),
+    ("F5", "f5_lyapunov", "f5_claim_agreement", "token-level Lyapunov exponents attribute a prediction to the "
+     "tokens it depends on, more soundly than attention maps (Fig. 3); here: the largest exponent against "
+     "attention, agreement with the synthetic language's known source token"),
+    ("F5", "f5_lyapunov", "f5_claim_induction", "as above, on the synthetic language's induction tokens"),
+    ("F6", "f6_perplexity", "f6_ours_sentence", "DiffEqFormer reaches a lower validation perplexity than GPT-2 "
+     "(Tables 1-2)"),
+    ("F6", "f6_perplexity", "f6_shared_sentence", "weight sharing is worst (Table 1)"),
+    ("F6", "f6_perplexity", "f6_overfit_sentence", "DiffEqFormer overfits less than GPT-2 (Fig. 4)"),
+    ("F6", "f6_perplexity", "f6_llama_sentence", "the DiffEqFormer variant of Llama beats Llama (Table 2, Fig. 8)"),
+    ("F7", "f7_finetuning", "f7_verdict", "under LoRA, the 18-step DiffEqFormer discretised to 9-24 steps "
+     "fine-tunes better than a 24-layer GPT-2; under full fine-tuning they are comparable (Fig. 5)"),
+    ("F8", "f8_beta2", "f8_verdict", "beta2 = 0.95 helps DiffEqFormer and hurts GPT-2 (Fig. 7, App. C.5)"),
+    ("F9", "f9_time_embedding", "f9_verdict", "perplexity improves with the time embedding's size d_t (Fig. 14)"),
+    ("F9", "f9_time_embedding", "f9_memory_verdict", "peak memory grows far less than the parameter count with "
+     "d_t (Fig. 16)"),
+    ("F10", "f10_hypernetwork", "f10_verdict", "the per-weight hypernetwork beats one MLP shared by every weight "
+     "(Fig. 18)"),
+    ("F11", "f11_downstream", "f11_verdicts", "DiffEqFormer gains on zero- and five-shot tasks, significantly on "
+     "Lambada (Tables 4-5)"),
+)
+"""The book's headline verdicts: (figure, notebook, glued name, the paper's claim as ``PAPER.md`` states it)."""
+
+NO_GPU_VERDICT = "no GPU edition yet"
+
+
+def verdicts_markdown(result: Plan, folder: Path | None = None) -> str:
+    """The book's headline verdicts (``HEADLINES``) side by side: the paper's claim, the verdict of this build's
+    preset (the notebooks just executed) and the GPU edition's (``edition.EDITION``, or ``NO_GPU_VERDICT``)."""
+    from ..report.book import glued
+
+    folder = Path(folder or edition.EDITION)
+    here = {job.name: glued(json.loads((job.cache_dir / "notebook.ipynb").read_text())) for job in result.notebooks}
+    gpu = None
+    if edition.load(folder) is not None:
+        gpu = {nb: glued(json.loads((folder / "notebooks" / f"{nb}.ipynb").read_text()))
+               for nb in edition.edition_notebooks(folder)}
+    from ..analysis.seeds import RULE
+
+    out = [f"Each headline claim of the paper, with the verdict of the `{result.preset}` preset this book was built "
+           f"with and that of the GPU edition (`gpu` preset). The rule: {RULE}.", ""]
+    for figure, notebook, name, claim in HEADLINES:
+        ours = here.get(notebook, {}).get(name, "not computed by this preset").rstrip(".")
+        theirs = NO_GPU_VERDICT if gpu is None else gpu.get(notebook, {}).get(name, "not in the GPU edition")
+        theirs = theirs.rstrip(".")
+        pages = f"{{doc}}`/notebooks/{notebook}`" + (f", {{doc}}`GPU <"
+                                                     f"/{edition.STAGED}/{notebook}>`" if gpu and notebook in gpu else "")
+        out += [f"**{figure}** ({pages})", "",
+                f"- the paper: {claim};", f"- `{result.preset}` preset: {ours};", f"- GPU edition: {theirs}.", ""]
+    return "\n".join(out)
 
 
 NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no

@@ -119,6 +119,27 @@ def reader_view(nb: dict) -> dict:
     return nb
 
 
+def glued(nb: dict) -> dict[str, str]:
+    """The values an executed notebook glued (MyST-NB's ``glue``, ``report.figures.glue``) as the book's text shows
+    them, by name: a string without its quotes, a number as written; images and tables are left out."""
+    import ast
+
+    out = {}
+    for cell in nb["cells"]:
+        for output in cell.get("outputs", []):
+            name = output.get("metadata", {}).get("scrapbook", {}).get("name")
+            data = output.get("data", {})
+            text = data.get("application/papermill.record/text/plain")
+            if name is None or text is None or "image/png" in data or "text/html" in data:
+                continue
+            try:
+                value = ast.literal_eval(text)
+            except (ValueError, SyntaxError):
+                value = text
+            out[name] = value if isinstance(value, str) else str(value)
+    return out
+
+
 def write_reader_view(executed: Path, dest: Path) -> None:
     """``reader_view`` of the executed notebook at ``executed``, written to ``dest``."""
     nb = reader_view(json.loads(Path(executed).read_text()))
