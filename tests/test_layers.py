@@ -67,6 +67,20 @@ def test_imports_point_down_the_layers():
     assert wrong == []
 
 
+def test_configs_and_runs_sit_below_the_trainers():
+    """Issue 40's layering: ``config`` (the typed configurations) below ``runs`` (the run directory and its
+    lifecycle), both below every trainer; no trainer is imported by them, and whatever reads a finished run (analyses,
+    notebooks' report layer, the pipeline's pages) does so through ``runs`` without importing a trainer for it."""
+    layer = {m: i for i, names in enumerate(LAYERS) for m in names}
+    assert layer["config"] < layer["runs"] < min(layer["train"], layer["finetune"], layer["population"])
+    graph = _graph()
+    assert graph["config"].isdisjoint({"runs", "train", "finetune", "population"})
+    assert graph["runs"].isdisjoint({"train", "finetune", "population"})
+    readers = [m for m in graph if m.startswith(("report", "analysis.spectra", "analysis.perplexity",
+                                                  "analysis.downstream", "pipeline.pages", "pipeline.edition"))]
+    assert readers and all(graph[m].isdisjoint({"finetune", "population"}) for m in readers)
+
+
 def test_no_import_cycle():
     graph = _graph()
     state: dict[str, int] = {}
