@@ -4,6 +4,7 @@ The H100/H200 machines this project borrows (the device tool) run Python 3.12 wi
 no network: every other package a training imports must travel with the working tree, at most 64 MiB a call.
 
     python benchmarks/gpu/bundle.py plan        # what training imports, what the machine lacks, wheel sizes
+    python benchmarks/gpu/bundle.py plan --for pipeline   # the same for every process of the pipeline
     python benchmarks/gpu/bundle.py download    # those wheels (requirements.lock's versions) into .gpu/part-K/
     python benchmarks/gpu/bundle.py verify DIR  # on the machine: installed versions against the bundle's needs
     python benchmarks/gpu/bundle.py present     # what training imports that the machine has (for simulate.sh)
@@ -12,6 +13,14 @@ no network: every other package a training imports must travel with the working 
 the modules the GPU benchmarks use are imported), and every distribution that owns a file of an imported module is
 needed; the ones ``lent-machine-packages.txt`` names are already there. ``download`` writes the parts with a
 ``manifest.json`` (every wheel of every part) in each, which ``benchmarks/gpu/run.sh`` reads on the machine.
+
+``--for pipeline`` bundles what the whole pipeline imports: every Python process of a smoke pipeline (no book) and
+of its ``edition pack``, in a fresh ``DIFFEQFORMER_HOME`` (``pipeline_distributions``: a ``sitecustomize`` on their
+path records each process's modules; training workers, Papermill children and their notebook kernels inherit it),
+kept in ``.gpu/probe-pipeline.json`` while requirements.lock and the code are those it ran with. ``plan --for
+pipeline`` says which kinds of process import each wheel, and what only writing the corpus and its token caches
+needs. With every target, what is imported but never used is left out: ``LEFT_OUT`` (optional imports) and
+``STUBS`` (imported at a module's top, never called; a small wheel of stand-in modules takes their place).
 
 ``--for measure`` bundles what ``benchmarks/gpu/measure.py`` imports instead (the models and a training step, not
 Levanter's data stack): one part, which one device call installs and measures with. The measurements of
@@ -23,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -98,12 +108,209 @@ def locked_versions(path: Path = LOCK) -> dict[str, tuple[str, str]]:
     return locked
 
 
-PROBES = {"train": TRAIN_PROBE, "measure": MEASURE_PROBE}
+SITECUSTOMIZE = r"""
+# The pipeline probe's (benchmarks/gpu/bundle.py): every Python process started with this folder on PYTHONPATH
+# writes the files of the modules it has loaded, with its command line first, to DIFFEQFORMER_PROBE_OUT: every
+# two seconds and at exit (a process ended by a signal or os._exit still leaves its last list).
+import atexit, os, sys, threading, time
+
+_path = os.path.join(os.environ["DIFFEQFORMER_PROBE_OUT"], f"modules-{os.getpid()}-{time.time_ns()}.txt")
 
 
-def imported_distributions(target: str = "train") -> list[str]:
+def _dump():
+    try:
+        files = set()
+        for module in list(sys.modules.values()):
+            f = getattr(module, "__file__", None)
+            if isinstance(f, str):
+                files.add(f)
+        tmp = _path + ".tmp"
+        with open(tmp, "w") as fh:
+            fh.write(" ".join(sys.orig_argv) + "\n" + "\n".join(sorted(files)) + "\n")
+        os.replace(tmp, _path)
+    except Exception:
+        pass
+
+
+def _every(seconds=2.0):
+    while True:
+        time.sleep(seconds)
+        _dump()
+
+
+threading.Thread(target=_every, daemon=True, name="bundle-probe").start()
+atexit.register(_dump)
+"""
+"""What the ``pipeline`` probe puts on every process's path (as ``sitecustomize``): each process of the pipeline,
+its training workers, Papermill children, their notebook kernels and the processes those start, inherit
+PYTHONPATH."""
+PIPELINE_PROBE = ["--preset", "smoke", "--no-book"]
+"""The ``pipeline`` probe: the smoke preset's whole pipeline but its book (every training module, every notebook
+executed through Papermill in its own kernel), in a fresh DIFFEQFORMER_HOME (its corpus prepared, its tokenizer and
+token caches written, as on a lent machine), then ``edition pack`` of what it made."""
+CACHES_READY = "training, caches ready"
+"""The process kind of the probe's last training: the smoke model once more in the same home, after the pipeline,
+its corpus, tokenizer and token caches written already. A distribution the pipeline's training workers import and
+this one does not is needed only to write those (the data preparation and Levanter's cache writer)."""
+PROBES = {"train": TRAIN_PROBE, "measure": MEASURE_PROBE, "pipeline": PIPELINE_PROBE}
+LEFT_OUT = {
+    "debugpy": "ipykernel's debugger, imported if it is there (try/except ImportError); no notebook is debugged",
+    "gcsfs": "Papermill's handler of gs:// paths, imported if it is there; the pipeline's paths are local",
+    "google-auth-oauthlib": "gcsfs's", "requests-oauthlib": "google-auth-oauthlib's", "oauthlib": "theirs",
+}
+"""Distributions the probes see imported that the bundle leaves out: every import of them is optional (guarded by
+``except ImportError``), and what they add is never used by a training or a notebook."""
+STUBS = {
+    "polars": ("polars", "deepdiff imports it if it is there; zephyr's shuffle and Parquet scanning import it at "
+                         "the top and name its types in annotations, but Levanter's token caches never shuffle or "
+                         "scan Parquet with zephyr"),
+    "polars-runtime-32": (None, "polars's compiled half, 51 MiB"),
+    "vortex-data": ("vortex", "zephyr's readers and writers import it at the top and call it only in their .vortex "
+                              "functions, which Levanter's token caches never call"),
+    "wandb": ("wandb", "levanter.tracker imports its W&B tracker at the top, which imports wandb and names a type of "
+                       "it; the presets log to metrics.jsonl only (config.wandb off; the lent machine has no network)"),
+}
+"""Distributions imported at the top of a module the pipeline loads but never used by it: each is left out and a
+stand-in module of the same name (``STUB``) takes its place, in one small wheel (``stub_wheel``) that travels with
+the bundle. Using a stand-in raises ``RuntimeError`` naming what was left out; their sizes are most of what a
+training's bundle weighs (polars and polars-runtime-32 52 MiB, vortex-data 42 MiB, wandb 19 MiB)."""
+STUB = r'''"""A stand-in for {dist}, left out of the wheels carried to a lent GPU machine (benchmarks/gpu/bundle.py,
+STUBS: {why}). Importing it works; a name of it is a placeholder class (annotations, isinstance), and using one raises
+RuntimeError."""
+
+
+class _Names(type):
+    def __getattr__(cls, name):  # wandb.sdk.wandb_run.Run: a placeholder too
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _placeholder(f"{{cls.__qualname__}}.{{name}}")
+
+
+class _LeftOut(metaclass=_Names):
+    def __init__(self, *args, **kwargs):
+        raise RuntimeError(f"{{type(self).__qualname__}}: {dist} is left out of the bundle on this machine "
+                           "(benchmarks/gpu/bundle.py, STUBS)")
+
+
+_names = {{}}
+
+
+def _placeholder(name):
+    if name not in _names:
+        _names[name] = _Names(name.rsplit(".", 1)[-1], (_LeftOut,), {{"__module__": __name__, "__qualname__": name}})
+    return _names[name]
+
+
+def __getattr__(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return _placeholder(name)
+'''
+"""The stand-in module of a distribution of ``STUBS``."""
+STUB_WHEEL = "diffeqformer_left_out-0-py3-none-any.whl"
+PROBE_RECORD = OUT / "probe-pipeline.json"
+"""The ``pipeline`` probe's last result (many minutes of CPU), reused while requirements.lock and the code are those
+it ran with (``--reprobe`` runs it again)."""
+
+
+def process_kind(command: str) -> str:
+    """What a process of the pipeline probe was, from its command line."""
+    for marker, kind in (("--train-worker", "training"), ("diffeqformer.train", CACHES_READY),
+                         ("diffeqformer.pipeline.processes", "papermill"),
+                         ("ipykernel", "kernel"), ("diffeqformer.pipeline.edition", "pack"),
+                         ("diffeqformer.pipeline", "pipeline")):
+        if marker in command:
+            return kind
+    return "other: " + " ".join(command.split()[1:4])
+
+
+def owners() -> dict[str, str]:
+    """The real path of every file of every installed distribution -> that distribution's name."""
+    import importlib.metadata as md
+
+    owner = {}
+    for dist in md.distributions():
+        for f in dist.files or []:
+            owner[os.path.realpath(dist.locate_file(f))] = dist.metadata["Name"]
+    return owner
+
+
+def pipeline_distributions(keep: Path | None = None) -> dict[str, list[str]]:
+    """The ``pipeline`` probe: distribution -> the kinds of process (``process_kind``) that imported a module of it,
+    over every Python process of a smoke pipeline and its pack (``PIPELINE_PROBE``), run in a fresh home in a
+    temporary folder (or ``keep``, left there)."""
+    with tempfile.TemporaryDirectory(prefix="diffeqformer-probe-") as tmp:
+        root = keep or Path(tmp)
+        home, site, out = root / "home", root / "site", root / "modules"
+        for folder in (home / "data", site, out):
+            folder.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(REPO / "data" / "raw", home / "data" / "raw", dirs_exist_ok=True)
+        (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
+        env = {**os.environ, "DIFFEQFORMER_HOME": str(home), "DIFFEQFORMER_PROBE_OUT": str(out),
+               "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        log = root / "pipeline.log"
+        with log.open("w") as fh:
+            for args in (["diffeqformer.pipeline", *PIPELINE_PROBE],
+                         ["diffeqformer.pipeline.edition", "pack", "--preset", PIPELINE_PROBE[1], "--out",
+                          str(root / "edition")],
+                         ["diffeqformer.train", "--config", str(REPO / "config" / "smoke" / "diffeqformer.yaml"),
+                          "--run_dir", str(home / "runs" / "probe-caches-ready")]):
+                rc = subprocess.run([sys.executable, "-m", *args], env=env, cwd=REPO, stdout=fh, stderr=fh).returncode
+                if rc != 0:
+                    tail = "\n".join(log.read_text().splitlines()[-40:])
+                    raise SystemExit(f"the probe's {' '.join(args[:2])} failed (exit {rc}); the end of its log:\n{tail}")
+        return kinds_of(out)
+
+
+def kinds_of(records: Path) -> dict[str, list[str]]:
+    """Distribution -> the kinds of process whose record in ``records`` (``SITECUSTOMIZE``'s) names a file of it."""
+    owner, kinds = owners(), {}
+    for record in sorted(records.glob("modules-*.txt")):
+        command, *files = record.read_text().splitlines()
+        for f in files:
+            dist = owner.get(os.path.realpath(f))
+            if dist:
+                kinds.setdefault(dist, set()).add(process_kind(command))
+    return {dist: sorted(k) for dist, k in sorted(kinds.items())}
+
+
+def probe_key() -> str:
+    """What the ``pipeline`` probe's result depends on: requirements.lock, the package, notebooks and configs."""
+    import hashlib
+
+    digest = hashlib.sha256(LOCK.read_bytes())
+    for folder in ("src/diffeqformer", "notebooks", "config"):
+        for f in sorted((REPO / folder).rglob("*")):
+            if f.suffix in (".py", ".ipynb", ".yaml") and f.is_file():
+                digest.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
+    return digest.hexdigest()
+
+
+def pipeline_kinds(reprobe: bool = False) -> dict[str, list[str]]:
+    """``pipeline_distributions``, from ``PROBE_RECORD`` where it was made with this ``probe_key``."""
+    key = probe_key()
+    if not reprobe and PROBE_RECORD.exists():
+        record = json.loads(PROBE_RECORD.read_text())
+        if record.get("key") == key:
+            return record["distributions"]
+    print("probing a smoke pipeline (every process it starts, many minutes) ...", file=sys.stderr, flush=True)
+    kinds = pipeline_distributions()
+    PROBE_RECORD.parent.mkdir(parents=True, exist_ok=True)
+    PROBE_RECORD.write_text(json.dumps({"key": key, "distributions": kinds}, indent=1) + "\n")
+    return kinds
+
+
+def cache_writer_only(kinds: dict[str, list[str]]) -> list[str]:
+    """The distributions only the pipeline's training workers import, and a training does not once the corpus and
+    its caches are written: what writing those needs, and nothing else."""
+    return sorted(d for d, k in kinds.items() if set(k) == {"training"})
+
+
+def imported_distributions(target: str = "train", reprobe: bool = False) -> list[str]:
     """The distributions that own a module the ``target`` probe (``PROBES``) loads, measured in a child process of
-    this Python."""
+    this Python (``pipeline``: in every process of a smoke pipeline, ``pipeline_kinds``)."""
+    if target == "pipeline":
+        return list(pipeline_kinds(reprobe))
     probe = PROBES[target] + OWNERS
     out = subprocess.run([sys.executable, "-c", probe, str(REPO)], capture_output=True, text=True, cwd=REPO)
     lines = [line for line in out.stdout.splitlines() if line.startswith("@dists ")]
@@ -112,24 +319,55 @@ def imported_distributions(target: str = "train") -> list[str]:
     return json.loads(lines[-1].removeprefix("@dists "))
 
 
-def missing_requirements(also: list[str] = (), target: str = "train") -> list[str]:
+def missing_requirements(also: list[str] = (), target: str = "train", reprobe: bool = False) -> list[str]:
     """``name==version`` (requirements.lock's) of every imported distribution the lent machine does not have, and
     of ``also`` (packages it has at a version that does not do, as ``verify`` found there)."""
     lent, locked = lent_packages(), locked_versions()
-    wanted = [normalise(d) for d in imported_distributions(target) if normalise(d) != "diffeqformer"]
-    absent = sorted({d for d in wanted if d not in lent} | {normalise(a) for a in also})
+    wanted = [normalise(d) for d in imported_distributions(target, reprobe) if normalise(d) != "diffeqformer"]
+    absent = sorted({d for d in wanted if d not in lent and d not in LEFT_OUT and d not in STUBS}
+                    | {normalise(a) for a in also})
     unlocked = [d for d in absent if d not in locked]
     if unlocked:
         raise SystemExit(f"not in requirements.lock: {', '.join(unlocked)}; regenerate the lock first")
     return [f"{locked[d][0]}=={locked[d][1]}" for d in absent]
 
 
-def present_requirements(target: str = "train") -> list[str]:
+def present_requirements(target: str = "train", reprobe: bool = False) -> list[str]:
     """``name==version`` of every imported distribution the lent machine has: the version seen there where one was
     recorded, else requirements.lock's (a guess). ``simulate.sh`` builds a stand-in of the machine from these."""
     lent, locked = lent_packages(), locked_versions()
-    wanted = sorted({normalise(d) for d in imported_distributions(target)} & set(lent))
+    wanted = sorted({normalise(d) for d in imported_distributions(target, reprobe)} & set(lent))
     return [f"{locked[d][0]}=={lent[d] or locked[d][1]}" for d in wanted]
+
+
+def stubbed(target: str = "train", reprobe: bool = False) -> list[str]:
+    """The distributions of ``STUBS`` that the ``target`` probe saw imported and the lent machine lacks."""
+    lent = lent_packages()
+    wanted = {normalise(d) for d in imported_distributions(target, reprobe)}
+    return sorted(d for d in STUBS if d in wanted and d not in lent)
+
+
+def stub_wheel(dists: list[str], dest: Path) -> Path:
+    """One wheel (``STUB_WHEEL``) of the stand-in modules of ``dists`` (``STUBS``), written into ``dest``."""
+    import base64
+    import hashlib
+    import zipfile
+
+    info = "diffeqformer_left_out-0.dist-info"
+    files = {f"{STUBS[d][0]}/__init__.py": STUB.format(dist=d, why=STUBS[d][1]) for d in dists if STUBS[d][0]}
+    files[f"{info}/METADATA"] = ("Metadata-Version: 2.1\nName: diffeqformer-left-out\nVersion: 0\nSummary: stand-ins "
+                                 f"for {', '.join(dists)} (benchmarks/gpu/bundle.py, STUBS)\n")
+    files[f"{info}/WHEEL"] = "Wheel-Version: 1.0\nGenerator: bundle.py\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+    record = []
+    for name, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{name},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join(record + [f"{info}/RECORD,,"]) + "\n"
+    wheel = dest / STUB_WHEEL
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
 
 
 def download(requirements: list[str], dest: Path) -> list[Path]:
@@ -207,6 +445,25 @@ def verify(site: Path) -> list[str]:
     return outside
 
 
+def print_importers(wheels: list[Path]) -> None:
+    """``plan --for pipeline``: each bundled wheel's size under the kinds of process that import it, and what only
+    writing the corpus and its caches needs (``cache_writer_only``)."""
+    kinds = {normalise(d): k for d, k in pipeline_kinds().items()}
+    groups: dict[str, list[Path]] = {}
+    for w in wheels:
+        groups.setdefault(", ".join(kinds.get(normalise(w.name.split("-")[0]), ["--also"])), []).append(w)
+    print("imported by (kinds of process of the smoke pipeline):")
+    for group, members in sorted(groups.items(), key=lambda g: -sum(w.stat().st_size for w in g[1])):
+        size = sum(w.stat().st_size for w in members) / 2**20
+        print(f"  {group}: {len(members)} wheels, {size:.1f} MiB: "
+              + ", ".join(w.name.split("-")[0] for w in sorted(members, key=lambda w: -w.stat().st_size)))
+    only = {normalise(d) for d in cache_writer_only(pipeline_kinds())}
+    writer = [w for w in wheels if normalise(w.name.split("-")[0]) in only]
+    size = sum(w.stat().st_size for w in writer) / 2**20
+    print(f"needed only to write the corpus and its token caches: {len(writer)} wheels, {size:.1f} MiB"
+          + (": " + ", ".join(w.name.split("-")[0] for w in writer) if writer else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=("plan", "download", "verify", "present"))
@@ -214,7 +471,10 @@ def main() -> None:
     parser.add_argument("--also", nargs="+", default=[], metavar="NAME",
                         help="also carry these packages the machine has at a version that does not do")
     parser.add_argument("--for", dest="target", choices=sorted(PROBES), default="train",
-                        help="what the bundle is for: a training (default) or benchmarks/gpu/measure.py alone")
+                        help="what the bundle is for: a training (default), benchmarks/gpu/measure.py alone, or "
+                             "the whole pipeline (every process of a smoke pipeline: trainings, Papermill, kernels)")
+    parser.add_argument("--reprobe", action="store_true",
+                        help="--for pipeline: probe again even if the last probe's record is of this code")
     args = parser.parse_args()
     if args.command == "verify":
         if args.site is None:
@@ -227,11 +487,18 @@ def main() -> None:
             "`bundle.py download --also NAME`" if outside else ""))
         return
     if args.command == "present":
-        print("\n".join(present_requirements(args.target)))
+        print("\n".join(present_requirements(args.target, args.reprobe)))
         return
-    requirements = missing_requirements(args.also, args.target)
+    requirements = missing_requirements(args.also, args.target, args.reprobe)
     with tempfile.TemporaryDirectory() as tmp:
         wheels = download(requirements, Path(tmp))
+        stubs = stubbed(args.target)
+        if stubs:
+            wheels.append(stub_wheel(stubs, Path(tmp)))
+            print(f"left out, a stand-in module in {STUB_WHEEL} in their place: {', '.join(stubs)}")
+        left = sorted(d for d in LEFT_OUT if d in {normalise(i) for i in imported_distributions(args.target)})
+        if left:
+            print(f"left out, imported only if there: {', '.join(left)}")
         total = sum(w.stat().st_size for w in wheels) / 2**20
         parts = split(wheels)
         print(f"{len(wheels)} wheels the lent machine lacks, {total:.1f} MiB in {len(parts)} parts:")
@@ -239,6 +506,8 @@ def main() -> None:
             size = sum(w.stat().st_size for w in part) / 2**20
             names = ", ".join(f"{w.name.split('-')[0]} ({w.stat().st_size / 2**20:.1f})" for w in part[:4])
             print(f"  part-{k}: {len(part)} wheels, {size:.1f} MiB: {names}{', ...' if len(part) > 4 else ''}")
+        if args.target == "pipeline":
+            print_importers(wheels)
         if args.command == "download":
             write_parts(parts)
             print(f"written to {OUT.relative_to(REPO)}/part-1 ... part-{len(parts)}")
