@@ -106,12 +106,26 @@ def test_every_script_and_file_they_name_exists():
             assert re.search(rf"^{re.escape(target)}:", makefile, re.M), f"no make target {target!r}"
 
 
+def _run_sh_preset() -> str:
+    """The preset run.sh's pipeline step runs by default (``DIFFEQFORMER_PRESET:-gpu``)."""
+    found = re.findall(r"\$\{DIFFEQFORMER_PRESET:-(\w+)\}", (GPU / "run.sh").read_text())
+    assert len(found) == 1, found
+    return found[0]
+
+
 def test_the_pipeline_and_data_commands_take_the_flags_the_scripts_give():
     calls = _calls("-m diffeqformer.pipeline")
-    assert calls, "the Colab simulation runs the pipeline"
+    assert len(calls) >= 2, "the Colab simulation and run.sh's pipeline step run the pipeline"
+    values = {"$preset": _run_sh_preset()}
     for call in calls:
+        call = [values.get(w, w) for w in call]
         _check_flags(call, paths.REPO / "src" / "diffeqformer" / "pipeline" / "build.py")
         assert call[call.index("--preset") + 1] in pipeline.PRESETS, call
+    calls = _calls("-m diffeqformer.pipeline.edition")
+    assert calls, "run.sh's pipeline step packs the edition"
+    for call in calls:
+        _check_flags(call, paths.REPO / "src" / "diffeqformer" / "pipeline" / "edition.py")
+        assert call[0] == "pack", call
     calls = _calls("-m diffeqformer.data")
     assert calls, "prepare.sh prepares the corpus"
     for call in calls:
@@ -128,7 +142,7 @@ def test_the_gpu_benchmark_scripts_take_the_commands_and_flags_the_scripts_give(
         for call in calls:
             _check_flags(call, GPU / name)
     steps = set(re.findall(r"^\s+(\w+)\) ", (GPU / "run.sh").read_text(), re.M))
-    assert steps == {"stage", "install", "train", "measure"}, steps
+    assert steps == {"stage", "install", "train", "measure", "pipeline"}, steps
     for call in _calls("benchmarks/gpu/run.sh") + _calls("benchmarks/gpu/run.sh", comments=True):
         named = []
         for word in call:
@@ -138,6 +152,24 @@ def test_the_gpu_benchmark_scripts_take_the_commands_and_flags_the_scripts_give(
         assert named, f"run.sh has no step {call[:1]} (a script or its header runs it)"
         if "measure" in named:  # the rest are measure.py's arguments
             _check_flags(call[len(named):], GPU / "measure.py")
+        if "pipeline" in named:  # the rest are the pipeline's
+            _check_flags(call[len(named):], paths.REPO / "src" / "diffeqformer" / "pipeline" / "build.py")
+
+
+def test_run_sh_runs_the_gpu_pipeline_without_its_book_and_packs_its_edition():
+    """run.sh's pipeline step: the gpu preset (the preset ``edition import`` accepts), ``--no-book`` (the book is
+    built here from the imported edition), then ``edition pack`` into ``$OUT`` (what comes back from the machine);
+    the simulation runs the same step on the CPU."""
+    from diffeqformer.pipeline import edition
+
+    assert _run_sh_preset() == edition.PRESET
+    [run] = [c for c in _calls("-m diffeqformer.pipeline") if "$preset" in c]
+    assert "--no-book" in run, run
+    [pack] = _calls("-m diffeqformer.pipeline.edition")
+    assert pack[pack.index("--preset") + 1] == "$preset" and "--out" in pack, pack
+    assert "${OUT:-" in (GPU / "run.sh").read_text()
+    simulated = [c for c in _calls("benchmarks/gpu/run.sh") if "pipeline" in c]
+    assert len(simulated) == 1 and simulated[0][:3] == ["stage", "install", "pipeline"], simulated
 
 
 def _train_call() -> tuple[str, list[str]]:

@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
 # On a lent GPU machine (the device tool): stage the wheels that benchmarks/gpu/prepare.sh cut into parts, install
-# them offline on top of the machine's own JAX, and train the model there.
+# them offline on top of the machine's own JAX, then train there, or run the whole gpu pipeline and pack its edition.
 #
-# The parts travel one device call each (64 MiB a call), named in that call's carry; the staged wheels stay in
-# /tmp while the machine stays warm (30 s after a call), so the calls follow one another at once:
+# The gpu pipeline, in one device call: `bash benchmarks/gpu/prepare.sh --for pipeline` here cuts the one part of
+# 55 MiB the pipeline needs (every process of it: trainings, Papermill, notebook kernels, the pack; bundle.py's
+# probe), which travels with the offline corpus (data/raw, 5 MiB) and the working tree within the call's 64 MiB:
 #
-#   carry [".gpu/part-1"]:                  bash benchmarks/gpu/run.sh stage
-#   carry [".gpu/part-2"]:                  bash benchmarks/gpu/run.sh stage
-#   carry [".gpu/part-3", "data/raw"]:      bash benchmarks/gpu/run.sh stage install train
+#   carry [".gpu/part-1", "data/raw"]:  DIFFEQFORMER_COMMIT=<git rev-parse HEAD here>
+#     bash benchmarks/gpu/run.sh stage install pipeline
 #
-# Later calls on the same warm machine run `bash benchmarks/gpu/run.sh install train [overrides]` (install is quick
-# once done: it only checks). `install` refuses to go on while a part is missing (the machine went back between
-# calls) and names it. `train` runs a short GPU training of config/gpu/diffeqformer.yaml on the offline corpus
-# (data/raw must travel: the machine cannot download it), and further arguments override that config.
-# The gpu preset's whole pipeline, and the pack of what the book's GPU edition needs (at most 8 files of 16 MiB, no
-# weights), follow `stage install` in the same call; the machine's copy of the working tree has no git, so the
-# commit of the code is named (`git rev-parse HEAD` here). Back here, `python -m diffeqformer.pipeline.edition import
-# <the edition folder that came back>` checks the pack and installs it into book/gpu/ (book/reproducing.md):
+# `pipeline` runs `python -m diffeqformer.pipeline --preset gpu --no-book` (the book is built here, from the imported
+# edition; further arguments go to the pipeline), then `python -m diffeqformer.pipeline.edition pack --out
+# $OUT/edition` (at most 8 files of 16 MiB, no weights). The machine's copy of the working tree has no git, so the
+# commit of the code is named. Interrupted, the same call again (or `install pipeline` while the machine is warm)
+# resumes: the pipeline keeps what finished. Back here, `python -m diffeqformer.pipeline.edition import <the
+# edition folder that came back>` checks the pack and installs it into book/gpu/ (book/reproducing.md).
 #
-#   carry [".gpu/part-3", "data/raw"]:  bash benchmarks/gpu/run.sh stage install &&
-#     export PYTHONPATH=/tmp/diffeqformer-site:$PWD/src DIFFEQFORMER_COMMIT=<sha> &&
-#     python3 -m diffeqformer.pipeline --preset gpu --no-book &&
-#     python3 -m diffeqformer.pipeline.edition pack --out $OUT/edition
+# A training alone (the bundle of `prepare.sh`, Levanter's trainer: one part too since bundle.py leaves out polars,
+# vortex-data and wandb) trains config/gpu/diffeqformer.yaml a few steps on the offline corpus; further arguments
+# override that config:
 #
-# With DIFFEQFORMER_GPU_CHECK=cpu everything but the device check runs on a CPU (benchmarks/gpu/simulate.sh).
+#   carry [".gpu/part-1", "data/raw"]:  bash benchmarks/gpu/run.sh stage install train
+#
+# Parts travel one device call each, named in that call's carry; the staged wheels stay in /tmp while the machine
+# stays warm (30 s after a call), so a bundle of several parts takes `stage` calls one after another at once and
+# `stage install ...` with the last. `install` refuses to go on while a part is missing (the machine went back
+# between calls) and names it; once done it only checks. With DIFFEQFORMER_GPU_CHECK=cpu everything but the device
+# check runs on a CPU (benchmarks/gpu/simulate.sh).
 #
 # The step-time measurements (benchmarks/gpu/measure.py) need only the one part of
 # `python benchmarks/gpu/bundle.py download --for measure --also chex diffrax equinox jaxtyping lineax optax
@@ -96,13 +99,32 @@ measure() {
   PYTHONUNBUFFERED=1 "$PYTHON" benchmarks/gpu/measure.py "$@"
 }
 
-[ $# -gt 0 ] || { sed -n '2,32p' "$0"; exit 1; }
+pipeline() {
+  local preset=${DIFFEQFORMER_PRESET:-gpu}
+  local edition=${DIFFEQFORMER_EDITION:-${OUT:-/tmp/diffeqformer-out}/edition}
+  if [ "${DIFFEQFORMER_GPU_CHECK:-}" != cpu ]; then
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+  fi
+  if [ -z "${DIFFEQFORMER_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
+    echo "warning: no DIFFEQFORMER_COMMIT and no git here: the edition's commit will read 'unknown'" >&2
+  fi
+  # finished runs' checkpoints deleted (the machine's 64 GiB of disk; an interrupted run keeps its own and resumes)
+  export DIFFEQFORMER_PRUNE_CHECKPOINTS=${DIFFEQFORMER_PRUNE_CHECKPOINTS:-1}
+  start=$(date +%s)
+  "$PYTHON" -m diffeqformer.pipeline --preset "$preset" --no-book "$@"
+  echo "pipeline --preset $preset (no book) in $(( $(date +%s) - start )) s"
+  "$PYTHON" -m diffeqformer.pipeline.edition pack --preset "$preset" --out "$edition"
+  ls -l "$edition"
+}
+
+[ $# -gt 0 ] || { sed -n '2,35p' "$0"; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
     stage) stage; shift ;;
     install) install; shift ;;
     train) shift; train "$@"; break ;;
     measure) shift; measure "$@"; break ;;
-    *) echo "error: unknown step '$1' (stage, install, train, measure)" >&2; exit 1 ;;
+    pipeline) shift; pipeline "$@"; break ;;
+    *) echo "error: unknown step '$1' (stage, install, train, measure, pipeline)" >&2; exit 1 ;;
   esac
 done

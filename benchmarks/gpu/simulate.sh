@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
 # Check benchmarks/gpu/prepare.sh and run.sh without a GPU, the way the device tool would run them: a fresh Python
 # 3.12 venv stands in for the lent machine, holding only packages it has (those of lent-machine-packages.txt that
-# training imports; CPU jaxlib in place of its CUDA one), and each call gets a copy of the working tree as the tool
-# sends it (tracked and untracked-not-ignored files) plus that call's carry. The last call installs the bundle
-# offline (--no-index --no-deps) and trains a few steps on the CPU. Run prepare.sh first.
+# the bundle's probe saw imported; CPU jaxlib in place of its CUDA one), and each call gets a copy of the working
+# tree as the tool sends it (tracked and untracked-not-ignored files) plus that call's carry. The last call installs
+# the bundle offline (--no-index --no-deps) and trains a few steps on the CPU. Run prepare.sh first.
+#
+#   bash benchmarks/gpu/simulate.sh [TRAIN OVERRIDES]   # the training bundle (prepare.sh): stage install train
+#   bash benchmarks/gpu/simulate.sh pipeline [ARGS]     # the pipeline bundle (prepare.sh --for pipeline): stage
+#       install pipeline, the smoke preset's pipeline (no book) and its edition pack on the CPU; ARGS go to the
+#       pipeline (DIFFEQFORMER_PRESET picks another preset)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIM=${DIFFEQFORMER_SIM:-/tmp/diffeqformer-lent-sim}
+target=train
+if [ "${1:-}" = pipeline ]; then
+  target=pipeline
+  shift
+fi
 [ -d .gpu ] || { echo "error: no .gpu/: run benchmarks/gpu/prepare.sh first" >&2; exit 1; }
 rm -rf "$SIM" && mkdir -p "$SIM"
 "$(.venv/bin/python -c 'import sys; print(sys._base_executable)')" -m venv "$SIM/venv"
-.venv/bin/python benchmarks/gpu/bundle.py present > "$SIM/present.txt"
+.venv/bin/python benchmarks/gpu/bundle.py present --for "$target" > "$SIM/present.txt"
 "$SIM/venv/bin/python" -m pip install --quiet --no-deps -r "$SIM/present.txt"
 echo "stand-in machine: $(wc -l < "$SIM/present.txt") packages"
 export PYTHON="$SIM/venv/bin/python" DIFFEQFORMER_WHEELS="$SIM/wheels" DIFFEQFORMER_SITE="$SIM/site"
@@ -22,6 +32,12 @@ for part in $parts; do
   cp -r "$part" "$call/.gpu/"
   if [ "$part" != "$last" ]; then
     (cd "$call" && bash benchmarks/gpu/run.sh stage)
+  elif [ "$target" = pipeline ]; then
+    cp -r --parents data/raw "$call"
+    mkdir -p "$SIM/out"
+    (cd "$call" && DIFFEQFORMER_GPU_CHECK=cpu JAX_PLATFORMS=cpu OUT="$SIM/out" \
+      DIFFEQFORMER_PRESET="${DIFFEQFORMER_PRESET:-smoke}" DIFFEQFORMER_COMMIT=simulated \
+      bash benchmarks/gpu/run.sh stage install pipeline "$@")
   else
     cp -r --parents data/raw "$call"
     (cd "$call" && DIFFEQFORMER_GPU_CHECK=cpu DIFFEQFORMER_GPU_RUN="$SIM/run" JAX_PLATFORMS=cpu \
