@@ -31,6 +31,7 @@ JAX libraries at the versions the tests run with, though the machine has its own
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -306,9 +307,10 @@ def cache_writer_only(kinds: dict[str, list[str]]) -> list[str]:
     return sorted(d for d, k in kinds.items() if set(k) == {"training"})
 
 
+@functools.lru_cache(maxsize=None)
 def imported_distributions(target: str = "train", reprobe: bool = False) -> list[str]:
     """The distributions that own a module the ``target`` probe (``PROBES``) loads, measured in a child process of
-    this Python (``pipeline``: in every process of a smoke pipeline, ``pipeline_kinds``)."""
+    this Python (``pipeline``: in every process of a smoke pipeline, ``pipeline_kinds``); once per command."""
     if target == "pipeline":
         return list(pipeline_kinds(reprobe))
     probe = PROBES[target] + OWNERS
@@ -492,11 +494,12 @@ def main() -> None:
     requirements = missing_requirements(args.also, args.target, args.reprobe)
     with tempfile.TemporaryDirectory() as tmp:
         wheels = download(requirements, Path(tmp))
-        stubs = stubbed(args.target)
+        stubs = stubbed(args.target, args.reprobe)
         if stubs:
             wheels.append(stub_wheel(stubs, Path(tmp)))
             print(f"left out, a stand-in module in {STUB_WHEEL} in their place: {', '.join(stubs)}")
-        left = sorted(d for d in LEFT_OUT if d in {normalise(i) for i in imported_distributions(args.target)})
+        imported = {normalise(i) for i in imported_distributions(args.target, args.reprobe)}
+        left = sorted(d for d in LEFT_OUT if d in imported)
         if left:
             print(f"left out, imported only if there: {', '.join(left)}")
         total = sum(w.stat().st_size for w in wheels) / 2**20
