@@ -342,9 +342,10 @@ def test_without_an_edition_the_part_is_one_page_saying_so_with_the_commands(tmp
     page = pages.gpu_edition_markdown(empty)
     assert page == pages.NO_EDITION
     assert page.startswith("No GPU edition exists yet")
-    for command in ("bash benchmarks/gpu/prepare.sh", "bash benchmarks/gpu/run.sh stage install",
-                    "python3 -m diffeqformer.pipeline --preset gpu --no-book",
-                    "python3 -m diffeqformer.pipeline.edition pack --out $OUT/edition",
+    for command in ("bash benchmarks/gpu/prepare.sh --for pipeline",
+                    "bash benchmarks/gpu/run.sh stage install pipeline",
+                    "python -m diffeqformer.pipeline --preset gpu --no-book",
+                    "python -m diffeqformer.pipeline.edition pack --out $OUT/edition",
                     "python -m diffeqformer.pipeline.edition import"):
         assert command in page
     src = tmp_path / "src"

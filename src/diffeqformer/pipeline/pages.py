@@ -80,8 +80,8 @@ def verdicts_markdown(result: Plan, folder: Path | None = None) -> str:
         ours = here.get(notebook, {}).get(name, "not computed by this preset").rstrip(".")
         theirs = NO_GPU_VERDICT if gpu is None else gpu.get(notebook, {}).get(name, "not in the GPU edition")
         theirs = theirs.rstrip(".")
-        pages = f"{{doc}}`/notebooks/{notebook}`" + (f", {{doc}}`GPU <"
-                                                     f"/{edition.STAGED}/{notebook}>`" if gpu and notebook in gpu else "")
+        gpu_page = f", {{doc}}`GPU </{edition.STAGED}/{notebook}>`" if gpu and notebook in gpu else ""
+        pages = f"{{doc}}`/notebooks/{notebook}`{gpu_page}"
         out += [f"**{figure}** ({pages})", "",
                 f"- the paper: {claim};", f"- `{result.preset}` preset: {ours};", f"- GPU edition: {theirs}.", ""]
     return "\n".join(out)
@@ -90,25 +90,22 @@ def verdicts_markdown(result: Plan, folder: Path | None = None) -> str:
 NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no
 result until one has been. The pages of the other parts are the cpu preset's (CI builds the smoke preset's).
 
-A session that is lent an H100 or H200 (the device tool) makes one in three device calls, of which the last installs
-the wheels, trains every run of the `gpu` preset, executes every notebook and packs what the pages need
+A session that is lent an H100 or H200 (the device tool) makes one in one device call, which installs the wheels
+the machine lacks, trains every run of the `gpu` preset, executes every notebook and packs what the pages need
 (`$OUT/edition`: at most eight files of at most 16 MiB, no model weights):
 
 ```bash
-# here: the wheels the lent machine lacks, into .gpu/part-1 to part-3
-bash benchmarks/gpu/prepare.sh
-# on the lent machine, one device call each, carry naming its part
-bash benchmarks/gpu/run.sh stage      # carry [".gpu/part-1"]
-bash benchmarks/gpu/run.sh stage      # carry [".gpu/part-2"]
-# carry [".gpu/part-3", "data/raw"]; <sha>: `git rev-parse HEAD` here
-bash benchmarks/gpu/run.sh stage install &&
-  export PYTHONPATH=/tmp/diffeqformer-site:$PWD/src DIFFEQFORMER_COMMIT=<sha> &&
-  python3 -m diffeqformer.pipeline --preset gpu --no-book &&
-  python3 -m diffeqformer.pipeline.edition pack --out $OUT/edition
+# here: the wheels the lent machine lacks, one part of 55 MiB in .gpu/part-1
+bash benchmarks/gpu/prepare.sh --for pipeline
+# on the lent machine, one device call with carry [".gpu/part-1", "data/raw"]; <sha>: `git rev-parse HEAD` here
+DIFFEQFORMER_COMMIT=<sha> bash benchmarks/gpu/run.sh stage install pipeline
 # here, with the folder that came back: check it, install it in book/gpu/
 python -m diffeqformer.pipeline.edition import <that folder>
 make book
 ```
+
+`run.sh pipeline` runs `python -m diffeqformer.pipeline --preset gpu --no-book`, then
+`python -m diffeqformer.pipeline.edition pack --out $OUT/edition`; interrupted, the same call resumes.
 
 The import refuses a pack of another preset, or a corrupt one, in one line naming the problem, and leaves what is
 committed as it was.
