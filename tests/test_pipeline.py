@@ -931,6 +931,32 @@ def test_a_worker_and_what_it_started_end_with_the_pipeline(tmp_path):
         stand_in.kill()
 
 
+def test_a_child_that_starts_after_the_pipeline_died_ends_at_once():
+    """The race of kill seed 721367364 (``make test-slow``): a Papermill child still importing when the pipeline was
+    SIGKILLed had been handed to another parent before it called ``exit_with_parent``, took that one for the
+    pipeline and lived on. Given the pipeline's pid (``processes.child_env``), it ends at once; its own children do
+    not inherit that pid."""
+    from diffeqformer.pipeline import processes
+
+    child = ("import os, sys, time; from diffeqformer.pipeline import processes; "
+             "processes.exit_with_parent(poll_s=0.05); "
+             "print(os.environ.get(processes.PARENT_PID), flush=True); time.sleep(30)")
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid whose process has ended: the pipeline, died before the child looked
+    env = {**os.environ, processes.PARENT_PID: str(dead.pid)}
+    ended = subprocess.run([sys.executable, "-c", child], env=env, capture_output=True, text=True, timeout=25)
+    assert ended.returncode == 1, ended.stdout + ended.stderr
+    alive = subprocess.Popen([sys.executable, "-c", child], env=processes.child_env(os.environ),
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert alive.stdout.readline().strip() == "None"  # removed: what it starts does not inherit it
+        time.sleep(0.5)
+        assert alive.poll() is None  # its parent, this process, is alive
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_gpu_install_names_a_missing_part_and_how_to_stage_it(tmp_path):
     """benchmarks/gpu/run.sh on a lent machine that lost a staged part (given back between calls): it installs
     nothing, names the part and says what to carry in the next call."""

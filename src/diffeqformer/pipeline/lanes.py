@@ -18,7 +18,7 @@ from .. import finetune, paths, population, runs, train, use_onednn
 from ..runs import is_complete
 from .notebooks import stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
-from .processes import ONE_ARENA, PRUNE_CHECKPOINTS, exit_with_parent, keep_heap
+from .processes import ONE_ARENA, PRUNE_CHECKPOINTS, child_env, exit_with_parent, keep_heap
 
 DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
                    "cpu": {"train": 90, "notebook": 60, "book": 90},
@@ -128,7 +128,7 @@ class _Worker:
         self.out = log.open("a")
         self.proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline", "--train-worker"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.out, text=True,
-                                     env=worker_env(env, cpus), cwd=paths.REPO)
+                                     env=child_env(worker_env(env, cpus)), cwd=paths.REPO)
         self.runs = 0
 
     def do(self, spec: Mapping[str, Any]) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from .. import paths
 from .planning import NotebookJob, PipelineError, cache_dir, work_dir
+from .processes import child_env
 
 
 def _strip_ansi(text: str) -> str:
@@ -40,8 +41,8 @@ def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
     shutil.rmtree(work, ignore_errors=True)
     (work / "figures").mkdir(parents=True)
     output = work / "notebook.ipynb"
-    env = {**os.environ, "DIFFEQFORMER_FIGURES": str(work / "figures"), "PYDEVD_DISABLE_FILE_VALIDATION": "1",
-           "PYTHONUNBUFFERED": "1"}
+    env = {**child_env(os.environ), "DIFFEQFORMER_FIGURES": str(work / "figures"),
+           "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTHONUNBUFFERED": "1"}
     spec = {"input": str(job.path), "output": str(output), "parameters": job.parameters,
             "error": str(work / "error.json")}
     log.parent.mkdir(parents=True, exist_ok=True)

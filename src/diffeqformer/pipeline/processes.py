@@ -57,14 +57,29 @@ def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> st
     return ":".join(items + [t for t in settings if t.split("=", 1)[0] not in names])
 
 
+PARENT_PID = "DIFFEQFORMER_PIPELINE_PID"
+"""Environment variable through which the pipeline gives a child process (a training worker, a Papermill child) its
+own pid (``child_env``): a child that reaches ``exit_with_parent`` after the pipeline died has been handed to another
+parent already, and must not take that one for the pipeline."""
+
+
+def child_env(env) -> dict[str, str]:
+    """``env`` for a child process of this one that calls ``exit_with_parent``: with ``PARENT_PID``."""
+    return {**env, PARENT_PID: str(os.getpid())}
+
+
 def exit_with_parent(poll_s: float = 0.2) -> None:
     """End this worker, and every process it started, as soon as the pipeline that started it is gone. A killed
     pipeline closes the worker's standard input, but the worker reads it only between runs: without this it would go
     on training its run while the rerun pipeline's worker trains the same run (``runs.lock`` makes the second
     wait for the first). A Papermill child's notebook kernel is its own process, which would outlive it: ipykernel
     ends a kernel whose parent is gone only when the kernel is handed to process 1, and in a container another
-    process (a subreaper) takes it; so the worker kills its descendants before it ends."""
-    parent = os.getppid()
+    process (a subreaper) takes it; so the worker kills its descendants before it ends.
+
+    The pipeline is the parent named by ``PARENT_PID`` (removed from the environment here, so that this process's
+    own children do not inherit it), else this process's parent now; a pipeline that died before this call (while
+    this process was still importing) ends it at once."""
+    parent = int(os.environ.pop(PARENT_PID, "") or os.getppid())
 
     def watch():
         while os.getppid() == parent:
