@@ -4,12 +4,13 @@ imports), the notebook's own cells, the main libraries' versions."""
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import importlib.metadata
 import json
 import platform
 from pathlib import Path
-from typing import Mapping
+from typing import Container, Mapping
 
 PACKAGE = Path(__file__).resolve().parent.parent
 """The ``diffeqformer`` package's folder."""
@@ -61,14 +62,17 @@ def sha(*parts: bytes | str) -> str:
     return h.hexdigest()
 
 
-def _versions() -> list[str]:
+@functools.cache
+def _versions() -> tuple[str, ...]:
+    """The main libraries' versions and Python's: read once a process (``importlib.metadata`` scans every installed
+    distribution's metadata for each name, about a second a notebook key)."""
     out = []
     for lib in LIBRARIES:
         try:
             out.append(f"{lib}=={importlib.metadata.version(lib)}")
         except importlib.metadata.PackageNotFoundError:
             out.append(f"{lib} missing")
-    return out + [platform.python_version()]
+    return (*out, platform.python_version())
 
 
 def package_hash() -> str:
@@ -90,13 +94,13 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-def _with_parents(name: str, modules: Mapping[str, Path]) -> set[str]:
+def _with_parents(name: str, modules: Container[str]) -> set[str]:
     """``name`` and the packages above it (importing ``a.b.c`` runs ``a`` and ``a.b`` first), those of the package."""
     parts = name.split(".")
     return {m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules}
 
 
-def imported_modules(tree: ast.AST, modules: Mapping[str, Path], here: str | None = None,
+def imported_modules(tree: ast.AST, modules: Container[str], here: str | None = None,
                      is_package: bool = False) -> set[str]:
     """The package's modules that the code ``tree`` imports anywhere (in functions too), ``here`` being the dotted
     name of the module it is (for relative imports), with the packages above each."""
@@ -134,7 +138,7 @@ def notebook_modules(notebook: Path) -> set[str] | None:
         # IPython's shell and magic lines are not Python; none of them imports a module of ours
         source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in source.splitlines())
         try:
-            todo |= imported_modules(ast.parse(source), modules)
+            todo |= _imports(source, frozenset(modules))
         except SyntaxError:
             return None
     seen: set[str] = set()
@@ -144,8 +148,15 @@ def notebook_modules(notebook: Path) -> set[str] | None:
             continue
         seen.add(name)
         f = modules[name]
-        todo |= imported_modules(ast.parse(f.read_text()), modules, name, f.name == "__init__.py") - seen
+        todo |= _imports(f.read_text(), frozenset(modules), name, f.name == "__init__.py") - seen
     return seen
+
+
+@functools.lru_cache(maxsize=1024)
+def _imports(source: str, modules: frozenset[str], here: str | None = None, is_package: bool = False) -> frozenset[str]:
+    """``imported_modules`` of a source text, parsed once a process for each text (every notebook's key walks the
+    same modules again)."""
+    return frozenset(imported_modules(ast.parse(source), modules, here, is_package))
 
 
 def notebook_sources_hash(notebook: Path) -> str:
