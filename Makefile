@@ -39,12 +39,16 @@ setup: $(STAMP)
 # Unit tests first (in parallel), then the smoke pipeline end to end and the browser check of its book (one
 # process: one pipeline run serves both). The smoke pipeline's runs, cache and book stay in $(SMOKE_HOME), so a
 # second `make test` with nothing changed re-uses them. pytest exits 5 when it collected no test: a failure here.
+# Both share one JAX persistent compilation cache (tests/conftest.py, _build/test-jax-cache): a program compiled by a
+# unit test's training is loaded by the smoke pipeline's. Each prints its slowest tests at the end (DURATIONS), so that
+# a slow new test shows in CI's log.
 SMOKE_HOME := $(CURDIR)/_build/smoke-home
+DURATIONS := --durations=25 --durations-min=5
 test: setup
 	@status=0; \
-	$(PY) -m pytest -m "not slow and not pipeline" -n 2 --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS); rc=$$?; \
+	$(PY) -m pytest -m "not slow and not pipeline" -n 2 --dist loadfile --no-loadscope-reorder $(DURATIONS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no unit tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
-	DIFFEQFORMER_SMOKE_HOME=$(SMOKE_HOME) $(PY) -m pytest -m pipeline -s; rc=$$?; \
+	DIFFEQFORMER_SMOKE_HOME=$(SMOKE_HOME) $(PY) -m pytest -m pipeline -s $(DURATIONS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no pipeline tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
 	exit $$status
 

@@ -1,9 +1,22 @@
-"""Strict numerics for every test: no implicit dtype or rank promotion, float32, fixed keys."""
+"""Strict numerics for every test: no implicit dtype or rank promotion, float32, fixed keys; one persistent
+compilation cache for the whole test run."""
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# One JAX persistent compilation cache for every process of a test run: both pytest workers, the trainings and
+# notebooks the tests start (they inherit the variable; train.use_compilation_cache reads it) and the smoke pipeline
+# after them. A program that several tests compile (the smoke model's training step, a tiny model's forward pass) is
+# compiled once and loaded since; `make test` keeps the folder, so a second run compiles only what changed.
+CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
+                              str(Path(__file__).resolve().parents[1] / "_build" / "test-jax-cache"))
+# XLA's own CPU kernels in the trainings the tests start: JAX's persistent cache cannot store a program compiled with
+# oneDNN's custom calls (``diffeqformer.ONEDNN_FLAG``: writing the entry fails with std::bad_alloc), so with them every
+# training process compiled its steps anew. test_package_init and test_pipeline check that training processes take
+# the flag when the variable is unset; benchmarks/cpu_kernels.py measures both kernels and prints whether each caches.
+os.environ.setdefault("DIFFEQFORMER_ONEDNN", "0")
 
 import itertools  # noqa: E402
 
@@ -13,6 +26,8 @@ import pytest  # noqa: E402
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_enable_x64", False)
+jax.config.update("jax_compilation_cache_dir", CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # as train.use_compilation_cache
 
 
 @pytest.fixture
@@ -35,3 +50,43 @@ SLOWEST_FILES = ("test_train.py", "test_levanter_trainer.py", "test_population.p
 def pytest_collection_modifyitems(config, items):
     rank = {name: i for i, name in enumerate(SLOWEST_FILES)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOWEST_FILES)))  # stable: else as collected
+
+
+# ------------------------------------------------------------------------------------------- what each test costs
+
+COSTS = os.environ.get("DIFFEQFORMER_TEST_COSTS")
+"""A file to append one JSON line per test to (``benchmarks/test_costs.py`` sums them by file): its wall seconds,
+the CPU seconds of the test's process and of the processes it started and waited for, and the seconds XLA spent
+compiling in the test's process (JAX's compile events). Unset: nothing is recorded."""
+
+if COSTS:
+    import json  # noqa: E402
+    import time  # noqa: E402
+
+    from jax import monitoring  # noqa: E402
+    from jax._src import dispatch  # noqa: E402
+
+    _compiled = {"s": 0.0, "n": 0, "trace_s": 0.0}
+
+    def _on_duration(event, seconds, **_):
+        if event == dispatch.BACKEND_COMPILE_EVENT:
+            _compiled["s"] += seconds
+            _compiled["n"] += 1
+        elif event in (dispatch.JAXPR_TRACE_EVENT, dispatch.JAXPR_TO_MLIR_MODULE_EVENT):
+            _compiled["trace_s"] += seconds
+
+    monitoring.register_event_duration_secs_listener(_on_duration)
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        before, start, compiled = os.times(), time.perf_counter(), dict(_compiled)
+        yield
+        after = os.times()
+        record = {"test": item.nodeid, "wall_s": time.perf_counter() - start,
+                  "cpu_s": after.user + after.system - before.user - before.system,
+                  "children_cpu_s": (after.children_user + after.children_system
+                                     - before.children_user - before.children_system),
+                  "compile_s": _compiled["s"] - compiled["s"], "compiles": _compiled["n"] - compiled["n"],
+                  "trace_s": _compiled["trace_s"] - compiled["trace_s"]}
+        with open(COSTS, "a") as f:
+            f.write(json.dumps(record) + "\n")

@@ -35,10 +35,9 @@ arrays = lambda tree: jax.tree_util.tree_leaves(eqx.filter(tree, eqx.is_array)) 
 
 
 @pytest.fixture(scope="module")
-def env(tmp_path_factory):
-    # A persistent compilation cache shared by the subprocesses: reruns of a configuration skip XLA compilation.
-    cache = tmp_path_factory.mktemp("jax-cache")
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(cache)}
+def env():
+    # the test run's persistent compilation cache (conftest): reruns of a configuration skip XLA compilation
+    return {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
 def _run(module, config, run_dir, env, *extra):

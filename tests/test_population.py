@@ -23,7 +23,7 @@ SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"  # no dropout: a member's a
 
 
 def _env(run_dir):
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(run_dir.parent / "jax-cache")}
+    return {**os.environ, "JAX_PLATFORMS": "cpu"}  # the test run's persistent compilation cache (conftest)
 
 
 def _population_cmd(run_dir, seeds=2):
