@@ -290,12 +290,16 @@ def test_packed_requests_are_scored_as_if_alone(task_files, tokenizer_dir, kind,
 
     model = inference_mode(model, True)
 
-    def log_probs(ids):  # the model on one request alone, positions 0, 1, ...
+    @jax.jit
+    def log_probs(ids):  # the model on one request alone, positions 0, 1, ..., SEQ - 1
         x = model.activations(hax.named(ids, "position"), AttentionMask.causal())
         return jax.nn.log_softmax(hax.dot(x, model.get_lm_head(), axis=model.Embed).array, axis=-1)
 
     def scores(ids, n):
-        lp = np.asarray(log_probs(jnp.asarray(ids, dtype=jnp.int32)), dtype=np.float64)
+        # padded to SEQ after its end (one compiled program for every request): under the causal mask the padding
+        # changes nothing before it
+        padded = jnp.zeros(SEQ, dtype=jnp.int32).at[: len(ids)].set(jnp.asarray(ids, dtype=jnp.int32))
+        lp = np.asarray(log_probs(padded), dtype=np.float64)[: len(ids)]
         rows = range(n - 1, len(ids) - 1)
         return float(sum(lp[i, ids[i + 1]] for i in rows)), all(int(np.argmax(lp[i])) == ids[i + 1] for i in rows)
 
