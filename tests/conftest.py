@@ -30,6 +30,36 @@ jax.config.update("jax_compilation_cache_dir", CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # as train.use_compilation_cache
 
 
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory, worker_id):
+    """The smoke DiffEqFormer (``config/smoke/diffeqformer.yaml``, seed 0, 20 steps) trained once for the whole test
+    run by ``python -m diffeqformer.train``, as a user runs it: ``<folder>/run``, with the config file beside it as
+    ``<folder>/pretrain.yaml`` (the fine-tunings name it as their pretraining). test_train checks the run itself and
+    test_finetune fine-tunes it. The pytest workers share it (the first to ask trains it, under a file lock, in the
+    folder above both workers' own); tests only read it."""
+    import subprocess
+    import sys
+
+    from filelock import FileLock
+
+    from diffeqformer import paths
+
+    root = tmp_path_factory.getbasetemp()
+    if worker_id != "master":  # xdist: every worker's base folder is below the run's one
+        root = root.parent
+    folder = root / "smoke-run"
+    with FileLock(str(root / "smoke-run.lock")):
+        if not (folder / "run" / "complete.json").exists():
+            folder.mkdir(exist_ok=True)
+            config = folder / "pretrain.yaml"
+            config.write_text((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
+            cmd = [sys.executable, "-m", "diffeqformer.train", "--config", str(config), "--run_dir", str(folder / "run")]
+            out = subprocess.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
+                                 timeout=900)
+            assert out.returncode == 0, out.stderr[-3000:]
+    return folder / "run"
+
+
 @pytest.fixture
 def getkey():
     """Call getkey() for a fresh PRNG key; the sequence is the same in every run."""

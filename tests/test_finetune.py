@@ -48,15 +48,13 @@ def _run(module, config, run_dir, env, *extra):
 
 
 @pytest.fixture(scope="module")
-def pretrained(tmp_path_factory, env):
-    """One smoke pretraining run (20 steps of the 3-step DiffEqFormer), shared by every test of this module.
+def pretrained(smoke_run):
+    """One smoke pretraining run (20 steps of the 3-step DiffEqFormer: conftest.smoke_run, which test_train checks).
 
-    Its config file is the smoke one: written next to the run, it is the file the fine-tunings name as
+    Its config file is the smoke one (``PRETRAIN``): written next to the run, it is the file the fine-tunings name as
     ``pretrain.config``."""
-    folder = tmp_path_factory.mktemp("pretrain")
-    (folder / "pretrain.yaml").write_text(PRETRAIN.read_text())
-    _run("diffeqformer.train", folder / "pretrain.yaml", folder / "run", env)
-    return folder / "run"
+    assert (smoke_run.parent / "pretrain.yaml").read_text() == PRETRAIN.read_text()
+    return smoke_run
 
 
 def _from(pretrained):
