@@ -114,7 +114,10 @@ def _assert_diverged(out, run_dir, step):
 def test_non_finite_loss_stops_with_a_message(tmp_path):
     run_dir = tmp_path / "run"
     cmd = _train_cmd(run_dir) + ["--optimizer.learning_rate", "1e30", "--optimizer.warmup", "0"]
-    out = subprocess.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=600)
+    # oneDNN's kernels, as a user's training takes them (diffeqformer.use_onednn; the other tests' trainings run
+    # XLA's own, which the test run's compilation cache can store: conftest)
+    env = {k: v for k, v in os.environ.items() if k != "DIFFEQFORMER_ONEDNN"}
+    out = subprocess.run(cmd, env={**env, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=600)
     _assert_diverged(out, run_dir, step=1)  # update 0 makes the parameters non-finite; update 1's loss shows it
     assert not list((run_dir / runs.CHECKPOINTS).glob("step-*"))  # no checkpoint of a diverged state
 
@@ -222,7 +225,7 @@ else:
 @pytest.mark.parametrize("module", ["train", "population"])
 def test_levanter_initializes_before_jax_starts_its_backend(module, tmp_path):
     # jax.distributed.initialize (multi-host, or a cluster Levanter detects) raises once JAX's backend has started;
-    # building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts it. Seen on a lent
+    # building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts it. Seen on an
     # H200: "jax.distributed.initialize() must be called before any JAX calls that might initialise the XLA backend".
     out = subprocess.run([sys.executable, "-c", _BEFORE_INITIALIZE, module, str(SMOKE), str(tmp_path / "run")],
                          env=_env(tmp_path / "run"), capture_output=True, text=True, timeout=600)
