@@ -76,8 +76,8 @@ def _executed(tmp_path, name: str, verdicts) -> SimpleNamespace:
 
 def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path):
     """Five claims tested, two significant before the adjustment: the one whose Holm p stays below 0.05 keeps its
-    word, the other (p x 4 by Holm) is inconclusive after Holm and says what it was before; a claim no notebook judged says so; every claim's rule
-    is under the table."""
+    word, the other (p x 4 by Holm) is inconclusive after Holm and says what it was before; a claim no notebook
+    judged says so; every claim's rule is under the table."""
     strong = claims.judge("f6_ours", seeds.compare([5.0, 5.2, 4.9, 5.1, 5.0], [5.3, 5.49, 5.21, 5.4, 5.31],
                                                    paired=True))
     weak = claims.judge("f8_beta2", seeds.one_sample([-0.05, -0.03, -0.04]))

@@ -389,7 +389,8 @@ def opened(configs: Sequence["Config"], digests: Sequence[str], *,
             locks.enter_context(lock(run_dir))
         summaries = [start_run(c, d, h) for c, d, h in zip(configs, dirs, digests)]
         if pretraining_dir is not None and not all(s is not None for s in summaries):
-            pretrained = pretraining_dir if isinstance(pretraining_dir, (list, tuple)) else [pretraining_dir] * len(dirs)
+            pretrained = (pretraining_dir if isinstance(pretraining_dir, (list, tuple))
+                          else [pretraining_dir] * len(dirs))
             for run_dir, pre_dir in zip(dirs, pretrained):
                 paths.write_atomic(run_dir / PRETRAIN_CONFIG, (pre_dir / CONFIG).read_text())
         yield Opened(configs, dirs, list(digests), summaries)

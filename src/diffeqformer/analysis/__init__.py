@@ -14,5 +14,5 @@
 Each module is imported on its own (``from diffeqformer.analysis import spectra``): this package imports none.
 """
 
-__all__ = ["ablations", "attribution", "claims", "downstream", "inference", "lyapunov", "perplexity", "schematic", "seeds",
-           "spectra", "trajectories"]
+__all__ = ["ablations", "attribution", "claims", "downstream", "inference", "lyapunov", "perplexity", "schematic",
+           "seeds", "spectra", "trajectories"]

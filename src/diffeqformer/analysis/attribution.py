@@ -209,8 +209,8 @@ def headline(results: pd.DataFrame) -> dict[str, str]:
     with several), ``hit3_t_k``, ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none);
     per task: ``accuracy_t``, ``chance1_t``, ``chance3_t``, ``prompts_t``, ``seeds_t``, ``best_t`` (the method with
     the highest mean hit@1, ties listed; "none" when every method ties), ``claim_t`` (the largest exponent's hit@1
-    against attention's: ``verdicts``' text), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of scores
-    that were not finite, summed over the methods and seeds: the hit rates rank finite scores only).
+    against attention's: ``verdicts``' text), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of
+    scores that were not finite, summed over the methods and seeds: the hit rates rank finite scores only).
     """
     summary = summarize(results)
     mean = over_seeds(summary)

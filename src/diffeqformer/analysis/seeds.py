@@ -34,8 +34,8 @@ A claim that two models are *comparable* is tested for equivalence (``equivalenc
 stated margin): reproduced when the difference lies within the margin (both one-sided tests reject at 5%),
 contradicted when its 95% interval lies wholly outside the margin, inconclusive otherwise.
 
-Several claims tested at 5% each find some significant differences by chance: the verdicts page adjusts the headline claims'
-primary tests together by Holm's method (``holm``); every other comparison of the book is exploratory.
+Several claims tested at 5% each find some significant differences by chance: the verdicts page adjusts the
+headline claims' primary tests together by Holm's method (``holm``); every other comparison of the book is exploratory.
 
 Every number comes from ``scipy.stats`` (``ttest_rel``, ``ttest_ind(equal_var=False)``, ``binomtest``, the t and
 noncentral t distributions and their intervals). Why not "twice the standard error", the rule this replaced: with

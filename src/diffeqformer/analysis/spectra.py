@@ -520,10 +520,10 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
 
     Each seed gives one number, its ``log_radius_slope``; the seed is the unit of the test, since the depth points of
     one trained model are not independent draws. The test is the one-sample t-test of the seeds' slopes against 0
-    (``seeds.one_sample``; the exact sign-flip test where every seed has the same slope). Columns: ``model``, ``matrix``, ``seeds``,
-    ``slope`` (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}` over the grid's span
-    :math:`\Delta t`), ``verdict`` (``seeds.RULE``: significant, inconclusive, untested), ``trend`` (a phrase:
-    grows / shrinks with depth, inconclusive, constant, untested), ``change`` (the mean over
+    (``seeds.one_sample``; the exact sign-flip test where every seed has the same slope). Columns: ``model``,
+    ``matrix``, ``seeds``, ``slope`` (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}`
+    over the grid's span :math:`\Delta t`), ``verdict`` (``seeds.RULE``: significant, inconclusive, untested),
+    ``trend`` (a phrase: grows / shrinks with depth, inconclusive, constant, untested), ``change`` (the mean over
     seeds of ``mean_change``: relative change of the spectrum between neighbouring depth points), ``comparison`` (the
     ``seeds.Comparison``), and per seed: ``slopes``, ``spearman`` (median over heads of the Spearman correlation of
     the radius with depth, ``depth_trends``), ``peak_time`` (depth of the largest head-mean radius) and

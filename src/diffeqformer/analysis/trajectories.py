@@ -976,9 +976,8 @@ def model_verdicts(ours, reference, at: float = 1.0, threshold: float = 0.999) -
 
 def verdict_texts(table: pd.DataFrame, digits: int = 2) -> dict[str, str]:
     """Each row of a ``growth_verdicts`` / ``paired_verdicts`` table as one line for the prose, keyed by a slug of its
-    comparison (``g1_vs_t2``, ``trend``, ``g_t2``, ``fraction_at_t_1``): ``+0.65 [-0.09, +1.38], p = 0.063, paired t-test:
-    inconclusive`` (for the trend:
-    the slope per unit p), or ``untested: 1 seed``."""
+    comparison (``g1_vs_t2``, ``trend``, ``g_t2``, ``fraction_at_t_1``): ``+0.65 [-0.09, +1.38], p = 0.063, paired
+    t-test: inconclusive`` (for the trend: the slope per unit p), or ``untested: 1 seed``."""
     out = {}
     for _, row in table.iterrows():
         slug = (row["comparison"].replace("trend over p", "trend").replace("g = 1 vs g = ", "g1_vs_")
