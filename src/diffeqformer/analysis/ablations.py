@@ -189,31 +189,41 @@ def plot_finetune(table, *, log: bool = True):
     line per model (the mean over its seeds), each with its own marker, so that lines that coincide stay visible;
     the model trained from scratch on the target domain is dashed grey. ``plot_finetune_differences`` draws the
     differences themselves."""
+    fig, panels = _finetune_panels(table, 3.6)
+    for ax, rows, first_column in panels:
+        odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
+        for row in rows.itertuples():
+            curve = mean_curve(row.runs)
+            ax.plot(curve.step, curve.perplexity, label=row.model, **_finetune_style(row.model, odes))
+        if log:
+            log_perplexity_axis(ax, "validation perplexity" if first_column else "")
+        elif first_column:
+            ax.set_ylabel("validation perplexity")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _finetune_panels(table, height: float):
+    """A figure with one panel per direction (rows) and method (columns) of a ``finetune_table``, titled, the
+    bottom row's x axis labelled, and (panel, the table's rows of that panel, whether it is in the first column)
+    for each."""
     import matplotlib.pyplot as plt
 
     directions = list(dict.fromkeys(table.direction))
     methods = list(dict.fromkeys(table.method))
-    fig, axes = plt.subplots(len(directions), len(methods), figsize=(5.2 * len(methods), 3.6 * len(directions)),
+    fig, axes = plt.subplots(len(directions), len(methods), figsize=(5.2 * len(methods), height * len(directions)),
                              squeeze=False, sharey=True)
+    panels = []
     for i, direction in enumerate(directions):
         for j, method in enumerate(methods):
             ax = axes[i][j]
-            rows = table[(table.direction == direction) & (table.method == method)]
-            odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
-            for row in rows.itertuples():
-                curve = mean_curve(row.runs)
-                ax.plot(curve.step, curve.perplexity, label=row.model, **_finetune_style(row.model, odes))
-            if log:
-                log_perplexity_axis(ax, "validation perplexity" if j == 0 else "")
             ax.set_title(f"{direction}, {_method_name(method)}", fontsize=10)
-            ax.grid(alpha=0.3, which="both")
             if i == len(directions) - 1:
                 ax.set_xlabel("fine-tuning step")
-            if j == 0 and not log:
-                ax.set_ylabel("validation perplexity")
-            ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+            panels.append((ax, table[(table.direction == direction) & (table.method == method)], j == 0))
+    return fig, panels
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P")
@@ -244,43 +254,31 @@ def plot_finetune_differences(table):
     difference of the validation log-perplexities (mean over the pairs of the same pretraining seed) as a percent
     ratio, with the range over the pairs shaded; zero is the GPT-2 line of ``plot_finetune``, and the band of
     +-``claims.NEGLIGIBLE_PERCENT`` marks what this book calls negligible."""
-    import matplotlib.pyplot as plt
     import numpy as np
 
-    directions = list(dict.fromkeys(table.direction))
-    methods = list(dict.fromkeys(table.method))
-    fig, axes = plt.subplots(len(directions), len(methods), figsize=(5.2 * len(methods), 3.0 * len(directions)),
-                             squeeze=False, sharey=True)
-    for i, direction in enumerate(directions):
-        for j, method in enumerate(methods):
-            ax = axes[i][j]
-            rows = table[(table.direction == direction) & (table.method == method)]
-            gpt = _baseline_row(rows)
-            odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
-            ax.axhspan(-claims.NEGLIGIBLE_PERCENT, claims.NEGLIGIBLE_PERCENT, color="0.88", lw=0,
-                       label=f"within +-{claims.NEGLIGIBLE_PERCENT:g}%: negligible")
-            ax.axhline(0, color="tab:red", lw=1.5, alpha=0.6, label=gpt.model if gpt is not None else "GPT-2")
-            for _, row in rows[rows.model.isin(odes)].iterrows() if gpt is not None else ():
-                base = dict(zip(gpt["pretrain seeds"], gpt.runs))
-                pairs = [eval_curve(run).set_index("step").eval_loss - eval_curve(base[k]).set_index("step").eval_loss
-                         for k, run in zip(row["pretrain seeds"], row.runs) if k in base]
-                if not pairs:
-                    continue
-                frame = np.column_stack([p.dropna().values for p in pairs])
-                percent = 100 * np.expm1(frame)
-                steps = pairs[0].dropna().index
-                style = _finetune_style(row.model, odes)
-                ax.plot(steps, percent.mean(axis=1), label=row.model, **style)
-                if percent.shape[1] > 1:
-                    ax.fill_between(steps, percent.min(axis=1), percent.max(axis=1), color=style["color"], alpha=0.15,
-                                    lw=0)
-            ax.set_title(f"{direction}, {_method_name(method)}", fontsize=10)
-            ax.grid(alpha=0.3)
-            if j == 0:
-                ax.set_ylabel("DiffEqFormer against GPT-2 (%)")
-            if i == len(directions) - 1:
-                ax.set_xlabel("fine-tuning step")
-            ax.legend(fontsize=7)
+    fig, panels = _finetune_panels(table, 3.0)
+    for ax, rows, first_column in panels:
+        gpt = _baseline_row(rows)
+        odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
+        ax.axhspan(-claims.NEGLIGIBLE_PERCENT, claims.NEGLIGIBLE_PERCENT, color="0.88", lw=0,
+                   label=f"within +-{claims.NEGLIGIBLE_PERCENT:g}%: negligible")
+        ax.axhline(0, color="tab:red", lw=1.5, alpha=0.6, label=gpt.model if gpt is not None else "GPT-2")
+        for _, row in rows[rows.model.isin(odes)].iterrows() if gpt is not None else ():
+            base = dict(zip(gpt["pretrain seeds"], gpt.runs))
+            pairs = [eval_curve(run).set_index("step").eval_loss - eval_curve(base[k]).set_index("step").eval_loss
+                     for k, run in zip(row["pretrain seeds"], row.runs) if k in base]
+            if not pairs:
+                continue
+            percent = 100 * np.expm1(np.column_stack([p.dropna().values for p in pairs]))
+            style = _finetune_style(row.model, odes)
+            ax.plot(pairs[0].dropna().index, percent.mean(axis=1), label=row.model, **style)
+            if percent.shape[1] > 1:
+                ax.fill_between(pairs[0].dropna().index, percent.min(axis=1), percent.max(axis=1),
+                                color=style["color"], alpha=0.15, lw=0)
+        if first_column:
+            ax.set_ylabel("DiffEqFormer against GPT-2 (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
@@ -744,8 +742,9 @@ def memory_verdict(growth: MemoryGrowth) -> str:
 def memory_explanation(growth: MemoryGrowth) -> str:
     """What an added parameter costs against its training state, and why the memory grows less than the
     parameters all the same."""
+    half = ", less than half" if growth.far_less else ""
     cost = (f"an added parameter costs {growth.per_parameter:.1f} B against the {PARAMETER_BYTES} B of its own "
-            f"training state (f32 parameter, gradient, Adam's two moments){', less than half' if growth.far_less else ''}")
+            f"training state (f32 parameter, gradient, Adam's two moments){half}")
     return (f"{cost}. Memory grows x{growth.memory_ratio:.2f} where the parameters grow x{growth.params_ratio:.2f} "
             f"because {_bytes(growth.fixed)} of it does not grow with d_t (activations, the weights generated for a "
             "forward pass, workspace): that part is what the paper's explanation, weights computed once per forward "
