@@ -1,4 +1,4 @@
-"""Verdicts that say what the evidence can carry: a test of the paper's claim over seeds ends in one of four words.
+"""Verdicts that say what the evidence can support: a test of the paper's claim over seeds ends in one of four words.
 
 A *seed* of a run is the same configuration trained with another ``trainer.seed``: another initialisation, another
 order of the training sequences and other dropout masks. The pipeline trains a comparison's runs with several seeds
@@ -353,7 +353,7 @@ def compare(a: Sequence[float], b: Sequence[float], *, paired: bool = False) -> 
     if n < 2:
         return Comparison(sa, sb, test, difference, math.nan, n)
     if degenerate:
-        # no spread at all: scipy's t is 0/0 or d/0 (and warns); only the signs or labels carry information
+        # no spread at all: scipy's t is 0/0 or d/0 (and warns); only the signs or labels hold information
         p, test = _exact_no_spread(sa, sb, paired)
         return Comparison(sa, sb, test, difference, p, n, se=0.0, df=float(n - 1))
     if paired:
