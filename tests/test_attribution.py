@@ -133,7 +133,7 @@ def test_hit_rates_over_seeds_and_the_claim():
     c, hits = claim(pd.DataFrame(rows))
     assert c.p == pytest.approx(paired.pvalue) and hits == pytest.approx(7 / 12)
     # the seeds disagree: one model favours the largest exponent, two attention, by much: inconclusive, however many
-    # prompts (pooled over the models, McNemar's test would call 40 of 60 prompts against 20 a result)
+    # prompts (pooled over the models, McNemar's test would call 40 of 60 prompts against 20 significant)
     split = _claim_rows([(50, 10), (10, 30), (10, 30)], 60)
     c, _ = claim(pd.DataFrame(split))
     assert c.verdict == seeds.INCONCLUSIVE and c.test == seeds.PAIRED
