@@ -44,7 +44,8 @@ def test_the_primary_test_is_the_zero_shot_last_word_accuracy_paired_by_seed():
 
 def test_every_other_comparison_is_exploratory_beside_the_count_expected_by_chance():
     """Two tasks at two shot counts give four comparisons of DiffEqFormer with GPT-2; the primary one leaves three,
-    of which 0.15 (written 0.2) would be significant by chance; the five-shot last-word one is (the same spread as the primary)."""
+    of which 0.15 (written 0.2) would be significant by chance; the five-shot last-word one is (the same spread as
+    the primary)."""
     text = downstream.sentences(_results())["verdicts"]
     assert text.startswith("Besides the primary test, 3 comparisons have seeds to judge them by; they are "
                            "exploratory: with no true difference anywhere, 0.2 of them would come out significant "
