@@ -1,14 +1,19 @@
-"""The LoRA learning rate of each pretrained model, chosen by a small sweep (F7).
+"""The LoRA learning rate of each pretrained model, chosen by the same small sweep (F7), on the training stream.
 
     python benchmarks/lora_sweep.py [--preset cpu] [--rates 2.5e-4 5e-4 1e-3 2e-3] [--direction plays prose]
                                     [--seeds 1]
 
 Fine-tunes the preset's 18-step DiffEqFormer (discretised to its own 18 steps) and its 24-layer GPT-2 with the
 preset's LoRA template (``config/<preset>/finetune_lora.yaml``) at each learning rate, on one direction of the Fig. 5
-grid, exactly as ``finetune.finetune_grid`` names them but for ``--optimizer.learning_rate``. Pretrains what is
-missing first. Runs go to ``$DIFFEQFORMER_HOME/runs`` (default: a scratch folder that is kept and printed). Prints
-each model's validation perplexity before and after fine-tuning at each rate, and the rate with the lowest final
-perplexity per model.
+grid, exactly as ``finetune.finetune_grid`` names them but for ``--optimizer.learning_rate`` (seed k from pretraining
+seed k). Pretrains what is missing first (a population, where the grid pretrains one). Runs go to
+``$DIFFEQFORMER_HOME/runs`` (default: a scratch folder that is kept and printed).
+
+The rate is chosen on the training stream, never on the validation split that F7's verdicts are computed on: the
+mean training loss over the last evaluation interval, logged on batches the model had not seen before it trained on
+them (a fine-tuning reads a small part of one epoch of its domain), with dropout on for every rate alike. Prints each
+model's perplexity on the training stream and, for the record only, its validation perplexity before and after
+fine-tuning, at each rate, and per model the rate with the lowest training-stream perplexity.
 """
 
 from __future__ import annotations
@@ -49,6 +54,12 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"error: the {args.preset} grid has no direction {source} -> {target} with N = 18")
     pretrain = {r.name: r for r in grid if r.module == "diffeqformer.train"}
 
+    def pretraining_argv(r) -> list[str]:
+        """A pretraining of the grid: alone, or its whole population (it is trained as one)."""
+        if not r.population:
+            return r.argv()
+        return ["-m", "diffeqformer.population", "--config", str(r.config), "--seeds", str(len(r.population))]
+
     def run(argv: list[str]) -> None:
         subprocess.run([sys.executable, *argv], cwd=REPO, env=env, check=True, stdout=subprocess.DEVNULL,
                        stderr=subprocess.DEVNULL)
@@ -58,26 +69,38 @@ def main(argv: list[str] | None = None) -> None:
         for name in base.after:
             if not (home / "runs" / name / "complete.json").exists():
                 print(f"pretraining {name}", flush=True)
-                run(pretrain[name].argv())
+                run(pretraining_argv(pretrain[name]))
+        population = "--pretrain.population" in base.overrides
         for rate in args.rates:
             for seed in range(args.seeds):
                 name = f"{base.name}-lr{rate:g}" + (f"-seed{seed}" if seed else "")
                 overrides = [*base.argv(), "--name", name, "--optimizer.learning_rate", str(rate),
-                             "--trainer.seed", str(seed)]
+                             "--trainer.seed", str(seed), *(["--pretrain.member", str(seed)] if population else [])]
                 print(f"fine-tuning {name}", flush=True)
                 run(overrides)
                 done = json.loads((home / "runs" / name / "complete.json").read_text())
-                rows.append((base.name, rate, seed, math.exp(done["pretrained_eval_loss"]),
-                             math.exp(done["final_eval_loss"])))
+                rows.append((base.name, rate, seed, math.exp(training_stream_loss(home / "runs" / name)),
+                             math.exp(done["pretrained_eval_loss"]), math.exp(done["final_eval_loss"])))
 
     print(f"\nruns in {home / 'runs'}\n")
-    print(f"{'model':<55} {'rate':>8} {'seed':>4} {'before':>8} {'after':>8}")
-    for model, rate, seed, before, after in rows:
-        print(f"{model:<55} {rate:>8g} {seed:>4} {before:>8.1f} {after:>8.1f}")
+    print(f"{'model':<55} {'rate':>8} {'seed':>4} {'stream':>8} {'val before':>10} {'val after':>10}")
+    for model, rate, seed, stream, before, after in rows:
+        print(f"{model:<55} {rate:>8g} {seed:>4} {stream:>8.1f} {before:>10.1f} {after:>10.1f}")
     for model in dict.fromkeys(r[0] for r in rows):
-        means = {rate: sum(r[4] for r in rows if r[0] == model and r[1] == rate) / args.seeds for rate in args.rates}
+        means = {rate: sum(r[3] for r in rows if r[0] == model and r[1] == rate) / args.seeds for rate in args.rates}
         best = min(means, key=means.get)
-        print(f"best rate for {model}: {best:g} (final perplexity {means[best]:.1f})")
+        print(f"best rate for {model}: {best:g} (training-stream perplexity {means[best]:.1f})")
+
+
+def training_stream_loss(run_dir: Path) -> float:
+    """The mean training loss over the last evaluation interval of a run (the steps after the evaluation before the
+    last, up to it): a loss on batches the model had not trained on yet."""
+    from diffeqformer.runs import read_metrics
+
+    metrics = read_metrics(run_dir)
+    evals = metrics["eval/loss"].dropna().index
+    train = metrics["train/loss"].dropna()
+    return float(train[(train.index > evals[-2]) & (train.index <= evals[-1])].mean())
 
 
 if __name__ == "__main__":

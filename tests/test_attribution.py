@@ -10,6 +10,7 @@ from scipy import stats
 from diffeqformer.data.synthetic import VOCABULARY, Prompt, encode, prompts
 
 from diffeqformer import DiffEqFormerConfig
+from diffeqformer.analysis import seeds
 from diffeqformer.analysis.attribution import (attribution_benchmark, claim, headline, over_seeds, plot_summary,
                                               summarize)
 from diffeqformer.analysis.lyapunov import METHODS, raw_attention_scores
@@ -126,20 +127,22 @@ def test_hit_rates_over_seeds_and_the_claim():
     assert text["seeds_agreement"] == "3 seeds" and " ± " in text["hit1_agreement_attention"]
     # per seed: hit@1 1.00 - 0.25, 1.00 - 0.50, 0.75 - 0.25: differences 0.75, 0.50, 0.50
     paired = stats.ttest_rel([1.0, 1.0, 0.75], [0.25, 0.5, 0.25])
-    assert text["claim_agreement"].startswith("the largest exponent's hit@1 is above attention's by 0.58 (a result; "
-                                              "hit@1 difference per seed's model +0.58, 95% CI [")
-    assert text["claim_agreement"].endswith(f"p = {paired.pvalue:.2g}, paired t-test over 3 seeds)")
+    assert text["claim_agreement"].startswith(f"{seeds.REPRODUCED}: +0.583 hit@1 (95% CI ")
+    assert f"{seeds.p_text(paired.pvalue)}, paired t-test over 3 seeds; detectable at 80% power: " in \
+        text["claim_agreement"]
     c, hits = claim(pd.DataFrame(rows))
     assert c.p == pytest.approx(paired.pvalue) and hits == pytest.approx(7 / 12)
-    # the seeds disagree: one model favours the largest exponent, two attention, by much: within noise, however many
-    # prompts (pooled over the models, McNemar's test would call 40 of 60 prompts against 20 a result)
+    # the seeds disagree: one model favours the largest exponent, two attention, by much: inconclusive, however many
+    # prompts (pooled over the models, McNemar's test would call 40 of 60 prompts against 20 significant)
     split = _claim_rows([(50, 10), (10, 30), (10, 30)], 60)
     c, _ = claim(pd.DataFrame(split))
-    assert c.verdict == "within noise" and c.test == "paired t-test"
+    assert c.verdict == seeds.INCONCLUSIVE and c.test == seeds.PAIRED
     one = pd.DataFrame([r for r in rows if r["seed"] == 0])
     assert claim(one)[0].p == pytest.approx(stats.binomtest(3, 3).pvalue)  # one seed: McNemar on the prompts
-    assert headline(one)["claim_agreement"].endswith(f"p = {stats.binomtest(3, 3).pvalue:.2g}, exact McNemar test)")
-    assert headline(one[one.prompt == 0])["claim_agreement"].endswith("(untested: 1 pair)")
+    assert f"{seeds.p_text(stats.binomtest(3, 3).pvalue)}, exact McNemar test over 4 pairs" in \
+        headline(one)["claim_agreement"]
+    assert headline(one)["claim_agreement"].startswith(seeds.INCONCLUSIVE)
+    assert headline(one[one.prompt == 0])["claim_agreement"].startswith(f"{seeds.UNTESTED} (1 pair")
 
 
 def _tiny_synthetic_model():

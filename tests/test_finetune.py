@@ -18,9 +18,10 @@ from levanter.layers.attention import AttentionMask
 from levanter.adaptor.lora import LoraConfig, LowRankLinear, lora_trainable_params_filter
 
 from diffeqformer import paths
-from diffeqformer.config import METHODS, FinetuneConfig, adapt
+from diffeqformer.config import METHODS, FinetuneConfig, adapt, pretraining_of
+from diffeqformer.population import members_of
 from diffeqformer.runs import load_model
-from diffeqformer.finetune import FINETUNE_SEEDS, discretisations, compiled_adapt, finetune_grid, main, trainable
+from diffeqformer.finetune import PRETRAIN_SEEDS, discretisations, compiled_adapt, finetune_grid, main, trainable
 from diffeqformer.config import config_hash as train_config_hash
 from diffeqformer.config import load_config
 from diffeqformer.runs import read_metrics
@@ -254,13 +255,18 @@ def test_finetune_yaml_parses(path):
 def test_fig5_grid(preset, max_pretrain, max_finetune):
     runs = finetune_grid(preset)
     names = [r.name for r in runs]
-    seeds = FINETUNE_SEEDS.get(preset, 1)
-    assert len(set(names)) == len(names) == 4 + 2 * 2 * (len(discretisations(preset)) + 1) * seeds + 2
-    pretrainings = {r.name: load_config(r.config) for r in runs if r.name.startswith(f"{preset}-pretrain")}
-    assert len(pretrainings) == 4
+    seeds = PRETRAIN_SEEDS.get(preset, 1)
+    assert len(set(names)) == len(names) == 4 * seeds + 2 * 2 * (len(discretisations(preset)) + 1) * seeds + 2
+    pretrainings = {r.name: load_config(r.config, list(r.overrides)) for r in runs
+                    if r.name.startswith(f"{preset}-pretrain")}
+    assert len(pretrainings) == 4 * seeds and all(c.name == name for name, c in pretrainings.items())
     assert max_pretrain is None or all(c.trainer.num_train_steps <= max_pretrain for c in pretrainings.values())
     corpus = lambda c: (c.data.dataset, c.data.domain)  # noqa: E731
     assert len({corpus(c) for c in pretrainings.values()}) == 2
+    # a model's pretraining seeds: one population, named and seeded as pipeline.seeded names and seeds them
+    for r in runs:
+        if r.name in pretrainings:
+            assert r.population == (tuple(range(seeds)) if seeds > 1 else ())
     steps = []
     for run in runs:
         if run.module != "diffeqformer.finetune":
@@ -269,19 +275,23 @@ def test_fig5_grid(preset, max_pretrain, max_finetune):
         assert len(run.after) == 1 and names.index(run.after[0]) < names.index(run.name)
         config = load_config(run.config, list(run.overrides), cls=FinetuneConfig)
         pre = pretrainings[run.after[0]]
-        assert config.name == run.name and load_config(paths.REPO / config.pretrain.config).name == pre.name
+        assert config.name == run.name and pretraining_of(config)[0].name == pre.name
+        assert config.pretrain.population == seeds and pre.trainer.seed == config.pretrain.member
         assert corpus(config) != corpus(pre) and corpus(config) in {corpus(c) for c in pretrainings.values()}
         assert max_finetune is None or config.trainer.num_train_steps <= max_finetune
         assert (config.steps is None) == (pre.model.num_layers == 24)
         steps.append(config.steps or 0)
     assert sorted(steps) == sorted([0] * 4 * seeds + [n for n in discretisations(preset) for _ in range(4 * seeds)])
-    # a setting's seeds: one population, named and seeded as population.members_of names and seeds them
+    # a setting's seeds: one population, named and seeded as population.members_of names and seeds them, member k
+    # fine-tuning pretraining seed k
     tunings = [r for r in runs if r.module == "diffeqformer.finetune"]
     for first in tunings[::seeds]:
         members = [r for r in tunings if r.name.removeprefix(first.name) in ("", *(f"-seed{k}" for k in range(9)))]
         configs = [load_config(r.config, list(r.overrides), cls=FinetuneConfig) for r in members]
         assert [c.name for c in configs] == [first.name] + [f"{first.name}-seed{k}" for k in range(1, seeds)]
         assert [c.trainer.seed for c in configs] == list(range(seeds))
+        assert [c.pretrain.member for c in configs] == list(range(seeds))
+        assert seeds == 1 or configs == members_of(configs[0], seeds)
         assert all(r.population == (tuple(range(seeds)) if seeds > 1 else ()) for r in members)
     assert sum(r.name.startswith(f"{preset}-scratch") for r in runs) == 2
 

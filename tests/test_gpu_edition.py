@@ -390,28 +390,31 @@ def _glue(name: str, text: str) -> dict:
 
 
 def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by_side(home, tmp_path, committed):
-    """``pages.verdicts_markdown``: each headline claim (``pages.HEADLINES``) with the paper's side, the verdict
+    """``pages.verdicts_markdown``: each headline claim (``claims.CLAIMS``) in a row with the paper's side, the verdict
     glued by this build's notebook, and the GPU edition's, or that there is none yet."""
     from types import SimpleNamespace
+
+    from diffeqformer.analysis import claims, seeds
 
     cache = tmp_path / "cache"
     cache.mkdir()
     nb = _executed("f8_beta2")
-    nb["cells"][-1].setdefault("outputs", []).append(_glue("f8_verdict", "Not reproduced at this scale."))
+    here = claims.judge("f8_beta2", seeds.one_sample([0.1, -0.2, 0.15]))
+    nb["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", here.to_json()))
     (cache / "notebook.ipynb").write_text(json.dumps(nb))
     result = SimpleNamespace(preset="cpu", notebooks=[SimpleNamespace(name="f8_beta2", cache_dir=cache)])
     page = pages.verdicts_markdown(result, tmp_path / "no-edition")
-    f8 = page.split("**F8**")[1].split("**F9**")[0]
-    assert "- the paper: beta2 = 0.95 helps DiffEqFormer and hurts GPT-2" in f8
-    assert "- `cpu` preset: Not reproduced at this scale;" in f8
-    assert f"- GPU edition: {pages.NO_GPU_VERDICT}." in f8
-    assert "- `cpu` preset: not computed by this preset;" in page.split("**F10**")[1]
+    f8 = next(line for line in page.splitlines() if line.startswith("| F8 "))
+    assert "beta2 = 0.95 helps DiffEqFormer and hurts GPT-2" in f8
+    assert "| **inconclusive**: " in f8 and f8.endswith(f"| {pages.NO_GPU_VERDICT} |")
+    assert "| not computed by this preset |" in next(line for line in page.splitlines() if line.startswith("| F10 "))
     assert "p < 0.05" in page  # the rule is stated
 
     _installed(home, tmp_path, committed)  # an edition whose f8 glued its own verdict
     gpu_nb = committed / "notebooks" / "f8_beta2.ipynb"
     executed = json.loads(gpu_nb.read_text())
-    executed["cells"][-1].setdefault("outputs", []).append(_glue("f8_verdict", "Reproduced."))
+    there = claims.judge("f8_beta2", seeds.one_sample([-0.3, -0.29, -0.32]))
+    executed["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", there.to_json()))
     gpu_nb.write_text(json.dumps(executed))
-    f8 = pages.verdicts_markdown(result, committed).split("**F8**")[1].split("**F9**")[0]
-    assert "- GPU edition: Reproduced." in f8 and "{doc}`GPU </gpu/f8_beta2>`" in f8
+    f8 = next(line for line in pages.verdicts_markdown(result, committed).splitlines() if line.startswith("| F8 "))
+    assert f8.split(" | ")[-1].startswith("**reproduced**: ") and "{doc}`GPU </gpu/f8_beta2>`" in f8

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from diffeqformer.analysis import perplexity
+from diffeqformer.analysis import perplexity, seeds
 
 
 def _run(path, losses, name, steps=20):
@@ -45,11 +45,14 @@ def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
     assert math.isnan(table.loc["gpt", "vs baseline %"])
     assert table.loc["ours", "paper row"] == "T1 Our model-small"
     assert table.loc["ours", "seeds"] == 1 and table.loc["ours", "verdict"] == "untested: 1 seed"
+    assert math.isnan(table.loc["ours", "params"])  # a hand-made run keeps no config to count them on
     words = perplexity.headline(table)
     assert words["ppl_ours"] == f"{math.exp(4.5):.1f}" and words["steps"] == "20" and words["seeds"] == "1 seed"
-    assert words["llama_sentence"] == "No Llama pair is trained at this preset."
-    assert words["shared_sentence"].startswith("Weight-shared against GPT-2: +")
-    assert "no spread to judge it by" in words["shared_sentence"]
+    verdicts = perplexity.verdicts(perplexity.curves(runs))
+    assert list(verdicts) == ["f6_ours", "f6_shared", "f6_overfit", "f6_llama"]
+    assert verdicts["f6_llama"].word == seeds.UNTESTED and "no DiffEqFormer (Llama) and Llama" in verdicts[
+        "f6_llama"].text()
+    assert all(v.word == seeds.UNTESTED for v in verdicts.values())  # one seed each: nothing to judge by
 
 
 def _seeds(tmp_path, name, finals):
@@ -58,8 +61,8 @@ def _seeds(tmp_path, name, finals):
 
 def test_seeds_give_mean_spread_and_verdict(tmp_path):
     """Three seeds per row: the table holds the mean and standard deviation of the final perplexities; seed k of
-    every row is matched (the paired t-test of seeds.RULE): a difference whose p is below 0.05 is a result, another
-    within noise."""
+    every row is matched (the paired t-test of seeds.RULE, on log-perplexities): a difference whose p is below 0.05 is
+    significant, another inconclusive; the change is the ratio of perplexities from the mean log difference."""
     gpt = [5.00, 5.02, 4.98]
     runs = {"gpt": _seeds(tmp_path, "g", gpt), "ours": _seeds(tmp_path, "o", [4.50, 4.53, 4.47]),
             "shared": _seeds(tmp_path, "s", [4.90, 5.10, 5.03])}
@@ -70,15 +73,16 @@ def test_seeds_give_mean_spread_and_verdict(tmp_path):
     assert table.loc["gpt", "seeds"] == 3
     assert table.loc["gpt", "final ppl"] == pytest.approx(ppl.mean())
     assert table.loc["gpt", "sd"] == pytest.approx(ppl.std(ddof=1))
-    assert table.loc["ours", "verdict"] == "result" and table.loc["ours", "vs baseline %"] < 0
-    assert table.loc["shared", "verdict"] == "within noise"
-    words = perplexity.headline(table, frame)
+    assert table.loc["ours", "verdict"] == seeds.SIGNIFICANT
+    assert table.loc["ours", "vs baseline %"] == pytest.approx(100 * math.expm1(np.mean([-0.50, -0.49, -0.51])))
+    assert table.loc["shared", "verdict"] == seeds.INCONCLUSIVE
+    words = perplexity.headline(table)
     assert words["seeds"] == "3 seeds" and " ± " in words["ppl_ours"]
-    assert words["ours_sentence"].startswith("DiffEqFormer ends below GPT-2 by") and "a result" in words["ours_sentence"]
-    assert "within noise" in words["shared_sentence"]
+    verdict = perplexity.verdicts(frame)["f6_ours"]
     ours = perplexity.comparisons(frame)["ours"]
-    assert ours.test == "paired t-test" and ours.p < 0.05 and f"p = {ours.p:.2g}, paired t-test over 3 seeds" in \
-        words["ours_sentence"]
+    assert ours.test == "paired t-test" and ours.p < 0.05 and verdict.word == seeds.REPRODUCED
+    assert verdict.text().startswith(f"reproduced: {table.loc['ours', 'vs baseline %']:+.1f}% (95% CI ")
+    assert f"p = {ours.p:.2g}, paired t-test over 3 seeds; detectable at 80% power: " in verdict.text()
     ax = perplexity.plot_curves(frame)
     assert len(ax.collections) == 3  # one band per row
 
@@ -109,18 +113,19 @@ def _curve_run(path, evals, trains, name="run"):
 
 
 def test_overfitting_measures_of_a_known_curve(tmp_path):
-    """Best validation loss at step 100, higher at the end: the rise is exp(final) - exp(best); the gap is the final
-    validation loss less the mean training loss of steps 101-200 (not of every step, not of step 200 alone)."""
+    """Best validation loss at step 100, higher at the end: the rise is final - best loss (the log of the ratio of the
+    perplexities); the gap is the final validation loss less the mean training loss of steps 101-200 (not of every
+    step, not of step 200 alone)."""
     evals = {0: 8.0, 100: 4.0, 200: 4.5}
     trains = {s: (5.0 if s <= 100 else 3.0 + (s - 101) / 99) for s in range(1, 201)}  # 3.0 .. 4.0 after step 100
     run = _curve_run(tmp_path / "g", evals, trains)
     frame = perplexity.curves({"gpt": run})
     assert list(frame.train_loss_interval) == pytest.approx([math.nan, 5.0, 3.5], nan_ok=True)
     measures = perplexity.overfitting(frame)["gpt"]
-    assert measures["rise"] == [pytest.approx(math.exp(4.5) - math.exp(4.0))]
+    assert measures["rise"] == [pytest.approx(0.5)]
     assert measures["gap"] == [pytest.approx(4.5 - 3.5)]
     table = perplexity.final_table({"gpt": run})
-    assert table.loc["gpt", "rise ppl"] == pytest.approx(math.exp(4.5) - math.exp(4.0))
+    assert table.loc["gpt", "rise %"] == pytest.approx(100 * (math.exp(4.5) / math.exp(4.0) - 1))
     assert table.loc["gpt", "gap nats"] == pytest.approx(1.0) and math.isnan(table.loc["gpt", "gap sd"])
     best_last = perplexity.overfitting(perplexity.curves({"gpt": _curve_run(tmp_path / "b", {0: 8.0, 100: 4.0},
                                                                             {100: 3.9})}))["gpt"]
@@ -135,51 +140,37 @@ def _overfit_seeds(tmp_path, name, rises, gaps):
             for k, (r, g) in enumerate(zip(rises, gaps))]
 
 
-def test_overfits_less_is_judged_on_each_measure(tmp_path):
+def test_overfits_less_is_judged_on_the_rise(tmp_path):
+    """F6's overfitting claim is judged by one test, the paired t-test of the rise above the best validation loss;
+    the gap is compared too, as exploration."""
     gpt = _overfit_seeds(tmp_path, "g", [0.30, 0.32, 0.28], [0.50, 0.52, 0.47])
     ours = _overfit_seeds(tmp_path, "o", [0.00, 0.00, 0.00], [0.20, 0.22, 0.19])
     frame = perplexity.curves({"gpt": gpt, "ours": ours})
     versus = perplexity.overfit_comparisons(perplexity.overfitting(frame))["ours"]
     assert versus["gap"].difference == pytest.approx(-0.2933333, abs=1e-6) and versus["gap"].test == "paired t-test"
-    assert versus["gap"].is_result and versus["rise"].is_result and versus["rise"].difference < 0
-    table = perplexity.final_table({"gpt": gpt, "ours": ours})
-    text = perplexity.headline(table, frame)["overfit_sentence"]
-    assert text.startswith("Overfitting, DiffEqFormer against GPT-2: the final rise of the validation perplexity "
-                           "above its best is 0.0 ± 0.0 against ")
-    assert "the final gap of validation over training loss is 0.203 ± 0.015 against 0.497 ± 0.025 nats (-0.293, " \
-           "95% CI [" in text
-    assert text.endswith("DiffEqFormer overfits less than GPT-2 as a result on both measures, as the paper reports.")
-    # the same gaps, but DiffEqFormer's validation perplexity rises as much as GPT-2's: less on the gap only
+    assert versus["gap"].significant and versus["rise"].significant and versus["rise"].difference < 0
+    verdict = perplexity.verdicts(frame)["f6_overfit"]
+    assert verdict.word == seeds.REPRODUCED and verdict.effect == pytest.approx(100 * math.expm1(-0.30))
+    # the same gaps, but DiffEqFormer's validation perplexity rises as much as GPT-2's: inconclusive
     ours = _overfit_seeds(tmp_path, "p", [0.30, 0.33, 0.27], [0.20, 0.22, 0.19])
-    text = perplexity.sentences(perplexity.final_table({"gpt": gpt, "ours": ours}),
-                                perplexity.curves({"gpt": gpt, "ours": ours}))["overfit"]
-    assert text.endswith("as a result on the final gap of validation over training loss only.")
-    # DiffEqFormer fits its training data further beyond the validation data: more on the gap, not less
-    ours = _overfit_seeds(tmp_path, "q", [0.30, 0.33, 0.27], [0.80, 0.83, 0.79])
-    text = perplexity.sentences(perplexity.final_table({"gpt": gpt, "ours": ours}),
-                                perplexity.curves({"gpt": gpt, "ours": ours}))["overfit"]
-    assert text.endswith("does not overfit less than GPT-2 as a result on either measure; it overfits more on the "
-                         "final gap of validation over training loss.")
+    assert perplexity.verdicts(perplexity.curves({"gpt": gpt, "ours": ours}))["f6_overfit"].word == seeds.INCONCLUSIVE
 
 
 def test_weight_sharing_is_worst_only_when_worse_than_both(tmp_path):
     """The weight-shared model against GPT-2 and against DiffEqFormer, each by the paired t-test: worst only where
-    both are results with it above."""
+    both are significant with it above (the intersection-union test); better than one of them, significantly,
+    contradicts the claim."""
     gpt, ours = _seeds(tmp_path, "g", [5.00, 5.02, 4.98]), _seeds(tmp_path, "o", [4.50, 4.53, 4.47])
     worst = {"gpt": gpt, "ours": ours, "shared": _seeds(tmp_path, "s", [5.30, 5.31, 5.29])}
     frame = perplexity.curves(worst)
-    versus = perplexity.worst_comparisons(perplexity.final_perplexities(frame))["shared"]
-    assert set(versus) == {"gpt", "ours"} and all(c.is_result and c.difference > 0 for c in versus.values())
-    text = perplexity.sentences(perplexity.final_table(worst), frame)["shared"]
-    assert text.startswith("Weight-shared ends above GPT-2 by ") and "Weight-shared ends above DiffEqFormer by " in text
-    assert text.endswith("So weight sharing is the worst of the three, worse than GPT-2 and DiffEqFormer as results, "
-                         "as the paper reports.")
+    versus = perplexity.worst_comparisons(perplexity.final_losses(frame))["shared"]
+    assert set(versus) == {"gpt", "ours"} and all(c.significant and c.difference > 0 for c in versus.values())
+    verdict = perplexity.verdicts(frame)["f6_shared"]
+    assert verdict.word == seeds.REPRODUCED and "decided by the comparison with" in verdict.note
     # between the two: worse than DiffEqFormer, better than GPT-2, so not the worst
     between = {**worst, "shared": _seeds(tmp_path, "t", [4.80, 4.81, 4.79])}
-    text = perplexity.sentences(perplexity.final_table(between), perplexity.curves(between))["shared"]
-    assert "Weight-shared ends below GPT-2 by " in text
-    assert text.endswith("it is worse as a result than DiffEqFormer.")
-    # no DiffEqFormer: the claim cannot be shown
+    verdict = perplexity.verdicts(perplexity.curves(between))["f6_shared"]
+    assert verdict.word == seeds.CONTRADICTED and verdict.note.endswith("GPT-2") and verdict.effect < 0
+    # no DiffEqFormer: the claim cannot be tested
     alone = {"gpt": gpt, "shared": worst["shared"]}
-    text = perplexity.sentences(perplexity.final_table(alone), perplexity.curves(alone))["shared"]
-    assert "DiffEqFormer" not in text.split(". So")[0] and text.endswith("it is worse as a result than GPT-2.")
+    assert perplexity.verdicts(perplexity.curves(alone))["f6_shared"].word == seeds.UNTESTED

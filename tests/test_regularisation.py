@@ -19,7 +19,8 @@ from diffeqformer import config as configs
 from diffeqformer import DiffEqFormerConfig, paths
 from diffeqformer.config import PaperLoraConfig
 from diffeqformer.model.baselines import baseline_config
-from diffeqformer.config import DECAY_BASELINE, TrainConfig, load_config, validate, with_paper_weight_decay, with_weight_decay
+from diffeqformer.config import (DECAY_BASELINE, TrainConfig, load_config, validate, with_finetune_weight_decay,
+                                 with_paper_weight_decay)
 
 EMBEDDINGS = {".embeddings.token_embeddings.weight", ".embeddings.position_embeddings.weight"}
 PARALLEL_BLOCK = {f".attn.{p}_proj.weight" for p in "qkvo"} | {".mlp.c_fc.weight", ".mlp.c_proj.weight"}
@@ -27,18 +28,22 @@ GPT2_LAYER = {".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", 
 LLAMA_LAYER = ({f".self_attn.{p}_proj.weight" for p in "qkvo"}
                | {f".mlp.{p}_proj.weight" for p in ("gate", "up", "down")})
 
+ALL = "every parameter"
+"""What the paper's code decays where it gives no mask: the Llama ODE model's pretraining, every fine-tuning."""
+
 DECAYED = {
     # Pretraining (configs.with_paper_weight_decay): the ODE model decays its embeddings only; no hypernetwork
-    # parameter, norm or bias.
+    # parameter, norm or bias. Its Llama variant: every parameter (the paper's code gives it no mask).
     "diffeqformer": EMBEDDINGS,
-    "diffeqformer_llama": {".embeddings.token_embeddings.weight"},
+    "diffeqformer_llama": ALL,
     # The baselines: attention and MLP weight matrices and embeddings, never a norm or a bias.
     "gpt2": EMBEDDINGS | {".transformer.blocks.stacked" + p for p in GPT2_LAYER},
     "llama": {".embeddings.token_embeddings.weight"} | {".transformer.layers.stacked" + p for p in LLAMA_LAYER},
     "shared": EMBEDDINGS | {".block" + p for p in PARALLEL_BLOCK},
-    # Fine-tuning (finetune.main: DECAY_BASELINE for every model): a discretised DiffEqFormer as the GPT-2.
-    "discretised": EMBEDDINGS | {".transformer.blocks.stacked" + p for p in PARALLEL_BLOCK},
-    "finetuned_gpt2": EMBEDDINGS | {".transformer.blocks.stacked" + p for p in GPT2_LAYER},
+    # Fine-tuning (finetune.main: configs.with_finetune_weight_decay for every model): every parameter it trains, a
+    # discretised DiffEqFormer as the GPT-2 (the paper's fine-tuning optimiser has no mask).
+    "discretised": ALL,
+    "finetuned_gpt2": ALL,
 }
 
 
@@ -54,7 +59,7 @@ def _model_and_optimizer(kind: str):
         model = eqx.filter_eval_shape(lambda: tiny().build(VOCAB, key=key).discretize(3))
     else:
         model = eqx.filter_eval_shape(baseline_config(tiny(), "gpt2").build, VOCAB, key=key)
-    return model, with_weight_decay(AdamConfig(), DECAY_BASELINE)
+    return model, with_finetune_weight_decay(AdamConfig())
 
 
 def _decayed(optimizer: AdamConfig, model) -> set[str]:
@@ -65,22 +70,31 @@ def _decayed(optimizer: AdamConfig, model) -> set[str]:
     return {jax.tree_util.keystr(path) for path, flag in flags if flag is True}
 
 
+def _every_parameter(model) -> set[str]:
+    """The paths of every array of ``model`` (a shape-only build)."""
+    leaves = jax.tree_util.tree_flatten_with_path(model, is_leaf=lambda x: isinstance(x, hax.NamedArray))[0]
+    return {jax.tree_util.keystr(path) for path, leaf in leaves if hasattr(leaf, "shape")}
+
+
 @pytest.mark.parametrize("kind", sorted(DECAYED))
 def test_decayed_parameters_of_each_model_kind(kind):
     model, optimizer = _model_and_optimizer(kind)
-    assert _decayed(optimizer, model) == DECAYED[kind]
+    expected = _every_parameter(model) if DECAYED[kind] is ALL else DECAYED[kind]
+    assert _decayed(optimizer, model) == expected
 
 
-def test_lora_decays_the_adapter_matrices_never_a_norm_or_bias():
-    """LoRA fine-tuning (weight decay 0 in every preset, should one set it): the adapters' weight matrices decay (the
-    frozen weights match too, but get no update), never a norm or a bias."""
+def test_lora_decays_every_parameter_it_trains():
+    """LoRA fine-tuning, as the paper's fine-tuning code: every parameter decays, the adapters, the embeddings it
+    trains, norms and biases alike (the frozen weights match too, but get no update)."""
     model = eqx.filter_eval_shape(lambda: loraize(tiny().build(VOCAB, key=jax.random.PRNGKey(0)).discretize(3),
                                                   PaperLoraConfig(r=2), key=jax.random.PRNGKey(1)))
-    decayed = _decayed(with_weight_decay(AdamConfig(), DECAY_BASELINE), model)
+    optimizer = with_finetune_weight_decay(AdamConfig())
+    decayed = _decayed(optimizer, model)
     adapters = {p for p in decayed if ".lora." in p}
     assert adapters == {f".transformer.blocks.stacked{m}.lora.lora_{ab}.weight"
                         for m in (p.removesuffix(".weight") for p in PARALLEL_BLOCK) for ab in "AB"}
-    assert not any("norm" in p or p.endswith("bias") for p in decayed), decayed
+    assert decayed == _every_parameter(model) and EMBEDDINGS <= decayed
+    assert any("norm" in p for p in decayed) and any(p.endswith("bias") for p in decayed)
 
 
 @pytest.mark.parametrize("name, retrained", [("shared", True), ("gpt2", True), ("diffeqformer", False)])
@@ -91,6 +105,14 @@ def test_a_run_trained_with_another_weight_decay_mask_is_trained_again(monkeypat
     before = configs.config_hash(config)
     monkeypatch.setattr(configs, "DECAY_BASELINE", configs.DECAY_BASELINE + "|.*norm.*")
     assert (configs.config_hash(config) != before) == retrained
+
+
+def test_a_finetuning_trained_with_another_weight_decay_mask_is_trained_again(monkeypatch):
+    """A fine-tuning's mask (every parameter it trains) is not in its config file either: its hash covers it."""
+    config = load_config(paths.CONFIG / "cpu" / "finetune_full.yaml", cls=configs.FinetuneConfig)
+    before = configs.config_hash(config, pretrain_config_hash="0" * 16)
+    monkeypatch.setattr(configs, "DECAY_ALL", r".*embeddings.*")
+    assert configs.config_hash(config, pretrain_config_hash="0" * 16) != before
 
 
 # Every dropout rate of every model kind: the field must change a training forward pass, or be refused by the

@@ -16,6 +16,7 @@ from helpers import VOCAB, tiny
 from matplotlib.figure import Figure
 from scipy.optimize import linear_sum_assignment
 
+from diffeqformer.analysis import seeds
 from diffeqformer.analysis import spectra as S
 
 matplotlib.use("Agg")
@@ -425,8 +426,9 @@ def test_log_radius_slope_against_polyfit(ds):
 
 
 def test_depth_growth_is_judged_over_seeds():
-    """A slope that every seed shares is a result; slopes of both signs are within noise; one seed is untested;
-    a constant spectrum is constant. The test is the one-sample t-test of the seeds' slopes (scipy's)."""
+    """A slope that every seed shares is significant; slopes of both signs are inconclusive; one seed is untested;
+    a constant spectrum is constant. The test is the one-sample t-test of the seeds' slopes (scipy's). The claim
+    (both QK and OV grow) is reproduced where both grow, contradicted where they shrink, untested with one seed."""
     from scipy.stats import ttest_1samp
 
     models = {"up": growing([1.0, 1.2, 0.9]), "down": growing([-2.0, -1.7, -2.2], seed=1),
@@ -438,10 +440,11 @@ def test_depth_growth_is_judged_over_seeds():
     assert up.slope == pytest.approx((1.0 + 1.2 + 0.9) / 3) and up.seeds == 3
     assert up.comparison.p == pytest.approx(ttest_1samp([1.0, 1.2, 0.9], 0.0).pvalue, rel=1e-9)
     assert up.factor == pytest.approx(np.exp(up.slope * (1 - 1 / 6)))
-    assert up.verdict == "result" and up.trend == "grows with depth"
+    assert up.comparison.test == seeds.ONE_SAMPLE
+    assert up.verdict == seeds.SIGNIFICANT and up.trend == "grows with depth"
     assert g.loc[("down", "ov")].trend == "shrinks with depth"
-    assert g.loc[("mixed", "ffn")].verdict == "within noise"
-    assert g.loc[("mixed", "ffn")].trend == "shows no trend beyond the spread of its seeds"
+    assert g.loc[("mixed", "ffn")].verdict == seeds.INCONCLUSIVE
+    assert g.loc[("mixed", "ffn")].trend == "shows no trend its seeds can tell from their spread (inconclusive)"
     assert g.loc[("one", "qk")].trend == "is untested (1 seed)"
     assert g.loc[("flat", "qk")].trend == "is constant" and g.loc[("flat", "qk")].slope == 0
     assert g.loc[("up", "qk")].peak_time == (1.0, 1.0, 1.0) and g.loc[("down", "qk")].peak_time[0] == 1 / 6
@@ -449,10 +452,14 @@ def test_depth_growth_is_judged_over_seeds():
     shown = S.growth_shown(g.reset_index())
     assert not set(S.GROWTH_HIDDEN) & set(shown.columns) and "95% CI" in shown and "slope per seed" in shown
     reset = g.reset_index()
-    assert S.growth_verdict(reset, "up").startswith("Reproduced at this scale")
-    assert S.growth_verdict(reset, "down").startswith("Not reproduced at this scale: over 3 seeds the QK radius "
-                                                       "shrinks with depth and the OV radius shrinks with depth")
-    assert S.growth_verdict(reset, "one").startswith("Untested at this scale: 1 seed")
+    up_verdict = S.growth_verdict(reset, "up")
+    assert up_verdict.claim == "f2_growth" and up_verdict.word == seeds.REPRODUCED and up_verdict.n == 3
+    # the intersection-union test: its p is the larger of the two matrices' p
+    assert up_verdict.p == pytest.approx(max(g.loc[("up", m)].comparison.p for m in ("qk", "ov")))
+    down = S.growth_verdict(reset, "down")
+    assert down.word == seeds.CONTRADICTED and down.effect < 0 and "decided by the QK radius" in down.note
+    assert S.growth_verdict(reset, "one").word == seeds.UNTESTED
+    assert S.growth_verdict(reset, "mixed").word == seeds.INCONCLUSIVE
 
 
 def test_headline_quotes_the_growth_over_seeds(model):
@@ -463,9 +470,9 @@ def test_headline_quotes_the_growth_over_seeds(model):
     assert text["points"] == "6" and text["seeds_ours"] == "3" and text["seeds_gpt"] == "2"
     assert text["trend_ours_qk"] == "grows with depth" and text["trend_gpt_ov"] == g.loc[("gpt", "ov")].trend
     assert text["growth_ours_qk"].startswith(f"slope {g.loc[('ours', 'qk')].slope:+.2f} per unit t (x")
-    assert text["growth_ours_qk"].endswith("paired t-test over 3 seeds: result")
+    assert text["growth_ours_qk"].endswith("one-sample t-test over 3 seeds: significant")
     assert text["spearman_ours_qk"] == "+1.00, +1.00, +1.00" and text["peak_ours_qk"] == "1.00, 1.00, 1.00"
-    assert text["verdict"].startswith("Reproduced at this scale")
+    assert "verdict" not in text and S.verdicts(layers)["f2_growth"].word == seeds.REPRODUCED
     assert text["change_zoom_qk"] == f"{S.mean_change(zoom)['qk']:.3f}"
     assert text["change_layers_gpt_ov"] == f"{np.mean([S.mean_change(d)['ov'] for d in layers['gpt']]):.2f}"
     assert all(isinstance(v, str) for v in text.values())

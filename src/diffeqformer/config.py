@@ -41,16 +41,25 @@ Levanter's own trainer does, donation and all: ``tests/test_train.py`` kills and
 
 
 DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
-"""Weight decay of the ODE model, a regex for Levanter's ``weight_decay_modules`` (``re.match`` on each parameter's
-path): the paper's code decays only its embeddings (not the hypernetworks, norms or biases)."""
+"""Weight decay of the ODE model (GPT variant), a regex for Levanter's ``weight_decay_modules`` (``re.match`` on each
+parameter's path): the paper's code (``qkvflow/train_lm.py``, model choice ``neuralode``) decays the paths matching
+``time_embedding``, ``token_embeddings`` or ``position_embeddings``; its time embedding is the parameter-free
+sinusoidal e(t), so only the embeddings decay (not the hypernetworks, norms or biases)."""
 
 
 DECAY_BASELINE = r"(?!.*norm)(.*\.)?(attn|self_attn|mlp)\.(.*\.)?weight$|.*token_embeddings.*|.*position_embeddings.*"
-"""Weight decay of the baselines (GPT-2, Llama, the weight-shared model) and of every fine-tuned model (a discretised
-DiffEqFormer or a baseline), nanoGPT's convention: the weight matrices of the attention and MLP submodules
-(``attn``/``self_attn``/``mlp``, LoRA adapters included) and the embeddings; never a norm or a bias. A path that
-names a norm anywhere is excluded: the parallel block's ``attn_norm``/``mlp_norm`` (GPT-2's ``ln_1``/``ln_2``) are
-norms, although their names begin like the submodules'."""
+"""Weight decay of the baselines (GPT-2, Llama, the weight-shared model), as the paper's code decays GPT-2 and Llama
+(model choices ``gpt2``, ``llama``: the weight matrices of attention and MLP, and the embeddings) and as nanoGPT
+does: the weight matrices of the attention and MLP submodules (``attn``/``self_attn``/``mlp``) and the embeddings;
+never a norm or a bias. A path that names a norm anywhere is excluded: the parallel block's
+``attn_norm``/``mlp_norm`` (GPT-2's ``ln_1``/``ln_2``) are norms, although their names begin like the submodules'."""
+
+
+DECAY_ALL = r".*"
+"""Weight decay of every parameter: the paper's code gives its Llama ODE model (model choice ``llamaode``) no mask,
+and its fine-tuning optimiser none either (``qkvflow/finetune.py``), so optax decays every parameter they train,
+norms and biases included. Here: the Llama variant of DiffEqFormer, and every fine-tuning (a discretised DiffEqFormer
+as a GPT-2, LoRA and full alike; LoRA's frozen weights match too but get no update)."""
 
 
 @dataclass(frozen=True)
@@ -118,6 +127,13 @@ class PretrainRef:
     """Its config file (relative paths: to the working directory, else to the repository root)."""
     run_dir: Optional[str] = None
     """Its run directory (default: runs/<name in that config file>); it must hold a run of exactly that config."""
+    population: int = 1
+    """How many seeds of that config were pretrained together as one population (``diffeqformer.population``): the
+    file's ``trainer.seed`` and the next ones; 1: it was trained alone."""
+    member: int = 0
+    """Which seed of that population the fine-tuning starts from: member k is the file's config with ``trainer.seed``
+    + k, named ``<name>-seed<k>`` (``seed_member``). A population of fine-tunings of such a pretraining starts its
+    member k from pretraining member ``member`` + k (``population.members_of``)."""
 
 
 @dataclass(frozen=True)
@@ -348,9 +364,17 @@ def config_hash(config: Config, *, population: Optional[list[int]] = None,
 
 
 def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
-    """The paper's weight-decay masks, unless the config sets its own ``weight_decay_modules``."""
-    decay = DECAY_ODE if isinstance(model, DiffEqFormerConfig) and model.time_dependent else DECAY_BASELINE
-    return with_weight_decay(optimizer, decay)
+    """The paper's weight-decay mask of a pretraining of ``model`` (``DECAY_ODE``, ``DECAY_ALL`` for the Llama
+    variant of DiffEqFormer, ``DECAY_BASELINE``), unless the config sets its own ``weight_decay_modules``."""
+    if isinstance(model, DiffEqFormerConfig) and model.time_dependent:
+        return with_weight_decay(optimizer, DECAY_ALL if model.variant == "llama" else DECAY_ODE)
+    return with_weight_decay(optimizer, DECAY_BASELINE)
+
+
+def with_finetune_weight_decay(optimizer: OptimizerConfig) -> OptimizerConfig:
+    """The paper's weight-decay mask of a fine-tuning: every parameter it trains (``DECAY_ALL``), unless the config
+    sets its own ``weight_decay_modules``."""
+    return with_weight_decay(optimizer, DECAY_ALL)
 
 
 def with_weight_decay(optimizer: OptimizerConfig, modules: str) -> OptimizerConfig:
@@ -470,6 +494,8 @@ def finetune_hash(config: FinetuneConfig, pretrain_config_hash: str, *,
     a training run's hash does."""
     relevant = dataclasses.replace(config, run_dir=None, wandb=False, pretrain=PretrainRef())
     text = dump_config(relevant) + f"pretrain_config_hash: {pretrain_config_hash}\n"
+    if config.optimizer.weight_decay:
+        text += f"weight_decay_modules: {with_finetune_weight_decay(config.optimizer).weight_decay_modules}\n"
     if population is not None:
         text += f"population: {[int(seed) for seed in population]}\n"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
@@ -486,10 +512,35 @@ def adapt(model, config: FinetuneConfig, *, key):
 
 
 def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
-    """The pretraining's configuration (parsed from ``pretrain.config``) and its run directory (``pretrain.run_dir``,
-    else the configuration's own); neither is checked here (``runs.pretraining`` does)."""
+    """The pretraining's configuration (parsed from ``pretrain.config``; member ``pretrain.member`` of its population,
+    ``seed_member``) and its run directory (``pretrain.run_dir``, else the configuration's own); neither is checked
+    here (``runs.pretraining`` does)."""
+    ref = config.pretrain
+    if not (_is_int(ref.population) and ref.population >= 1 and _is_int(ref.member)
+            and 0 <= ref.member < ref.population):
+        raise ValueError(f"pretrain.member must be a seed of the pretraining's population (0 to pretrain.population - "
+                         f"1), got member {ref.member!r} of {ref.population!r}")
+    pre = seed_member(load_config(repository_path(ref.config)), ref.member)
+    return pre, Path(ref.run_dir) if ref.run_dir else run_dir_of(pre)
+
+
+def pretraining_hash(config: FinetuneConfig) -> str:
+    """The config hash a fine-tuning's pretraining must have been trained with (``pretraining_of``; a member of a
+    population of ``pretrain.population`` seeds hashes them too, as ``population.main`` does)."""
     pre = load_config(repository_path(config.pretrain.config))
-    return pre, Path(config.pretrain.run_dir) if config.pretrain.run_dir else run_dir_of(pre)
+    population = ([pre.trainer.seed + k for k in range(config.pretrain.population)]
+                  if config.pretrain.population > 1 else None)
+    return config_hash(pretraining_of(config)[0], population=population)
+
+
+def seed_member(config: Config, k: int) -> Config:
+    """Seed k of ``config`` as ``pipeline.seeded`` and ``population.members_of`` name it: ``trainer.seed`` + k, named
+    ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` where the config sets ``run_dir``); ``config`` itself for k = 0."""
+    if k == 0:
+        return config
+    return dataclasses.replace(config, name=f"{config.name}-seed{k}",
+                               run_dir=f"{config.run_dir}-seed{k}" if config.run_dir else None,
+                               trainer=dataclasses.replace(config.trainer, seed=config.trainer.seed + k))
 
 
 def _is_int(value) -> bool:

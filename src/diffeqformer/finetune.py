@@ -31,15 +31,15 @@ from levanter.adaptor.lora import lora_trainable_params_filter
 
 from . import paths, runs, train
 from .config import (
-    DECAY_BASELINE,
     METHODS,
     DataConfig,
     FinetuneConfig,
     adapt,
     config_hash,
     load_config,
+    seed_member,
     validate_finetune,
-    with_weight_decay,
+    with_finetune_weight_decay,
 )
 from .dispatch import Trainer
 from .model.transformer import DiffEqFormerConfig, count_params
@@ -120,7 +120,7 @@ def main(config: FinetuneConfig) -> dict:
             return run.summaries[0]
         data = config.data.levanter_config()
         trainer_config = trainer_config_of(config, run.dirs[0])
-        optimizer = train.initialize_and_build(trainer_config, with_weight_decay(config.optimizer, DECAY_BASELINE))
+        optimizer = train.initialize_and_build(trainer_config, with_finetune_weight_decay(config.optimizer))
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
@@ -161,9 +161,12 @@ PRETRAINED = {"diffeqformer18": "pretrain_diffeqformer18_{domain}.yaml", "gpt2_2
 """The pretrained models of a preset: an 18-step DiffEqFormer and the 24-layer GPT-2 baseline, one per domain."""
 TEMPLATES = {method: f"finetune_{method}.yaml" for method in METHODS}
 """The fine-tuning configs of a preset, one per method; the grid overrides name, pretrain, steps and data.domain."""
-FINETUNE_SEEDS = {"cpu": 3, "gpu": 3}
-"""Seeds of each fine-tuning setting, per preset (others: 1): F7's comparisons are judged over seeds
-(``analysis.seeds.RULE``); a setting's seeds are trained together, as one population (``diffeqformer.population``)."""
+PRETRAIN_SEEDS = {"cpu": 3, "gpu": 3}
+"""Pretraining seeds of each model and domain, per preset (others: 1), trained together as one population
+(``diffeqformer.population``). F7's unit is the pretraining: seed k of each setting fine-tunes pretraining seed k once
+(its own fine-tuning seed k), so that a comparison over seeds compares two architectures, each pretrained and
+fine-tuned several times, rather than two checkpoints (``analysis.seeds.RULE``); a setting's fine-tunings are one
+population too."""
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,16 @@ class GridRun:
         return ["-m", self.module, "--config", str(self.config), *self.overrides]
 
 
+def _pretrainings(path: Path, n: int) -> list[GridRun]:
+    """The pretraining of ``path`` with ``n`` seeds, one population (named and seeded as ``pipeline.seeded`` names and
+    seeds them), or alone where ``n`` is 1."""
+    members = [seed_member(load_config(path), k) for k in range(n)]
+    population = tuple(m.trainer.seed for m in members) if n > 1 else ()
+    return [GridRun(m.name, "diffeqformer.train", path,
+                    () if k == 0 else ("--name", m.name, "--trainer.seed", str(m.trainer.seed)), (), population)
+            for k, m in enumerate(members)]
+
+
 def discretisations(preset: str) -> tuple[int, ...]:
     """The Euler steps N a preset fine-tunes the 18-step DiffEqFormer with."""
     return PRESET_DISCRETISATIONS.get(preset, DISCRETISATIONS)
@@ -199,12 +212,13 @@ def discretisations(preset: str) -> tuple[int, ...]:
 def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     """Every run of the Fig. 5 experiment at a preset, in an order that runs each pretraining before its fine-tunings:
 
-    * the pretrainings: an 18-step DiffEqFormer and a 24-layer GPT-2 on each domain (``PRETRAINED``);
+    * the pretrainings: an 18-step DiffEqFormer and a 24-layer GPT-2 on each domain (``PRETRAINED``), each with
+      ``PRETRAIN_SEEDS`` seeds, one population: ``<name>``, ``<name>-seed1``, ... (the file's ``trainer.seed`` and the
+      next ones);
     * for each direction (``DIRECTIONS``; ``ONLINE_DIRECTIONS`` where the templates train on an online corpus) and
-      method (``METHODS``): the DiffEqFormer discretised to each N of
-      ``discretisations(preset)``, and the 24-layer GPT-2, fine-tuned on the other domain (``TEMPLATES``), each
-      with ``FINETUNE_SEEDS`` seeds: ``<name>``, ``<name>-seed1``, ... (the template's ``trainer.seed`` and the
-      next ones), one population;
+      method (``METHODS``): the DiffEqFormer discretised to each N of ``discretisations(preset)``, and the 24-layer
+      GPT-2, fine-tuned on the other domain (``TEMPLATES``), seed k from pretraining seed k (``pretrain.member``):
+      ``<name>``, ``<name>-seed1``, ... (the template's ``trainer.seed`` and the next ones), one population;
     * a 24-layer GPT-2 trained from scratch on each target domain for as many steps as a fine-tuning.
 
     Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (cpu, gpu and paper do)."""
@@ -220,11 +234,13 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
     if missing:
         raise FileNotFoundError(f"finetune_grid({preset!r}) needs {', '.join(missing)}")
 
-    pre_names = {key: load_config(path).name for key, path in pretrained.items()}
-    runs = [GridRun(pre_names[key], "diffeqformer.train", path) for key, path in pretrained.items()]
+    n = PRETRAIN_SEEDS.get(preset, 1)
+    pre_runs = {key: _pretrainings(path, n) for key, path in pretrained.items()}
+    runs = [r for members in pre_runs.values() for r in members]
+    pre_names = {key: [r.name for r in members] for key, members in pre_runs.items()}
     for source, target in directions:
         for method in METHODS:
-            for model, steps in [*(("diffeqformer18", n) for n in discretisations(preset)), ("gpt2_24", None)]:
+            for model, steps in [*(("diffeqformer18", n_) for n_ in discretisations(preset)), ("gpt2_24", None)]:
                 label = f"{model}-{source}-to-{target}" + (f"-n{steps}" if steps else "") + f"-{method}"
                 name = f"{preset}-finetune-{label}"
                 overrides = (
@@ -232,15 +248,17 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
                     "--pretrain.config", str(pretrained[model, source].relative_to(paths.REPO)),
                     "--steps", "null" if steps is None else str(steps),
                     domain_field, target,
+                    *(("--pretrain.population", str(n)) if n > 1 else ()),
                 )
-                after = (pre_names[model, source],)
-                first, n = loaded[method].trainer.seed, FINETUNE_SEEDS.get(preset, 1)
+                first = loaded[method].trainer.seed
                 population = tuple(range(first, first + n)) if n > 1 else ()
-                runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides, after, population))
-                for k in range(1, n):  # named and seeded as population.members_of and pipeline.seeded do
-                    seeded = (*overrides[2:], "--name", f"{name}-seed{k}", "--trainer.seed", str(first + k))
-                    runs.append(GridRun(f"{name}-seed{k}", "diffeqformer.finetune", templates[method], seeded, after,
-                                        population))
+                runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides,
+                                    (pre_names[model, source][0],), population))
+                for k in range(1, n):  # named and seeded as population.members_of names and seeds them
+                    seeded = (*overrides[2:], "--name", f"{name}-seed{k}", "--trainer.seed", str(first + k),
+                              "--pretrain.member", str(k))
+                    runs.append(GridRun(f"{name}-seed{k}", "diffeqformer.finetune", templates[method], seeded,
+                                        (pre_names[model, source][k],), population))
     for target in domains:
         name = f"{preset}-scratch-gpt2_24-{target}"
         overrides = (

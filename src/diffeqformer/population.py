@@ -49,7 +49,6 @@ from levanter.tracker import Tracker, TrackerConfig
 
 from . import finetune, paths, runs, train
 from .config import (
-    DECAY_BASELINE,
     Config,
     FinetuneConfig,
     TrainConfig,
@@ -59,8 +58,9 @@ from .config import (
     plain_tree,
     run_dir_of,
     validate,
+    seed_member,
+    with_finetune_weight_decay,
     with_paper_weight_decay,
-    with_weight_decay,
 )
 from .dispatch import Trainer, batched_maps
 from .model.transformer import count_params
@@ -73,13 +73,16 @@ _MEMBER_METRIC = re.compile(r"(train|eval)/member(\d+)/(.+)")
 
 def check_members(configs: Sequence[Config]) -> list[int]:
     """The members' seeds, after checking that the configs differ in name, run directory and ``trainer.seed`` only
-    (and in all three)."""
+    (and in all three), and fine-tunings also in the seed of their pretraining's population they start from
+    (``pretrain.member``)."""
     if len(configs) < 2:
         raise ValueError(f"a population needs at least two members, got {len(configs)}")
 
     def rest(config):
         tree = plain_tree(dataclasses.replace(config, name="", run_dir=None))
         tree["trainer"].pop("seed")
+        if "pretrain" in tree:
+            tree["pretrain"].pop("member")
         return tree
 
     first = rest(configs[0])
@@ -348,47 +351,42 @@ def _membership(run: runs.Opened, seeds: list[int], k: int) -> dict:
 
 
 def finetune_main(configs: Sequence[FinetuneConfig]) -> list[dict]:
-    """Fine-tune the members of a population from their one pretraining (or resume, or skip it when every member is
+    """Fine-tune the members of a population from their pretrainings (or resume, or skip it when every member is
     complete) and return each member's ``complete.json``, whose fields are those of a solo fine-tuning's
     (``finetune.main``) plus ``population``.
 
-    Member k is its solo fine-tuning of its seed: the pretrained model adapted (discretised, LoRA adapters drawn
-    from the member's adapter key: ``config.adapt`` vmapped over the keys; the frozen weights, the same in every
-    member, are kept once and shared), trained where ``finetune.trainable`` says (the trainable weights have the
-    population's axis), on its own batches and dropout keys, with its own Adam state;
-    its pretrained model's validation loss is logged at step -1. Resumed, Levanter restores the trainable part of
-    the population's checkpoint and takes the frozen part from the same adaptation run again."""
+    Member k is its solo fine-tuning of its seed: its pretrained model adapted (discretised, LoRA adapters drawn
+    from the member's adapter key: ``config.adapt`` vmapped over the keys), trained where ``finetune.trainable``
+    says (the trainable weights have the population's axis), on its own batches and dropout keys, with its own Adam
+    state; its pretrained model's validation loss is logged at step -1. Where every member starts from the same
+    pretraining, the frozen weights are the same in every member and kept once, shared; where member k starts from
+    its own pretraining seed (``pretrain.member``), every weight has the population's axis. Resumed, Levanter
+    restores the trainable part of the population's checkpoint and takes the frozen part from the same adaptation
+    run again."""
     from haliax.partitioning import round_axis_for_partitioning
 
     seeds = check_members(configs)
-    pretraining = finetune.validate(configs[0])  # the members differ from it in name, run_dir and seed only
-    digests = [config_hash(c, population=seeds, pretrain_config_hash=pretraining.config_hash) for c in configs]
-    with runs.opened(configs, digests, pretraining_dir=pretraining.run_dir) as run:
+    pretrainings = [finetune.validate(c) for c in configs]
+    digests = [config_hash(c, population=seeds, pretrain_config_hash=p.config_hash)
+               for c, p in zip(configs, pretrainings)]
+    with runs.opened(configs, digests, pretraining_dir=[p.run_dir for p in pretrainings]) as run:
         if run.finished:
             return run.summaries
         base, n = configs[0], len(configs)
         Seed = Axis(SEED, n)
         data = base.data.levanter_config()
         trainer_config = _trainer_config(base, run.dirs)
-        inner = train.initialize_and_build(trainer_config, with_weight_decay(base.optimizer, DECAY_BASELINE))
+        inner = train.initialize_and_build(trainer_config, with_finetune_weight_decay(base.optimizer))
         with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, adapter, training: finetune.main
             adapter_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
             Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
-            if Vocab != pretraining.Vocab:
-                raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
+            if any(Vocab != p.Vocab for p in pretrainings):
+                raise ValueError(f"data: {Vocab.size} tokens, but a pretrained model has another vocabulary "
+                                 f"({sorted({p.Vocab.size for p in pretrainings})})")
 
-            def adapt_each(pretrained, adapter_keys):
-                adapted = hax.vmap(lambda key: adapt(pretrained, base, key=key), Seed)(adapter_keys)
-                # adapt draws only the adapters: the frozen weights are the same in every member, so they are kept
-                # once, without the population's axis (the loss's vmap broadcasts them: one matrix product over
-                # the members' batches instead of one per member)
-                spec, named = finetune.trainable(base, adapted), lambda x: isinstance(x, NamedArray)
-                return eqx.combine(eqx.filter(adapted, spec, is_leaf=named),
-                                   eqx.filter(member(adapted, 0), spec, inverse=True, is_leaf=named), is_leaf=named)
-
-            model = train.compiled_once(adapt_each, trainer.parameter_axis_mapping)(
-                runs.load_model(pretraining.run_dir), adapter_keys)
+            model = _adapted(base, [p.run_dir for p in pretrainings], Seed, adapter_keys,
+                             trainer.parameter_axis_mapping)
             state = trainer.initial_state(training_keys, model=model, is_trainable=finetune.trainable(base, model))
             counts = {"trainable_params": count_params(member(state.trainable_model, 0)),
                       "total_params": count_params(member(state.model, 0))}
@@ -405,20 +403,55 @@ def finetune_main(configs: Sequence[FinetuneConfig]) -> list[dict]:
                                euler_steps=config.steps, **counts,
                                pretrained_eval_loss=runs.initial_eval_loss(run.dirs[k]),
                                pretrain_config_hash=pretraining.config_hash, population=_membership(run, seeds, k))
-                    for k, config in enumerate(configs)]
+                    for k, (config, pretraining) in enumerate(zip(configs, pretrainings))]
+
+
+def _adapted(base: FinetuneConfig, pretrained: Sequence[Path], Seed: Axis, adapter_keys, axis_mapping):
+    """The population's model, compiled as one program: member k's pretraining (``pretrained[k]``, a run directory)
+    adapted with member k's adapter key. Where every member starts from the same pretraining its frozen weights are
+    kept once, shared; otherwise every weight has the population's axis."""
+
+    def adapt_each(model, adapter_keys):
+        if len(set(pretrained)) > 1:  # member k's own pretraining: every weight has the population's axis
+            return hax.vmap(lambda m, key: adapt(m, base, key=key), Seed)(model, adapter_keys)
+        adapted = hax.vmap(lambda key: adapt(model, base, key=key), Seed)(adapter_keys)
+        # adapt draws only the adapters: the frozen weights are the same in every member, so they are kept once,
+        # without the population's axis (the loss's vmap broadcasts them: one matrix product over the members'
+        # batches instead of one per member)
+        spec, named = finetune.trainable(base, adapted), lambda x: isinstance(x, NamedArray)
+        return eqx.combine(eqx.filter(adapted, spec, is_leaf=named),
+                           eqx.filter(member(adapted, 0), spec, inverse=True, is_leaf=named), is_leaf=named)
+
+    model = (runs.load_model(pretrained[0]) if len(set(pretrained)) == 1
+             else stacked([runs.load_model(run_dir) for run_dir in pretrained], Seed))
+    return train.compiled_once(adapt_each, axis_mapping)(model, adapter_keys)
+
+
+def stacked(models: Sequence[Any], Seed: Axis):
+    """Models of one structure as one, every named array with the leading axis ``Seed`` (member k: ``models[k]``,
+    which ``member`` takes back out). A leaf that is no named array must be the same in every model."""
+
+    def stack(*leaves):
+        if isinstance(leaves[0], NamedArray):
+            return hax.stack(Seed, leaves)
+        if any(not bool(jnp.array_equal(leaf, leaves[0])) for leaf in leaves[1:]):
+            raise ValueError("the models differ in an array without named axes, which a population cannot stack")
+        return leaves[0]
+
+    return jax.tree_util.tree_map(stack, *models, is_leaf=lambda x: isinstance(x, NamedArray))
 
 
 def members_of(config: Config, n: int) -> list[Config]:
     """``config`` and ``n - 1`` copies with the next ``trainer.seed`` values, named as ``pipeline.seeded`` names
-    them: ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` when the config sets ``run_dir``)."""
+    them: ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` when the config sets ``run_dir``: ``config.seed_member``).
+    A fine-tuning of a pretraining trained as a population (``pretrain.population`` > 1) starts its member k from the
+    pretraining's member ``pretrain.member`` + k: each fine-tuning seed from its own pretraining seed."""
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"--seeds must be an integer of at least 2, got {n!r}")
-    out = []
-    for k in range(n):
-        suffix = f"-seed{k}" if k else ""
-        out.append(dataclasses.replace(
-            config, name=config.name + suffix, run_dir=config.run_dir + suffix if config.run_dir else None,
-            trainer=dataclasses.replace(config.trainer, seed=config.trainer.seed + k)))
+    out = [seed_member(config, k) for k in range(n)]
+    if isinstance(config, FinetuneConfig) and config.pretrain.population > 1:
+        out = [dataclasses.replace(m, pretrain=dataclasses.replace(m.pretrain, member=config.pretrain.member + k))
+               for k, m in enumerate(out)]
     return out
 
 

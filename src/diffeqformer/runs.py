@@ -195,6 +195,20 @@ def load_model(run, *, merged: bool = False):
     return merge_lora_modules(model) if merged else model
 
 
+def parameter_count(run) -> int:
+    """Parameters of a pretraining run's model, counted on a shape-only build of its config (nothing computed)."""
+    import equinox as eqx
+    import jax
+    from haliax import Axis
+
+    from .model.transformer import count_params
+
+    model = config(run).model
+    shape = eqx.filter_eval_shape(lambda: model.build(Axis("vocab", summary(run)["vocab_size"]),
+                                                      key=jax.random.PRNGKey(0)))
+    return count_params(shape)
+
+
 def read_metrics(run):
     """The metrics of a run as a pandas DataFrame: one row per step, a column per metric (NaN where not logged).
 
@@ -264,7 +278,7 @@ def pretraining(config: "FinetuneConfig") -> Pretraining:
     ``ValueError`` naming the field and saying what to do otherwise."""
     from haliax import Axis
 
-    from .config import config_hash, pretraining_of, repository_path
+    from .config import pretraining_hash, pretraining_of, repository_path
 
     pre_path = repository_path(config.pretrain.config)
     if not pre_path.exists():
@@ -272,11 +286,13 @@ def pretraining(config: "FinetuneConfig") -> Pretraining:
     pre, pre_dir = pretraining_of(config)
     if not (pre_dir / COMPLETE).exists():
         raise ValueError(
-            f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no {COMPLETE}); "
-            f"train it first: python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}"
+            f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no {COMPLETE}); train it first: "
+            + (f"python -m diffeqformer.population --config {pre_path} --seeds {config.pretrain.population}"
+               if config.pretrain.population > 1 else
+               f"python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}")
         )
     summary = read_complete(pre_dir)
-    digest = config_hash(pre)
+    digest = pretraining_hash(config)
     if summary.get("config_hash") != digest:
         raise ValueError(
             f"pretrain.config: the run in {pre_dir} was trained with another configuration "
@@ -359,11 +375,12 @@ class Opened:
 
 
 @contextlib.contextmanager
-def opened(configs: Sequence["Config"], digests: Sequence[str], *, pretraining_dir: Path | None = None):
+def opened(configs: Sequence["Config"], digests: Sequence[str], *,
+           pretraining_dir: Path | Sequence[Path] | None = None):
     """Lock the run directories of ``configs`` (their config hashes ``digests``) for training, and start each run
     that is not complete for its hash (``start_run``: its ``config.yaml``, and ``pretraining_dir``'s ``config.yaml``
-    as a fine-tuning's ``pretrain_config.yaml``); yields an ``Opened`` whose ``finished`` says whether anything is
-    left to train. The locks are held until the block ends."""
+    as a fine-tuning's ``pretrain_config.yaml``; a list: each run's own pretraining); yields an ``Opened`` whose
+    ``finished`` says whether anything is left to train. The locks are held until the block ends."""
     from .config import run_dir_of
 
     dirs = [run_dir_of(c) for c in configs]
@@ -372,9 +389,10 @@ def opened(configs: Sequence["Config"], digests: Sequence[str], *, pretraining_d
             locks.enter_context(lock(run_dir))
         summaries = [start_run(c, d, h) for c, d, h in zip(configs, dirs, digests)]
         if pretraining_dir is not None and not all(s is not None for s in summaries):
-            text = (pretraining_dir / CONFIG).read_text()
-            for run_dir in dirs:
-                paths.write_atomic(run_dir / PRETRAIN_CONFIG, text)
+            pretrained = (pretraining_dir if isinstance(pretraining_dir, (list, tuple))
+                          else [pretraining_dir] * len(dirs))
+            for run_dir, pre_dir in zip(dirs, pretrained):
+                paths.write_atomic(run_dir / PRETRAIN_CONFIG, (pre_dir / CONFIG).read_text())
         yield Opened(configs, dirs, list(digests), summaries)
 
 

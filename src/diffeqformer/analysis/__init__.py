@@ -1,8 +1,10 @@
 """The analyses of trained runs, one module per question of the paper, each importing only the layers below it
-(model, data, train, runs, report) and ``seeds``:
+(model, data, train, runs, report), ``seeds`` and ``claims``:
 
-- ``seeds``: the verdict rule (a difference is a result only when a two-sided test at 5% rejects no difference:
-  paired t-test over matched seeds or models, else Welch's, exact McNemar for one model's paired hits);
+- ``seeds``: the verdict rule (a difference is significant only when a two-sided test at 5% rejects no difference:
+  paired t-test over matched seeds or models, else Welch's, exact McNemar for one model's paired hits, exact tests
+  where the values have no spread; a claim's four verdicts; equivalence; Holm's adjustment);
+- ``claims``: the paper's headline claims, each with its one primary test, named before any number;
 - ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents
   and the attribution methods they are compared with), ``inference`` (ODE solvers at inference, x1),
   ``perplexity`` (F6), ``ablations`` (F7-F10 tables, measured step time and peak memory; ``python -m
@@ -12,5 +14,5 @@
 Each module is imported on its own (``from diffeqformer.analysis import spectra``): this package imports none.
 """
 
-__all__ = ["ablations", "attribution", "downstream", "inference", "lyapunov", "perplexity", "schematic", "seeds",
-           "spectra", "trajectories"]
+__all__ = ["ablations", "attribution", "claims", "downstream", "inference", "lyapunov", "perplexity", "schematic",
+           "seeds", "spectra", "trajectories"]

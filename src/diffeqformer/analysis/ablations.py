@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import resource
+import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ..runs import (
     is_finetuning,
     median_throughput,
     model_type,
+    parameter_count,
     pretrain_config,
     read_metrics,
     require_complete,
@@ -36,7 +38,8 @@ from ..runs import (
     summary,
 )
 from ..train import next_token_loss
-from .seeds import NOISE, RESULT, Comparison, Trend, as_list, compare, sign_word, spread, trend
+from . import claims, seeds
+from .seeds import Comparison, Trend, as_list, compare, spread, trend
 
 # --------------------------------------------------------------------------------------------------- one run
 
@@ -61,6 +64,8 @@ def describe(run) -> dict:
         "steps": done.get("euler_steps") if finetune else None,
         "source": pretraining.data.domain if finetune else None,
         "final_ppl": done.get("final_eval_perplexity"), "best_ppl": float(curve.perplexity.min()),
+        "final_loss": float(curve.eval_loss.iloc[-1]), "best_loss": float(curve.eval_loss.min()),
+        "pretrain_seed": (pretraining or config).trainer.seed,
         "initial_ppl": float(curve.perplexity.iloc[0]) if finetune else None,
         "trainable_params": done.get("trainable_params"), "total_params": done.get("total_params"),
         # a population's member (diffeqformer.population) records its share of the population's throughput
@@ -99,20 +104,6 @@ def _eval_curve(metrics, run):
     return frame.drop_duplicates("step", keep="last").reset_index(drop=True)
 
 
-def parameter_count(run) -> int:
-    """Parameters of a pretraining run's model, counted on a shape-only build of its config (nothing computed)."""
-    import equinox as eqx
-    import jax
-    from haliax import Axis
-
-    from ..model.transformer import count_params
-
-    config = run_config(run)
-    vocab = summary(run)["vocab_size"]
-    shape = eqx.filter_eval_shape(lambda: config.model.build(Axis("vocab", vocab), key=jax.random.PRNGKey(0)))
-    return count_params(shape)
-
-
 # ---------------------------------------------------------------------------------------------- F7: Fig. 5
 
 
@@ -132,9 +123,11 @@ def finetune_table(runs: Mapping[str, str] | Sequence[str]):
     """One row per setting of the Fig. 5 experiment (direction, method, model: a fine-tuning over its seeds, or a
     model trained from scratch on a fine-tuning's target domain): trainable parameters, validation perplexity before
     fine-tuning, final and best (means over the seeds), the final's standard deviation over the seeds, final - best
-    (how far a run ended above its best validation perplexity: overfitting), the number of seeds, each seed's final
-    perplexity (``finals``, for ``seeds.compare``), the first seed's run (``run``) and all of them (``runs``). The
-    pretrainings the fine-tunings start from are left out (their own curves are F6's business)."""
+    (how far a run ended above its best validation perplexity: overfitting), the number of seeds, and per seed, in
+    the order of the pretraining seeds they start from (``pretrain seeds``; seed k of two settings is matched by it),
+    the final perplexity (``finals``), the final validation loss (``losses``, the log of the final perplexity), the
+    rise of the final loss above the run's best (``rises``), the first seed's run (``run``) and all of them
+    (``runs``). The pretrainings the fine-tunings start from are left out (their own curves are F6's business)."""
     import pandas as pd
 
     described = [describe(r) for r in (runs.values() if isinstance(runs, Mapping) else runs)]
@@ -155,6 +148,7 @@ def finetune_table(runs: Mapping[str, str] | Sequence[str]):
             records.append(_finetune_record(d, d["method"], d["source"]))
     settings = []
     for _, rows in pd.DataFrame.from_records(records).groupby(["direction", "method", "model"], sort=False):
+        rows = rows.sort_values("pretrain seed", kind="stable")
         final = spread(rows["final ppl"])
         first = rows.iloc[0]
         settings.append({
@@ -163,7 +157,8 @@ def finetune_table(runs: Mapping[str, str] | Sequence[str]):
             "ppl before": rows["ppl before"].mean() if first["ppl before"] is not None else None,
             "final ppl": final.mean, "sd": final.sd, "best ppl": rows["best ppl"].mean(),
             "final - best": rows["final - best"].mean(), "seeds": final.n, "finals": final.values,
-            "run": first.run, "runs": tuple(rows.run),
+            "losses": tuple(rows["final loss"]), "rises": tuple(rows["final loss"] - rows["best loss"]),
+            "pretrain seeds": tuple(int(k) for k in rows["pretrain seed"]), "run": first.run, "runs": tuple(rows.run),
         })
     table = pd.DataFrame.from_records(settings)
     order = {"lora": 0, "full": 1}
@@ -180,91 +175,194 @@ def _finetune_record(d: dict, method: str, source: str) -> dict:
         "model_order": (2, 0) if scratch else ((0, d["steps"]) if d["steps"] else (1, 0)),
         "trainable params": d["trainable_params"], "ppl before": None if scratch else d["initial_ppl"],
         "final ppl": d["final_ppl"], "best ppl": d["best_ppl"], "final - best": d["final_ppl"] - d["best_ppl"],
+        "final loss": d["final_loss"], "best loss": d["best_loss"], "pretrain seed": d["pretrain_seed"],
         "run": d["run"],
     }
 
 
-FINETUNE_HIDDEN = ("run", "runs", "finals")
+FINETUNE_HIDDEN = ("run", "runs", "finals", "losses", "rises", "pretrain seeds")
 """Columns of a ``finetune_table`` that are for the code, not for the reader."""
 
 
 def plot_finetune(table, *, log: bool = True):
     """Fig. 5: validation perplexity during fine-tuning, one panel per direction (rows) and method (columns), one
-    line per model; the model trained from scratch on the target domain is dashed grey."""
-    import matplotlib.pyplot as plt
-
-    directions = list(dict.fromkeys(table.direction))
-    methods = list(dict.fromkeys(table.method))
-    fig, axes = plt.subplots(len(directions), len(methods), figsize=(5.2 * len(methods), 3.6 * len(directions)),
-                             squeeze=False, sharey=True)
-    cmap = plt.get_cmap("viridis")
-    for i, direction in enumerate(directions):
-        for j, method in enumerate(methods):
-            ax = axes[i][j]
-            rows = table[(table.direction == direction) & (table.method == method)]
-            odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
-            for k, row in enumerate(rows.itertuples()):
-                curve = mean_curve(row.runs)
-                if "from scratch" in row.model:
-                    style = dict(color="0.5", ls="--")
-                elif row.model.startswith("DiffEqFormer N="):
-                    style = dict(color=cmap(0.15 + 0.7 * odes.index(row.model) / max(len(odes) - 1, 1)))
-                else:
-                    style = dict(color="tab:red")
-                ax.plot(curve.step, curve.perplexity, marker="o", ms=2.5, lw=1.3, label=row.model, **style)
-            if log:
-                log_perplexity_axis(ax, "validation perplexity" if j == 0 else "")
-            ax.set_title(f"{direction}, {'LoRA' if method == 'lora' else method + ' fine-tuning'}", fontsize=10)
-            ax.grid(alpha=0.3, which="both")
-            if i == len(directions) - 1:
-                ax.set_xlabel("fine-tuning step")
-            if j == 0 and not log:
-                ax.set_ylabel("validation perplexity")
-            ax.legend(fontsize=7)
+    line per model (the mean over its seeds), each with its own marker, so that lines that coincide stay visible;
+    the model trained from scratch on the target domain is dashed grey. ``plot_finetune_differences`` draws the
+    differences themselves."""
+    fig, panels = _finetune_panels(table, 3.6)
+    for ax, rows, first_column in panels:
+        odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
+        for row in rows.itertuples():
+            curve = mean_curve(row.runs)
+            ax.plot(curve.step, curve.perplexity, label=row.model, **_finetune_style(row.model, odes))
+        if log:
+            log_perplexity_axis(ax, "validation perplexity" if first_column else "")
+        elif first_column:
+            ax.set_ylabel("validation perplexity")
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
     fig.tight_layout()
     return fig
 
 
-def finetune_headline(table) -> dict[str, str]:
-    """Sentences for F7, under fixed keys (``lora``, ``full``: per direction, every DiffEqFormer discretisation
-    against the GPT-2 baseline, each by ``seeds.RULE``; ``lora_wins``, ``full_wins``: how many of those comparisons
-    are results in DiffEqFormer's favour; ``verdict``: the paper's claim that DiffEqFormer is better under LoRA).
+def _finetune_panels(table, height: float):
+    """A figure with one panel per direction (rows) and method (columns) of a ``finetune_table``, titled, the
+    bottom row's x axis labelled, and (panel, the table's rows of that panel, whether it is in the first column)
+    for each."""
+    import matplotlib.pyplot as plt
 
-    Every N is compared, not the best of them: picking the lowest of several single runs and comparing it with one
-    GPT-2 run selects on the same noise that the rule guards against. With one fine-tuning a setting the rule has
-    no spread to judge by, and the sentences say so (``untested: 1 seed``)."""
-    out, wins = {}, {}
-    for method in ("lora", "full"):
-        texts, won, compared, seeds = [], 0, 0, set()
-        for direction, rows in table[table.method == method].groupby("direction", sort=False):
-            odes = rows[rows.model.str.startswith("DiffEqFormer N=")]
-            gpt = rows[~rows.model.str.startswith("DiffEqFormer") & ~rows.model.str.contains("from scratch")]
-            if odes.empty or gpt.empty:
+    directions = list(dict.fromkeys(table.direction))
+    methods = list(dict.fromkeys(table.method))
+    fig, axes = plt.subplots(len(directions), len(methods), figsize=(5.2 * len(methods), height * len(directions)),
+                             squeeze=False, sharey=True)
+    panels = []
+    for i, direction in enumerate(directions):
+        for j, method in enumerate(methods):
+            ax = axes[i][j]
+            ax.set_title(f"{direction}, {_method_name(method)}", fontsize=10)
+            if i == len(directions) - 1:
+                ax.set_xlabel("fine-tuning step")
+            panels.append((ax, table[(table.direction == direction) & (table.method == method)], j == 0))
+    return fig, panels
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P")
+"""The markers of the DiffEqFormer lines of F7, one per N."""
+
+
+def _finetune_style(model: str, odes: Sequence[str]) -> dict:
+    """Line style of one model of F7: DiffEqFormer N (viridis, a hollow marker per N, on top), the GPT-2 baseline
+    (red, thick, translucent and under the others, so that a DiffEqFormer line on it shows), from scratch (dashed
+    grey)."""
+    import matplotlib.pyplot as plt
+
+    if "from scratch" in model:
+        return dict(color="0.5", ls="--", marker=".", ms=3, lw=1.2)
+    if model.startswith("DiffEqFormer N="):
+        k = odes.index(model)
+        return dict(color=plt.get_cmap("viridis")(0.15 + 0.7 * k / max(len(odes) - 1, 1)),
+                    marker=MARKERS[k % len(MARKERS)], ms=4, lw=1.1, mfc="none", zorder=3)
+    return dict(color="tab:red", lw=3.0, alpha=0.55, marker="x", ms=5, zorder=2)
+
+
+def _method_name(method: str) -> str:
+    return "LoRA" if method == "lora" else f"{method} fine-tuning"
+
+
+def plot_finetune_differences(table):
+    """Each DiffEqFormer N against the GPT-2 baseline during fine-tuning, one panel per direction and method: the
+    difference of the validation log-perplexities (mean over the pairs of the same pretraining seed) as a percent
+    ratio, with the range over the pairs shaded; zero is the GPT-2 line of ``plot_finetune``, and the band of
+    +-``claims.NEGLIGIBLE_PERCENT`` marks what this book calls negligible."""
+    import numpy as np
+
+    fig, panels = _finetune_panels(table, 3.0)
+    for ax, rows, first_column in panels:
+        gpt = _baseline_row(rows)
+        odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
+        ax.axhspan(-claims.NEGLIGIBLE_PERCENT, claims.NEGLIGIBLE_PERCENT, color="0.88", lw=0,
+                   label=f"within +-{claims.NEGLIGIBLE_PERCENT:g}%: negligible")
+        ax.axhline(0, color="tab:red", lw=1.5, alpha=0.6, label=gpt.model if gpt is not None else "GPT-2")
+        for _, row in rows[rows.model.isin(odes)].iterrows() if gpt is not None else ():
+            base = dict(zip(gpt["pretrain seeds"], gpt.runs))
+            pairs = [eval_curve(run).set_index("step").eval_loss - eval_curve(base[k]).set_index("step").eval_loss
+                     for k, run in zip(row["pretrain seeds"], row.runs) if k in base]
+            if not pairs:
                 continue
-            g = gpt.iloc[0]
-            parts = []
-            for _, row in odes.iterrows():
-                c = compare(row.finals, g.finals, paired=len(row.finals) == len(g.finals))
-                compared += 1
-                seeds.add(c.n)
-                won += c.is_result and c.difference < 0
-                parts.append(f"{row.model.split()[-1]} {row['final ppl']:.1f} ({_verdict_words(c)})")
-            texts.append(f"{direction}: {g.model} {g['final ppl']:.1f}, DiffEqFormer " + ", ".join(parts))
-        out[method] = "; ".join(texts) if texts else "not trained by this preset"
-        out[f"{method}_wins"] = f"{won} of {compared}"
-        wins[method] = (won, compared, seeds)
-    won, compared, seeds = wins["lora"]
-    if compared == 0:
-        out["verdict"] = "The preset trained no LoRA comparison with GPT-2."
-    elif max(seeds) < 2:
-        out["verdict"] = ("Untested at this scale: each setting is fine-tuned once (1 seed), and the book's rule "
-                          "needs at least two seeds a side to tell a difference from the spread of seeds.")
-    elif won == compared:
-        out["verdict"] = "Reproduced at this scale for LoRA: every discretisation beats GPT-2 as a result."
-    else:
-        out["verdict"] = (f"Not reproduced at this scale for LoRA: {won} of {compared} discretisations beat GPT-2 as "
-                          "a result.")
+            percent = 100 * np.expm1(np.column_stack([p.dropna().values for p in pairs]))
+            style = _finetune_style(row.model, odes)
+            ax.plot(pairs[0].dropna().index, percent.mean(axis=1), label=row.model, **style)
+            if percent.shape[1] > 1:
+                ax.fill_between(pairs[0].dropna().index, percent.min(axis=1), percent.max(axis=1),
+                                color=style["color"], alpha=0.15, lw=0)
+        if first_column:
+            ax.set_ylabel("DiffEqFormer against GPT-2 (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def _baseline_row(rows):
+    """The GPT-2 baseline's row among one panel's rows of a ``finetune_table`` (None if it is not there)."""
+    gpt = rows[~rows.model.str.startswith("DiffEqFormer") & ~rows.model.str.contains("from scratch")]
+    return gpt.iloc[0] if len(gpt) else None
+
+
+PRETRAINING = "pretraining seed"
+"""The unit of F7's tests."""
+
+OVERFIT_TARGETS = ("plays", "wikitext103")
+"""The fine-tuning domains on which F7 tests "fewer steps overfit less": the paper reports it on WikiText-103, for
+which the offline corpus's plays stand (``finetune.DIRECTIONS``)."""
+
+
+def finetune_differences(table, method: str) -> dict[tuple[str, int], dict[int, float]]:
+    """Per direction and N, under ``method``: pretraining seed -> DiffEqFormer's final validation log-perplexity
+    less the GPT-2 baseline's (same direction, same pretraining seed)."""
+    out = {}
+    for direction, rows in table[table.method == method].groupby("direction", sort=False):
+        gpt = _baseline_row(rows)
+        if gpt is None:
+            continue
+        base = dict(zip(gpt["pretrain seeds"], gpt.losses))
+        for _, row in rows[rows.model.str.startswith("DiffEqFormer N=")].iterrows():
+            n = int(row.model.split("=")[1])
+            out[direction, n] = {k: v - base[k] for k, v in zip(row["pretrain seeds"], row.losses) if k in base}
     return out
+
+
+def finetune_per_seed(table, method: str) -> list[float]:
+    """F7's primary number under ``method``, one per pretraining seed: the mean over directions and N of
+    ``finetune_differences`` (on the pretraining seeds every setting has)."""
+    differences = finetune_differences(table, method)
+    if not differences:
+        return []
+    common = set.intersection(*(set(d) for d in differences.values()))
+    return [statistics.fmean(d[k] for d in differences.values()) for k in sorted(common)]
+
+
+def finetune_verdicts(table) -> dict[str, claims.Verdict]:
+    """The verdicts on F7's claims (``claims.CLAIMS``), each from its one primary test over the pretraining seeds:
+    ``f7_lora`` (the one-sample t-test of ``finetune_per_seed`` under LoRA), ``f7_full`` (the same under full
+    fine-tuning, tested for equivalence), ``f7_overfit`` (the slope of each DiffEqFormer's rise above its best
+    against N, with an intercept per pretraining seed, under full fine-tuning on ``OVERFIT_TARGETS``)."""
+    out = {}
+    for name, method in (("f7_lora", "lora"), ("f7_full", "full")):
+        per_seed = finetune_per_seed(table, method)
+        out[name] = (claims.judge(name, seeds.one_sample(per_seed), unit=PRETRAINING) if per_seed
+                     else claims.untested(name, f"this preset fine-tunes no DiffEqFormer and GPT-2 with "
+                                                f"{_method_name(method)}"))
+    full = table[(table.method == "full") & table.model.str.startswith("DiffEqFormer N=")
+                 & table.direction.map(lambda d: d.split(" -> ")[1] in OVERFIT_TARGETS)]
+    x = [int(m.split("=")[1]) for m, rises in zip(full.model, full.rises) for _ in rises]
+    y = [r for rises in full.rises for r in rises]
+    groups = [k for ks in full["pretrain seeds"] for k in ks]
+    if len(set(x)) >= 2:
+        out["f7_overfit"] = claims.judge("f7_overfit", trend(x, y, groups), unit=PRETRAINING)
+    else:
+        out["f7_overfit"] = claims.untested("f7_overfit", "this preset fine-tunes fewer than two N fully on the "
+                                                          "target standing for WikiText-103")
+    return out
+
+
+def finetune_secondary(table):
+    """F7's exploratory comparisons: per method, direction and N, DiffEqFormer against GPT-2 over the pretraining
+    seeds (the one-sample t-test of the seed-matched differences of final log-perplexities): the ratio in percent
+    with its 95% interval, p, the verdict on its method's claim (LoRA: lower; full: equivalent within
+    ``claims.EQUIVALENCE_PERCENT``), whether a significant ratio is negligible (within ``claims.NEGLIGIBLE_PERCENT``)
+    and the smallest ratio the design detects 80% of the time."""
+    import pandas as pd
+
+    rows = []
+    for method, name in (("lora", "f7_lora"), ("full", "f7_full")):
+        for (direction, n), per_seed in finetune_differences(table, method).items():
+            v = claims.judge(name, seeds.one_sample(list(per_seed.values())), unit=PRETRAINING)
+            rows.append({"method": _method_name(method), "direction": direction, "N": n,
+                         "effect (95% CI)": v.effect_text(), "p": v.p, "verdict": v.word,
+                         "negligible": "yes" if v.negligible else "", "detectable at 80%": v.detectable_text(),
+                         "pretraining seeds": v.n})
+    return pd.DataFrame(rows)
 
 
 def finetune_scale(table) -> str:
@@ -285,25 +383,25 @@ def ablation_table(runs: Sequence[str | Sequence[str]], fields: Mapping[str, str
     first seed), model, number of seeds, the mean final validation perplexity over the seeds and its standard
     deviation, the mean best perplexity, parameters, mean training tokens/s, wall time; ``run`` is the first seed
     (for measurements that do not depend on the seed), ``runs`` all of them, ``finals`` each seed's final
-    perplexity (for ``seeds.compare``)."""
+    perplexity and ``losses`` its log, the final validation loss (for ``seeds.compare``)."""
     import pandas as pd
 
     records = []
     for entry in runs:
-        seeds = [describe(run) for run in as_list(entry)]
-        d = seeds[0]
-        final = spread(s["final_ppl"] for s in seeds)
+        described = [describe(run) for run in as_list(entry)]
+        d = described[0]
+        final = spread(s["final_ppl"] for s in described)
         record = {column: config_field(d["config"], dotted) for column, dotted in fields.items()}
         record.update({"model": _model_name(d), "seeds": final.n, "final ppl": final.mean, "sd": final.sd,
-                       "best ppl": sum(s["best_ppl"] for s in seeds) / final.n, "params": d["total_params"],
-                       "tokens/s": sum(s["tokens_per_second"] or math.nan for s in seeds) / final.n,
+                       "best ppl": sum(s["best_ppl"] for s in described) / final.n, "params": d["total_params"],
+                       "tokens/s": sum(s["tokens_per_second"] or math.nan for s in described) / final.n,
                        "run": str(as_list(entry)[0]), "runs": tuple(str(r) for r in as_list(entry)),
-                       "finals": final.values})
+                       "finals": final.values, "losses": tuple(s["final_loss"] for s in described)})
         records.append(record)
     return pd.DataFrame.from_records(records)
 
 
-HIDDEN_COLUMNS = ("run", "runs", "finals")
+HIDDEN_COLUMNS = ("run", "runs", "finals", "losses")
 """Columns of an ``ablation_table`` that are for the code, not for the reader."""
 
 
@@ -339,28 +437,32 @@ def plot_ablation_curves(table, label, *, log: bool = True, ax=None, styles: Map
 
 
 def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Final perplexities of two settings over seeds compared by ``seeds.RULE``. Seeds are matched by their place in
-    the lists: the pipeline trains every setting as seeds 0..n-1 (``pipeline.seeded``), and seed k of two settings
-    reads the training sequences in the same order, so settings with as many seeds are compared by the paired
-    t-test, others by Welch's."""
-    return compare(a, b, paired=len(a) == len(b))
+    """Final validation log-perplexities of two settings over seeds compared by ``seeds.RULE``: the difference is
+    the log of the ratio of perplexities. Seeds are matched by their place in the lists: the pipeline trains every
+    setting as seeds 0..n-1 (``pipeline.seeded``), and seed k of two settings reads the training sequences in the
+    same order, so the first n seeds of both (n the fewer) are compared by the paired t-test."""
+    n = min(len(a), len(b))
+    return compare(a[:n], b[:n], paired=True)
 
 
-def _verdict_words(comparison: Comparison) -> str:
-    """``+2.9%, a result: +11.2, 95% CI [+5.0, +17.4], p = 0.01, paired t-test over 3 seeds`` /
-    ``+0.4%, within noise: ...`` / ``+0.4%, untested: 1 seed``."""
-    change = f"{100 * comparison.relative:+.1f}%"
+def change_words(comparison: Comparison) -> str:
+    """A comparison of log-perplexities in words: ``-9.5% (95% CI -12.0% to -7.0%), p = 0.01, paired t-test over 3
+    seeds: significant``; ``+0.4%: untested: 1 seed``."""
+    change = f"{seeds.percent(comparison.difference):+.1f}%"
     if comparison.untested:
-        return f"{change}, {comparison.verdict}"
-    word = {RESULT: "a result", NOISE: "within noise"}[comparison.verdict]
-    return f"{change}, {word}: {comparison.difference:+.1f}, {comparison.interval()} over {comparison.n} seeds"
+        return f"{change}: {comparison.verdict}"
+    interval = ("" if math.isnan(comparison.low) else
+                f" (95% CI {seeds.percent(comparison.low):+.1f}% to {seeds.percent(comparison.high):+.1f}%)")
+    return (f"{change}{interval}, {seeds.p_text(comparison.p)}, {comparison.test} over {comparison.n} seeds: "
+            f"{comparison.verdict}")
 
 
 def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
     """F8 (Fig. 7): one row per setting of ``runs`` (model key, e.g. ``ours`` / ``gpt`` -> its runs, or lists of
     seed runs, differing in Adam's beta2): final and best validation perplexity (means over seeds), the change of
-    the final one against the same model at beta2 = 0.999 in percent (negative: better), and whether that change
-    is a result or within noise (``seeds.RULE``; seeds matched as in ``_settings``)."""
+    the final one against the same model at beta2 = 0.999 in percent (the ratio from the seed-matched differences
+    of log-perplexities, negative: better), and whether that change is significant (``seeds.RULE``; seeds matched
+    as in ``_settings``)."""
     import pandas as pd
 
     parts = []
@@ -368,64 +470,88 @@ def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
         t = ablation_table(group, {"beta2": "optimizer.beta2"})
         t.insert(0, "key", key)
         base = t[t.beta2 == 0.999]
-        ref = base.finals.iloc[0] if len(base) else None
-        t["vs 0.999 %"] = [100 * (f / base["final ppl"].iloc[0] - 1) if ref else math.nan for f in t["final ppl"]]
-        t["verdict"] = ["" if (ref is None or b == 0.999) else _settings(f, ref).verdict
-                        for f, b in zip(t.finals, t.beta2)]
+        ref = base.losses.iloc[0] if len(base) else None
+        changes = [None if (ref is None or b == 0.999) else _settings(f, ref) for f, b in zip(t.losses, t.beta2)]
+        t["vs 0.999 %"] = [seeds.percent(c.difference) if c else math.nan for c in changes]
+        t["verdict"] = [c.verdict if c else "" for c in changes]
         parts.append(t.sort_values("beta2"))
     return pd.concat(parts, ignore_index=True)
 
 
+def beta2_interaction(table) -> Comparison | None:
+    """F8's primary test: per seed, DiffEqFormer's change of final log-perplexity from beta2 = 0.999 to the lower
+    beta2, less GPT-2's (the interaction of model and beta2), by the one-sample t-test over the seeds all four
+    settings share (seed k of each reads the same sequences). None where a setting is missing."""
+    changes = {}
+    for key, rows in table.groupby("key", sort=False):
+        base, low = rows[rows.beta2 == 0.999], rows[rows.beta2 < 0.999]
+        if len(base) and len(low):
+            changes[key] = (low.losses.iloc[0], base.losses.iloc[0])
+    if not {"ours", "gpt"} <= set(changes):
+        return None
+    n = min(len(v) for pair in changes.values() for v in pair)
+    per_seed = [(changes["ours"][0][k] - changes["ours"][1][k]) - (changes["gpt"][0][k] - changes["gpt"][1][k])
+                for k in range(n)]
+    return seeds.one_sample(per_seed)
+
+
 def beta2_headline(table) -> dict[str, str]:
     """Sentences for F8: per model key the perplexity at each beta2 (mean ± sd over seeds) and the change at the
-    lower beta2 with its verdict, and a verdict on the paper's claim (0.95 helps DiffEqFormer and hurts GPT): it is
-    reproduced only where both changes are results in the claimed directions."""
-    out, change = {}, {}
+    lower beta2 with its verdict (exploratory; ``beta2_verdicts`` judges the paper's claim by the interaction)."""
+    out = {}
     for key, rows in table.groupby("key", sort=False):
         values = ", ".join(f"{spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
         base, low = rows[rows.beta2 == 0.999], rows[rows.beta2 < 0.999]
-        if len(base) and len(low):
-            change[key] = _settings(low.finals.iloc[0], base.finals.iloc[0])
-            out[key] = f"{rows.model.iloc[0]}: {values} (the lower beta2: {_verdict_words(change[key])})"
-        else:
-            out[key] = f"{rows.model.iloc[0]}: {values}"
-    ours, gpt = change.get("ours"), change.get("gpt")
-    if ours is None or gpt is None:
-        out["verdict"] = "The preset did not train both models at both values of beta2."
-        return out
-    effect = lambda c: sign_word(c, "helps", "hurts", "changes nothing beyond noise for")  # noqa: E731
-    if ours.is_result and gpt.is_result and ours.difference < 0 < gpt.difference:
-        out["verdict"] = ("Reproduced at this scale: the lower beta2 helps DiffEqFormer and hurts GPT-2, both results "
-                          "(p < 0.05).")
-    else:
-        out["verdict"] = (f"Not reproduced at this scale: the lower beta2 {effect(ours)} DiffEqFormer and "
-                          f"{effect(gpt)} GPT-2; the paper has it helping DiffEqFormer and hurting GPT.")
+        change = (f" (the lower beta2: {change_words(_settings(low.losses.iloc[0], base.losses.iloc[0]))})"
+                  if len(base) and len(low) else "")
+        out[key] = f"{rows.model.iloc[0]}: {values}{change}"
     return out
 
 
+def beta2_verdicts(table) -> dict[str, claims.Verdict]:
+    """The verdict on F8's claim (``claims.CLAIMS["f8_beta2"]``) from its primary test, ``beta2_interaction``."""
+    interaction = beta2_interaction(table)
+    return {"f8_beta2": claims.judge("f8_beta2", interaction) if interaction is not None else
+            claims.untested("f8_beta2", "the preset did not train both models at both values of beta2")}
+
+
 def time_embedding_trend(table) -> Trend:
-    """F9's perplexity trend: the slope of every seed's final validation perplexity against log2 d_t (perplexity
-    per doubling of d_t), over all settings of ``table`` (``time_embedding_table``), judged by ``seeds.trend``.
-    Seeds are matched by their place in each setting's list where every setting has as many (seed k of every d_t
-    reads the training sequences in the same order: an intercept per seed), otherwise one intercept."""
-    matched = len({len(f) for f in table.finals}) == 1
-    return trend([math.log2(d) for d, finals in zip(table.d_t, table.finals) for _ in finals],
-                 [v for finals in table.finals for v in finals],
-                 [k for finals in table.finals for k in range(len(finals))] if matched else None)
+    """F9's perplexity trend: the slope of every seed's final validation log-perplexity against log2 d_t (the log
+    of the ratio of perplexities per doubling of d_t), over all settings of ``table`` (``time_embedding_table``),
+    judged by ``seeds.trend``. Seeds are matched by their place in each setting's list where every setting has as
+    many (seed k of every d_t reads the training sequences in the same order: an intercept per seed), otherwise one
+    intercept."""
+    matched = len({len(f) for f in table.losses}) == 1
+    return trend([math.log2(d) for d, losses in zip(table.d_t, table.losses) for _ in losses],
+                 [v for losses in table.losses for v in losses],
+                 [k for losses in table.losses for k in range(len(losses))] if matched else None)
+
+
+def time_embedding_verdicts(table, *, batch: int | None = None) -> dict[str, claims.Verdict]:
+    """The verdicts on F9's claims: ``f9_dt`` from ``time_embedding_trend``, ``f9_memory`` a measurement
+    (``memory_verdict``: what an added parameter costs, against half of ``PARAMETER_BYTES``)."""
+    out = {"f9_dt": claims.judge("f9_dt", time_embedding_trend(table))}
+    memory = next((c for c in MEMORY_SOURCES if c in table and table[c].notna().all()), None)
+    if memory is None:
+        out["f9_memory"] = claims.untested("f9_memory", "the preset measured no memory")
+    else:
+        growth = time_embedding_memory(table, memory, batch=batch)
+        out["f9_memory"] = claims.measured("f9_memory", growth.far_less, growth.per_parameter,
+                                           note=f"{memory_explanation(growth)} ({growth.source})")
+    return out
 
 
 def time_embedding_headline(table, *, batch: int | None = None) -> dict[str, str]:
     """Sentences for F9: how perplexity (mean over seeds), parameters, throughput and measured memory change from
-    the smallest to the largest d_t, the perplexity trend over every d_t (``time_embedding_trend``), what an added
-    parameter costs in memory (``memory_growth``: ``time_embedding_memory``; ``memory_rss``: the same fit of the
-    resident memory, where measured) and verdicts on the paper's claims: perplexity improves with d_t (``verdict``:
-    only where the slope is negative as a result, ``seeds.RULE``), memory grows far less than the parameter count
-    (``memory_verdict``: ``memory_verdict``). ``batch``: the sequences of the measured step."""
+    the smallest to the largest d_t, the perplexity trend over every d_t (``time_embedding_trend``, as a percent
+    change per doubling), what an added parameter costs in memory (``memory_growth``: ``time_embedding_memory``;
+    ``memory_rss``: the same fit of the resident memory, where measured); ``time_embedding_verdicts`` judges the
+    paper's claims. ``batch``: the sequences of the measured step."""
     lo, hi = table.iloc[0], table.iloc[-1]
     memory = next((c for c in MEMORY_SOURCES if c in table and table[c].notna().all()), None)
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     ratio = lambda c: hi[c] / lo[c]  # noqa: E731
-    slope = time_embedding_trend(table)
+    verdicts = time_embedding_verdicts(table, batch=batch)
     out = {
         "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
         "ppl": f"{spread(lo.finals).text()} to {spread(hi.finals).text()}",
@@ -434,45 +560,36 @@ def time_embedding_headline(table, *, batch: int | None = None) -> dict[str, str
         "throughput": f"x{ratio(speed):.2f}",
         "memory": (f"x{ratio(memory):.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB, {MEMORY_SOURCES[memory]})"
                    if memory else "not measured"),
-        "trend": slope.text(1, " per doubling of d_t"),
+        "trend": verdicts["f9_dt"].text(),
     }
-    improves = slope.is_result and slope.slope < 0
-    if slope.untested:
-        words = "is not tested over d_t (too few values to judge a slope by)"
-    elif slope.is_result:
-        words = f"{'improves' if slope.slope < 0 else 'worsens'} with d_t"
-    else:
-        words = "shows no trend over d_t beyond noise"
-    out["verdict"] = (f"Perplexity {words} at this scale ({'as' if improves else 'against'} the paper's Fig. 14; "
-                      f"slope against log2 d_t: {out['trend']}).")
     if memory is None:
-        out["memory_growth"] = out["memory_rss"] = out["memory_verdict"] = "not measured"
+        out["memory_growth"] = out["memory_rss"] = "not measured"
         return out
-    growth = time_embedding_memory(table, memory, batch=batch)
-    out["memory_growth"] = growth.text()
+    out["memory_growth"] = time_embedding_memory(table, memory, batch=batch).text()
     out["memory_rss"] = (time_embedding_memory(table, "training MiB", batch=batch).text()
                          if memory != "training MiB" and "training MiB" in table else "not measured")
-    out["memory_verdict"] = memory_verdict(growth)
     return out
+
+
+def hypernetwork_verdicts(table) -> dict[str, claims.Verdict]:
+    """The verdict on F10's claim: per-weight MLPs against one shared MLP, the paired t-test of the final
+    log-perplexities (seeds matched as in ``_settings``)."""
+    rows = table.set_index("hypernet")
+    if not {"per_weight", "shared_mlp"} <= set(rows.index):
+        return {"f10_hypernet": claims.untested("f10_hypernet", "the preset did not train both designs")}
+    return {"f10_hypernet": claims.judge("f10_hypernet",
+                                         _settings(rows.loc["per_weight"].losses, rows.loc["shared_mlp"].losses))}
 
 
 def hypernetwork_headline(table) -> dict[str, str]:
     """Sentences for F10: per-weight MLPs against one shared MLP (final validation perplexity over seeds,
-    parameters) and a verdict on the paper's claim that the per-weight design is better, judged by ``seeds.RULE``
-    (seeds matched as in ``_settings``)."""
+    parameters); ``hypernetwork_verdicts`` judges the paper's claim."""
     rows = table.set_index("hypernet")
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
-        return {"comparison": "The preset did not train both hypernetwork designs.", "verdict": ""}
+        return {"comparison": "The preset did not train both hypernetwork designs."}
     a, b = rows.loc["per_weight"], rows.loc["shared_mlp"]
-    change = _settings(a.finals, b.finals)
-    better = change.is_result and change.difference < 0
-    return {
-        "comparison": (f"per-weight MLPs {spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) against one "
-                       f"shared MLP {spread(b.finals).text()} ({b.params / 1e6:.2f}M): {_verdict_words(change)}"),
-        "verdict": ("Reproduced at this scale: the per-weight design is better, a result (p < 0.05)."
-                    if better else
-                    "Not reproduced at this scale: the per-weight design is not better as a result (p < 0.05)."),
-    }
+    return {"comparison": (f"per-weight MLPs {spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) against "
+                           f"one shared MLP {spread(b.finals).text()} ({b.params / 1e6:.2f}M)")}
 
 
 # --------------------------------------------------------------------------------------------- peak memory
@@ -614,18 +731,24 @@ def gpu_memory_growth(path: str | Path) -> tuple[MemoryGrowth, "pandas.DataFrame
 
 
 def memory_verdict(growth: MemoryGrowth) -> str:
-    """The verdict on Fig. 16's claim (peak memory grows far less than the parameter count) on what it means: the
-    ratio of memories is always below the ratio of parameters when part of the memory does not grow with d_t, so
-    it is judged by what an added parameter costs against ``PARAMETER_BYTES`` (``MemoryGrowth.far_less``)."""
+    """Fig. 16's claim (peak memory grows far less than the parameter count) on what it means: the ratio of memories
+    is always below the ratio of parameters when part of the memory does not grow with d_t, so it is judged by what
+    an added parameter costs against ``PARAMETER_BYTES`` (``MemoryGrowth.far_less``): reproduced or contradicted, a
+    measurement (``claims.measured``), then ``memory_explanation``."""
+    word = "Reproduced" if growth.far_less else "Contradicted"
+    return f"{word} ({growth.source}): {memory_explanation(growth)}"
+
+
+def memory_explanation(growth: MemoryGrowth) -> str:
+    """What an added parameter costs against its training state, and why the memory grows less than the
+    parameters all the same."""
+    half = ", less than half" if growth.far_less else ""
     cost = (f"an added parameter costs {growth.per_parameter:.1f} B against the {PARAMETER_BYTES} B of its own "
-            "training state (f32 parameter, gradient, Adam's two moments)")
-    ratio = (f"Memory grows x{growth.memory_ratio:.2f} where the parameters grow x{growth.params_ratio:.2f} because "
-             f"{_bytes(growth.fixed)} of it does not grow with d_t (activations, the weights generated for a forward "
-             "pass, workspace): that part is what the paper's explanation, weights computed once per forward pass, "
-             "is about.")
-    if growth.far_less:
-        return f"Reproduced ({growth.source}): {cost}, less than half. {ratio}"
-    return f"Not reproduced as a saving ({growth.source}): {cost}. {ratio}"
+            f"training state (f32 parameter, gradient, Adam's two moments){half}")
+    return (f"{cost}. Memory grows x{growth.memory_ratio:.2f} where the parameters grow x{growth.params_ratio:.2f} "
+            f"because {_bytes(growth.fixed)} of it does not grow with d_t (activations, the weights generated for a "
+            "forward pass, workspace): that part is what the paper's explanation, weights computed once per forward "
+            "pass, is about.")
 
 
 def _status_mib(field: str) -> float | None:

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..data.synthetic import VOCABULARY, Prompt, encode
 from ..numerics import cached, digest, fingerprint
 from .lyapunov import METHOD_KEYS, attribution_scores
-from .seeds import MCNEMAR, NOISE, RESULT, Comparison, compare, mcnemar
+from .seeds import MCNEMAR, Comparison, compare, mcnemar
 
 
 def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir: str | Path | None = None,
@@ -209,8 +209,8 @@ def headline(results: pd.DataFrame) -> dict[str, str]:
     with several), ``hit3_t_k``, ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none);
     per task: ``accuracy_t``, ``chance1_t``, ``chance3_t``, ``prompts_t``, ``seeds_t``, ``best_t`` (the method with
     the highest mean hit@1, ties listed; "none" when every method ties), ``claim_t`` (the largest exponent's hit@1
-    against attention's: ``claim``), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of scores
-    that were not finite, summed over the methods and seeds: the hit rates rank finite scores only).
+    against attention's: ``verdicts``' text), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of
+    scores that were not finite, summed over the methods and seeds: the hit rates rank finite scores only).
     """
     summary = summarize(results)
     mean = over_seeds(summary)
@@ -237,18 +237,24 @@ def headline(results: pd.DataFrame) -> dict[str, str]:
         else:
             out[f"best_{task}"] = best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1]
         if set(CLAIM) <= set(sub["method"]):
-            c, hits = claim(results[results["task"] == task])
-            side = "above" if hits > 0 else "below" if hits < 0 else "equal to"
-            word = {RESULT: "a result", NOISE: "within noise"}.get(c.verdict, c.verdict)
-            if c.untested:
-                net = ""
-            elif c.test == MCNEMAR:
-                net = f"; share of the {c.n} prompts it wins less the share attention wins {c.difference:+.2f}, "
-                net += c.interval(2)
-            else:
-                net = f"; hit@1 difference per seed's model {c.difference:+.2f}, {c.interval(2)} over {c.n} seeds"
-            out[f"claim_{task}"] = (f"the largest exponent's hit@1 is {side} attention's by {abs(hits):.2f} "
-                                    f"({word}{net})")
+            out[f"claim_{task}"] = verdicts(results)[f"f5_{task}"].text()
+    return out
+
+
+def verdicts(results: pd.DataFrame) -> dict:
+    """The verdicts on F5's claims (``claims.CLAIMS``: ``f5_agreement``, ``f5_induction``), each from ``claim`` on
+    its task's per-prompt results; a task the results do not hold is untested."""
+    from . import claims
+
+    out = {}
+    for task in ("agreement", "induction"):
+        name, rows = f"f5_{task}", results[results["task"] == task]
+        if rows.empty or not set(CLAIM) <= set(rows["method"]):
+            out[name] = claims.untested(name, f"no {task} prompts were scored by both methods")
+            continue
+        c, _ = claim(rows)
+        note = "the prompt is the unit (one model): share of prompts won less share lost" if c.test == MCNEMAR else ""
+        out[name] = claims.judge(name, c, note=note)
     return out
 
 

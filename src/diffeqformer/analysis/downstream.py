@@ -326,7 +326,7 @@ def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
     """Each model of ``pairs`` against its baseline on every headline metric, task and shots, judged by
     ``seeds.RULE`` over the seeds (paired: seed k of both models shares its data order): columns ``task``,
     ``shots``, ``metric``, ``model``, ``baseline``, ``difference`` (mean model - mean baseline), ``low``, ``high``
-    (its 95% CI), ``p``, ``test``, ``verdict``, ``text``."""
+    (its 95% CI), ``p``, ``test``, ``verdict``, ``text``, ``comparison`` (the ``seeds.Comparison``)."""
     rows = []
     judged = headline(results)
     for (task, shots, metric), group in judged.groupby(["task", "shots", "metric"], sort=False):
@@ -335,11 +335,12 @@ def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
             b = group[group.model == baseline].sort_values("seed").value.tolist()
             if not a or not b:
                 continue
-            c = seeds.compare(a, b, paired=len(a) == len(b))
+            n = min(len(a), len(b))  # seed k of both models shares its data order: the seeds both have
+            c = seeds.compare(a[:n], b[:n], paired=True)
             digits = 1 if metric == "perplexity" else 3
             rows.append({"task": task, "shots": int(shots), "metric": metric, "model": model, "baseline": baseline,
                          "difference": c.difference, "low": c.low, "high": c.high, "p": c.p, "test": c.test,
-                         "verdict": c.verdict, "text": c.text(digits)})
+                         "verdict": c.verdict, "text": c.text(digits), "comparison": c})
     return pd.DataFrame(rows)
 
 
@@ -468,7 +469,8 @@ def build_tasks(runs: dict, *, num_examples: int, shots: Sequence[int], num_fews
 def sentences(results: pd.DataFrame, pairs=PAIRS) -> dict[str, str]:
     """Glue texts for the book: per held-out task and shots, ``<task>_<k>`` the comparison of DiffEqFormer with
     GPT-2 (``seeds.Comparison.text``) with both means; ``seeds`` (how many per model); ``verdicts``, a sentence
-    counting the results among all comparisons of ``pairs``."""
+    counting the significant ones among the exploratory comparisons of ``pairs`` (all but the primary test,
+    ``verdicts``), beside the count expected by chance."""
     means = summary(results).set_index(["task", "shots", "metric", "model"])
     found = comparisons(results, pairs)
     out = {"seeds": ", ".join(f"{LABELS.get(m, m)} {n}" for m, n in
@@ -480,15 +482,38 @@ def sentences(results: pd.DataFrame, pairs=PAIRS) -> dict[str, str]:
         ours, gpt = (means.loc[(row.task, row.shots, row.metric, m)] for m in ("ours", "gpt"))
         out[f"{row.task.removeprefix('shakespeare_')}_{row.metric}_{row.shots}"] = (
             f"{ours['mean']:.{digits}f} against {gpt['mean']:.{digits}f} ({row.text})")
-    judged = found[~found.verdict.str.startswith(seeds.UNTESTED)]
-    hits = judged[judged.verdict == seeds.RESULT]
+    primary = PRIMARY_TASKS[0] if (found.task == PRIMARY_TASKS[0]).any() else PRIMARY_TASKS[1]
+    secondary = found[~((found.task == primary) & (found.shots == 0) & (found.metric == "acc")
+                        & (found.model == "ours") & (found.baseline == "gpt"))]
+    judged = secondary[~secondary.verdict.str.startswith(seeds.UNTESTED)]
+    hits = judged[judged.verdict == seeds.SIGNIFICANT]
     listed = "; ".join(
         f"{LABELS.get(r.model, r.model)} {'below' if r.difference < 0 else 'above'} {LABELS.get(r.baseline, r.baseline)} "
         f"on {r.task} {r.metric} {r.shots}-shot (p = {r.p:.2g})" for r in hits.itertuples())
-    untested = len(found) - len(judged)
-    out["verdicts"] = (f"Of the {len(judged)} comparisons with seeds to judge them by, {len(hits)} "
-                       f"{'is a result' if len(hits) == 1 else 'are results'}" + (f": {listed}" if listed else "")
-                       + ("; the others are within noise." if len(hits) < len(judged) else ".")
+    untested = len(secondary) - len(judged)
+    out["verdicts"] = (f"Besides the primary test, {len(judged)} comparisons have seeds to judge them by; they are "
+                       f"exploratory: with no true difference anywhere, {seeds.chance_count(len(judged)):.1f} of them "
+                       f"would come out significant at 5% by chance, and {len(hits)} "
+                       f"{'does' if len(hits) == 1 else 'do'}" + (f" ({listed})" if listed else "") + "."
                        + (f" {untested} more {'is' if untested == 1 else 'are'} untested (one seed)." if untested
                           else ""))
     return out
+
+
+PRIMARY_TASKS = ("lambada_openai", held_out.LASTWORD)
+"""The task of F11's primary test (``claims.CLAIMS["f11_lastword"]``): LAMBADA where the preset evaluates the
+paper's tasks, else the LAMBADA-style last-word task built from the corpus."""
+
+
+def verdicts(results: pd.DataFrame) -> dict:
+    """The verdict on F11's claim (``claims.CLAIMS["f11_lastword"]``) from its primary test: DiffEqFormer's
+    zero-shot accuracy on ``PRIMARY_TASKS``' task less GPT-2's, by the paired t-test over the seeds."""
+    from . import claims
+
+    found = comparisons(headline(results).query("metric == 'acc' and shots == 0"), (("ours", "gpt"),))
+    for task in PRIMARY_TASKS:
+        row = found[found.task == task] if len(found) else found
+        if len(row):
+            return {"f11_lastword": claims.judge("f11_lastword", row.comparison.iloc[0])}
+    return {"f11_lastword": claims.untested("f11_lastword", "the preset evaluated no zero-shot last-word task of "
+                                                            "DiffEqFormer and GPT-2")}

@@ -14,6 +14,7 @@ of a model trained with dropout understates how much better it fits its training
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 from dataclasses import dataclass
@@ -22,7 +23,8 @@ from typing import Mapping, Sequence
 
 from ..report.figures import log_perplexity_axis
 from ..runs import require_complete, summary
-from .seeds import NOISE, RESULT, RULE, Comparison, as_list, compare, spread
+from . import claims, seeds
+from .seeds import Comparison, as_list, compare, spread
 
 
 @dataclass(frozen=True)
@@ -120,49 +122,56 @@ def curves(runs: Mapping[str, str | Sequence[str]]):
 
 def final_perplexities(frame) -> dict[str, list[float]]:
     """Row key -> the final validation perplexity of each of its seeds, from ``curves``."""
+    return {key: [math.exp(v) for v in losses] for key, losses in final_losses(frame).items()}
+
+
+def final_losses(frame) -> dict[str, list[float]]:
+    """Row key -> the final validation loss (the log of the perplexity) of each of its seeds, from ``curves``."""
     out: dict[str, list[float]] = {}
     for (key, _), c in frame.sort_values("step").groupby(["row", "seed"], sort=False):
-        out.setdefault(key, []).append(float(c.perplexity.iloc[-1]))
+        out.setdefault(key, []).append(float(c.eval_loss.iloc[-1]))
     return out
 
 
 def overfitting(frame) -> dict[str, dict[str, list[float]]]:
-    r"""Row key -> measure -> its value for each seed, from ``curves``; the measures (``OVERFIT_MEASURES``):
+    r"""Row key -> measure -> its value for each seed, from ``curves``; the measures (``OVERFIT_MEASURES``), both in
+    nats (differences of log-perplexities, so ``seeds.percent`` writes them as percent ratios):
 
-    - ``rise``: final minus best validation perplexity over the run, :math:`\mathrm{ppl}_T - \min_s
-      \mathrm{ppl}_s` (0 when the last evaluation is the best);
+    - ``rise``: final minus best validation loss over the run, :math:`\log(\mathrm{ppl}_T / \min_s
+      \mathrm{ppl}_s)` (0 when the last evaluation is the best);
     - ``gap``: final validation loss minus the mean training loss over the last evaluation interval (the steps
-      after the evaluation before it, up to it), in nats; :math:`e^{\mathrm{gap}}` is the ratio of the validation
+      after the evaluation before it, up to it); :math:`e^{\mathrm{gap}}` is the ratio of the validation
       perplexity to the training perplexity of that interval. NaN where the run logged no training loss."""
     out: dict[str, dict[str, list[float]]] = {}
     for (key, _), c in frame.sort_values("step").groupby(["row", "seed"], sort=False):
         last = c.iloc[-1]
         values = out.setdefault(key, {m: [] for m in OVERFIT_MEASURES})
-        values["rise"].append(float(last.perplexity - c.perplexity.min()))
+        values["rise"].append(float(last.eval_loss - c.eval_loss.min()))
         values["gap"].append(float(last.eval_loss - last.train_loss_interval))
     return out
 
 
 def _pair(values: Mapping[str, Sequence[float]], a: str, b: str) -> Comparison:
-    """Row ``a``'s seed values against row ``b``'s (``seeds.RULE``). Seeds are matched by their place in the rows'
-    lists: the pipeline trains every row as seeds 0..n-1 (``pipeline.seeded``), and seed k of two rows reads the
-    training sequences in the same order, so rows with as many seeds are compared by the paired t-test, others by
-    Welch's."""
-    return compare(values[a], values[b], paired=len(values[a]) == len(values[b]))
+    """Row ``a``'s seed values against row ``b``'s (``seeds.RULE``), on the seeds both rows have. Seeds are matched
+    by their place in the rows' lists: the pipeline trains every row as seeds 0..n-1 (``pipeline.seeded``), and seed
+    k of two rows reads the training sequences in the same order, so the first n seeds of both rows are compared by
+    the paired t-test (n the fewer of the two rows' seeds)."""
+    n = min(len(values[a]), len(values[b]))
+    return compare(values[a][:n], values[b][:n], paired=True)
 
 
 def comparisons(frame) -> dict[str, Comparison]:
-    """Row key -> its final perplexities compared with its baseline's (``BASELINE_OF``) over seeds, for the rows
-    whose baseline is there (``seeds.RULE``, seeds matched as in ``_pair``)."""
-    finals = final_perplexities(frame)
-    return {key: _pair(finals, key, base) for key, base in BASELINE_OF.items() if key in finals and base in finals}
+    """Row key -> its final log-perplexities compared with its baseline's (``BASELINE_OF``) over the seeds they share
+    (``_pair``): the difference is the log of the ratio of perplexities, for the rows whose baseline is there."""
+    losses = final_losses(frame)
+    return {key: _pair(losses, key, base) for key, base in BASELINE_OF.items() if key in losses and base in losses}
 
 
-def worst_comparisons(finals: Mapping[str, Sequence[float]]) -> dict[str, dict[str, Comparison]]:
-    """Row key of ``WORST_OF`` -> each row it must be worse than -> their final perplexities compared (``_pair``),
-    for the rows that are there; ``finals``: ``final_perplexities``."""
-    return {key: {other: _pair(finals, key, other) for other in others if other in finals}
-            for key, others in WORST_OF.items() if key in finals}
+def worst_comparisons(losses: Mapping[str, Sequence[float]]) -> dict[str, dict[str, Comparison]]:
+    """Row key of ``WORST_OF`` -> each row it must be worse than -> their final log-perplexities compared (``_pair``),
+    for the rows that are there; ``losses``: ``final_losses``."""
+    return {key: {other: _pair(losses, key, other) for other in others if other in losses}
+            for key, others in WORST_OF.items() if key in losses}
 
 
 def overfit_comparisons(measures: Mapping[str, Mapping[str, Sequence[float]]]) -> dict[str, dict[str, Comparison]]:
@@ -177,13 +186,52 @@ def overfit_comparisons(measures: Mapping[str, Mapping[str, Sequence[float]]]) -
     return out
 
 
+def verdicts(frame) -> dict[str, claims.Verdict]:
+    """The verdicts on F6's claims (``claims.CLAIMS``), each from its one primary test: ``f6_ours`` and ``f6_llama``
+    (the paired t-test of the final log-perplexities against the baseline's), ``f6_shared`` (the weight-shared model
+    worse than GPT-2 and than DiffEqFormer, the intersection-union test of both), ``f6_overfit`` (the paired t-test
+    of the rise above the best validation loss); a claim whose rows this preset does not train is untested, and
+    says so."""
+    versus = comparisons(frame)
+    out = {}
+    for name, key in (("f6_ours", "ours"), ("f6_llama", "ours_llama")):
+        pair = f"{ROWS[key].label} and {ROWS[BASELINE_OF[key]].label}"
+        out[name] = (claims.judge(name, versus[key]) if key in versus
+                     else claims.untested(name, f"this preset trains no {pair}"))
+    worst = worst_comparisons(final_losses(frame)).get("shared", {})
+    if len(worst) == len(WORST_OF["shared"]):
+        word, deciding = seeds.intersection(list(worst.values()), +1)
+        other = next(k for k, c in worst.items() if c is deciding)
+        verdict = claims.judge("f6_shared", deciding, note=f"decided by the comparison with {ROWS[other].label}")
+        out["f6_shared"] = dataclasses.replace(verdict, word=word)
+    else:
+        out["f6_shared"] = claims.untested("f6_shared", "this preset does not train the weight-shared model, GPT-2 "
+                                                        "and DiffEqFormer together")
+    overfit = overfit_comparisons(overfitting(frame)).get("ours", {})
+    out["f6_overfit"] = (claims.judge("f6_overfit", overfit["rise"]) if "rise" in overfit
+                         else claims.untested("f6_overfit", "this preset trains no DiffEqFormer and GPT-2"))
+    return {name: out[name] for name in ("f6_ours", "f6_shared", "f6_overfit", "f6_llama")}
+
+
+def _params(run) -> float:
+    """A run's parameter count: its summary's, else counted on a shape-only build of its config (NaN where the run
+    keeps no config)."""
+    from ..runs import parameter_count, run_path
+
+    done = summary(run)
+    if done.get("total_params"):
+        return float(done["total_params"])
+    return float(parameter_count(run)) if (run_path(run) / "config.yaml").exists() else math.nan
+
+
 def final_table(runs: Mapping[str, str | Sequence[str]]):
-    """One row per row key (the index), in the tables' order: seeds, mean final validation perplexity and its
-    spread over seeds, mean best perplexity, the change of the mean final one against the row's baseline in percent
-    (negative: better), whether that change is a result or within noise (``seeds.RULE``), the two measures of
-    overfitting (``overfitting``: mean rise of the validation perplexity above its best, mean final
-    validation-training gap in nats, each with its standard deviation over seeds), training throughput, and the
-    paper's row (T1/T2: Table 1/2) and number beside it."""
+    """One row per row key (the index), in the tables' order: parameters, steps, seeds, mean final validation
+    perplexity and its spread over seeds, mean best perplexity, the change against the row's baseline in percent
+    (the ratio of perplexities from the paired differences of log-perplexities over the seeds both rows have,
+    negative: better) with its 95% interval and p, whether it is significant (``seeds.RULE``), the two measures of
+    overfitting (``overfitting``: the mean rise of the final validation perplexity above the run's best in percent,
+    the mean final validation-training gap in nats, each with its standard deviation over seeds), training
+    throughput, and the paper's row (T1/T2: Table 1/2) and number beside it."""
     import pandas as pd
 
     frame = curves(runs)
@@ -195,12 +243,14 @@ def final_table(runs: Mapping[str, str | Sequence[str]]):
         final = spread(finals[key])
         vs = versus.get(key)
         records.append({
-            "key": key, "model": ROWS[key].label, "steps": done[0].get("steps"), "seeds": final.n,
-            "final ppl": final.mean, "sd": final.sd,
+            "key": key, "model": ROWS[key].label, "params": _params(as_list(runs[key])[0]),
+            "steps": done[0].get("steps"), "seeds": final.n, "final ppl": final.mean, "sd": final.sd,
             "best ppl": float(c.groupby("seed").perplexity.min().mean()),
-            "vs baseline %": 100.0 * vs.relative if vs else float("nan"),
-            "verdict": vs.verdict if vs else "",
-            "rise ppl": statistics.fmean(overfit[key]["rise"]), "rise sd": _sd(overfit[key]["rise"]),
+            "vs baseline %": seeds.percent(vs.difference) if vs else math.nan,
+            "95% CI %": _interval_percent(vs) if vs else "",
+            "p": vs.p if vs else math.nan, "verdict": vs.verdict if vs else "",
+            "rise %": seeds.percent(statistics.fmean(overfit[key]["rise"])),
+            "rise sd": _sd([seeds.percent(v) for v in overfit[key]["rise"]]),
             "gap nats": statistics.fmean(overfit[key]["gap"]), "gap sd": _sd(overfit[key]["gap"]),
             "tokens/s": statistics.fmean(d.get("tokens_per_second") or math.nan for d in done),
             "paper row": f"{ROWS[key].table.split(' (')[0].replace('Table ', 'T')} {ROWS[key].paper_row}",
@@ -209,101 +259,26 @@ def final_table(runs: Mapping[str, str | Sequence[str]]):
     return pd.DataFrame.from_records(records).set_index("key")
 
 
+def _interval_percent(c: Comparison) -> str:
+    """The 95% interval of a log-ratio comparison in percent: ``[-15.1, -3.0]`` (empty without one)."""
+    if c.untested or math.isnan(c.low):
+        return ""
+    return f"[{seeds.percent(c.low):+.1f}, {seeds.percent(c.high):+.1f}]"
+
+
 def _sd(values: Sequence[float]) -> float:
     """Standard deviation over seeds (NaN with one seed, or where a value is NaN)."""
     return statistics.stdev(values) if len(values) > 1 else math.nan
 
 
-def _versus(comparison: Comparison, name: str, base: str) -> str:
-    """``DiffEqFormer ends below GPT-2 by 9.2% (-48.2, 95% CI [-60.1, -36.3], p = 0.003, paired t-test over 3
-    seeds): a result.`` and its variants."""
-    change = f"{100 * comparison.relative:+.1f}%"
-    if comparison.untested:
-        return (f"{name[:1].upper()}{name[1:]} against {base}: {change} ({comparison.n} seed: no spread to judge it "
-                "by).")
-    side = "below" if comparison.difference < 0 else "above"
-    word = {RESULT: "a result", NOISE: "within noise"}[comparison.verdict]
-    return (f"{name[:1].upper()}{name[1:]} ends {side} {base} by {abs(100 * comparison.relative):.1f}% "
-            f"({comparison.difference:+.1f}, {comparison.interval()} over {comparison.n} seeds): {word}.")
+TABLE_FORMATS = {"params": "{:,.0f}", "p": "{:.2g}", "gap nats": "{:.3f}", "gap sd": "{:.3f}", "paper ppl": "{:.2f}"}
+"""How the F6 table's columns are written (``report.figures.save_table``'s ``formats``)."""
 
 
-def _worst(versus: Mapping[str, Comparison], key: str) -> str:
-    """The weight-shared row ``key`` against each row of ``WORST_OF[key]`` and the verdict on "it is the worst"."""
-    others = WORST_OF[key]
-    parts = [_versus(versus[o], ROWS[key].label, ROWS[o].label) for o in others if o in versus]
-    names = " and ".join(ROWS[o].label for o in others)
-    worse = [ROWS[o].label for o in others if o in versus and versus[o].is_result and versus[o].difference > 0]
-    if len(worse) == len(others):
-        claim = f"So weight sharing is the worst of the three, worse than {names} as results, as the paper reports."
-    else:
-        claim = (f"So weight sharing is not shown to be the worst: that needs it worse than {names} as results, and "
-                 f"it is worse as a result than {' and '.join(worse) if worse else 'neither'}.")
-    return " ".join(parts + [claim])
-
-
-def _overfits_less(versus: Mapping[str, Comparison], key: str) -> str:
-    """Each measure of overfitting of row ``key`` against its baseline's (mean ± sd over seeds, the difference with
-    its interval and verdict) and the verdict on "``key`` overfits less than its baseline": on each measure, a
-    result only where the measure is lower as a result (``overfit_comparisons``)."""
-    name, base = ROWS[key].label, ROWS[BASELINE_OF[key]].label
-    if not versus:
-        return f"Overfitting of {name} against {base}: the runs logged no training loss to measure it by."
-
-    def mean_sd(s, digits):
-        return f"{s.mean:.{digits}f}" + (f" ± {s.sd:.{digits}f}" if s.n > 1 else "")
-
-    parts = []
-    for m, c in versus.items():
-        digits, unit = (3, " nats") if m == "gap" else (1, "")
-        interval = "" if c.untested else f", {c.interval(digits)} over {c.n} seeds"
-        parts.append(f"the {OVERFIT_MEASURES[m]} is {mean_sd(c.a, digits)} against {mean_sd(c.b, digits)}{unit} "
-                     f"({c.difference:+.{digits}f}{interval}: {c.verdict})")
-    less = [OVERFIT_MEASURES[m] for m, c in versus.items() if c.is_result and c.difference < 0]
-    more = [OVERFIT_MEASURES[m] for m, c in versus.items() if c.is_result and c.difference > 0]
-    if not less:
-        claim = f"{name} does not overfit less than {base} as a result on either measure"
-    elif len(less) == len(versus) == len(OVERFIT_MEASURES):
-        claim = f"{name} overfits less than {base} as a result on both measures, as the paper reports"
-    else:
-        claim = f"{name} overfits less than {base} as a result on the {' and the '.join(less)} only"
-    claim += f"; it overfits more on the {' and the '.join(more)}." if more else "."
-    return f"Overfitting, {name} against {base}: " + "; ".join(parts) + f". {claim}"
-
-
-def sentences(table, frame=None) -> dict[str, str]:
-    """Short sentences for the book's prose, one per comparison, that say plainly when a run is absent and whether
-    a difference is a result or within noise (``seeds.RULE``; ``frame``: ``curves``, else the table's numbers are
-    taken as single seeds).
-
-    Keys: ``ours`` (DiffEqFormer against GPT-2), ``shared`` (the weight-shared model against GPT-2 and DiffEqFormer,
-    and whether it is the worst: ``WORST_OF``), ``overfit`` (DiffEqFormer's overfitting against GPT-2's on both
-    measures of ``overfitting``, and whether it overfits less), ``llama`` (DiffEqFormer's Llama variant against
-    Llama)."""
-    if frame is not None:
-        finals, measures = final_perplexities(frame), overfitting(frame)
-    else:
-        finals = {k: [table.loc[k, "final ppl"]] for k in table.index}
-        measures = {k: {"rise": [table.loc[k, "rise ppl"]], "gap": [table.loc[k, "gap nats"]]} for k in table.index}
-    versus = {key: _pair(finals, key, base) for key, base in BASELINE_OF.items() if key in finals and base in finals}
-    out = {}
-    for key, absent in (("ours", "No DiffEqFormer/GPT-2 pair is trained at this preset."),
-                        ("llama", "No Llama pair is trained at this preset.")):
-        row = "ours_llama" if key == "llama" else key
-        out[key] = (_versus(versus[row], ROWS[row].label, ROWS[BASELINE_OF[row]].label) if row in versus
-                    else absent)
-    worst = worst_comparisons(finals)
-    out["shared"] = _worst(worst["shared"], "shared") if "shared" in worst else (
-        "No weight-shared run is trained at this preset.")
-    overfit = overfit_comparisons(measures)
-    out["overfit"] = _overfits_less(overfit["ours"], "ours") if "ours" in overfit else (
-        "No DiffEqFormer/GPT-2 pair is trained at this preset.")
-    return {k: out[k] for k in ("ours", "shared", "overfit", "llama")}
-
-
-def headline(table, frame=None) -> dict[str, str]:
+def headline(table) -> dict[str, str]:
     """The numbers the book's prose quotes, formatted: GPT-2's and DiffEqFormer's final validation perplexity (mean
-    ± sd over seeds), the change between them, the number of seeds, the rule, and the sentences of ``sentences``.
-    Needs the rows ``gpt`` and ``ours``."""
+    ± sd over seeds), the change between them (the ratio from log-perplexities), their parameters, the number of
+    steps and seeds (``verdicts`` judges the claims). Needs the rows ``gpt`` and ``ours``."""
     missing = [k for k in ("gpt", "ours") if k not in table.index]
     if missing:
         raise ValueError(f"F6 needs runs for the rows {missing} (runs={{'gpt': ..., 'ours': ...}})")
@@ -312,12 +287,17 @@ def headline(table, frame=None) -> dict[str, str]:
         t = table.loc[key]
         return f"{t['final ppl']:.1f}" + (f" ± {t['sd']:.1f}" if t["seeds"] > 1 else "")
 
-    seeds = sorted(set(int(n) for n in table["seeds"]))
+    def params(key):
+        value = table.loc[key, "params"]
+        return f"{value / 1e6:.2f}M" if math.isfinite(value) else "not recorded"
+
+    found = sorted(set(int(n) for n in table["seeds"]))
     return {"ppl_gpt": ppl("gpt"), "ppl_ours": ppl("ours"),
             "change_ours": f"{table.loc['ours', 'vs baseline %']:+.1f}%",
+            "params_gpt": params("gpt"), "params_ours": params("ours"),
             "steps": str(table.loc["ours", "steps"]),
-            "seeds": " or ".join(map(str, seeds)) + (" seed" if seeds == [1] else " seeds"), "rule": RULE,
-            **{f"{k}_sentence": v for k, v in sentences(table, frame).items()}}
+            "seeds": " to ".join(map(str, (found[0], found[-1]) if len(found) > 1 else found))
+            + (" seed" if found == [1] else " seeds")}
 
 
 def plot_curves(frame, ax=None, *, log: bool = True):

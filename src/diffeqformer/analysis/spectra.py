@@ -42,6 +42,7 @@ step, so a trend read off it is aliased; t = 0 is off the grid too. Plots of a g
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import json
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from haliax import NamedArray
 from ..model.transformer import DiffEqFormerLMHeadModel, DiscreteDiffEqFormerLMHeadModel
 from ..model.vector_field import ParallelBlock
 from ..numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
+from . import claims
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -517,16 +519,16 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
     matrix), from ``{label: [spectra of each seed on the model's own depth grid]}`` (``seed_spectra``).
 
     Each seed gives one number, its ``log_radius_slope``; the seed is the unit of the test, since the depth points of
-    one trained model are not independent draws. The test is the paired t-test of the seeds' slopes against 0 (a
-    one-sample t-test: ``seeds.compare(slopes, zeros, paired=True)``). Columns: ``model``, ``matrix``, ``seeds``,
-    ``slope`` (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}` over the grid's span
-    :math:`\Delta t`), ``verdict`` (``seeds.RULE``: a result, within noise, untested), ``trend`` (a phrase:
-    grows / shrinks with depth, no trend beyond the seeds' spread, constant, untested), ``change`` (the mean over
+    one trained model are not independent draws. The test is the one-sample t-test of the seeds' slopes against 0
+    (``seeds.one_sample``; the exact sign-flip test where every seed has the same slope). Columns: ``model``,
+    ``matrix``, ``seeds``, ``slope`` (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}`
+    over the grid's span :math:`\Delta t`), ``verdict`` (``seeds.RULE``: significant, inconclusive, untested),
+    ``trend`` (a phrase: grows / shrinks with depth, inconclusive, constant, untested), ``change`` (the mean over
     seeds of ``mean_change``: relative change of the spectrum between neighbouring depth points), ``comparison`` (the
     ``seeds.Comparison``), and per seed: ``slopes``, ``spearman`` (median over heads of the Spearman correlation of
     the radius with depth, ``depth_trends``), ``peak_time`` (depth of the largest head-mean radius) and
     ``positivity`` (median over heads of the Spearman correlation of the eigenvalue positivity with depth)."""
-    from .seeds import as_list, compare
+    from .seeds import as_list, one_sample
 
     rows = []
     for label, datasets in models.items():
@@ -537,7 +539,7 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
         changes = [mean_change(ds) for ds in datasets]
         for m in MATRICES:
             per_seed = [s[m] for s in slopes]
-            c = compare(per_seed, [0.0] * len(per_seed), paired=True)
+            c = one_sample(per_seed)
             radius = [t[(t.matrix == m) & (t.stat == "spectral_radius")] for t in trends]
             positivity = [t[(t.matrix == m) & (t.stat == "positivity")] for t in trends]
             rows.append({
@@ -588,35 +590,39 @@ def _growth_phrase(comparison, slopes: Sequence[float]) -> str:
         return "is constant"
     if comparison.untested:
         return f"is untested ({comparison.verdict.split(': ', 1)[1]})"
-    if not comparison.is_result:
-        return "shows no trend beyond the spread of its seeds"
+    if not comparison.significant:
+        return "shows no trend its seeds can tell from their spread (inconclusive)"
     return "grows with depth" if comparison.difference > 0 else "shrinks with depth"
 
 
 def growth_words(row) -> str:
     """One row of ``depth_growth`` in words: ``slope -1.20 per unit t (x0.37 over the grid), 95% CI [-2.1, -0.3],
-    p = 0.03, paired t-test over 3 seeds: result``; untested: ``slope -1.20 per unit t (x0.37 over the grid):
-    untested: 1 seed``."""
+    p = 0.03, one-sample t-test over 3 seeds: significant``; untested: ``slope -1.20 per unit t (x0.37 over the
+    grid): untested: 1 seed``."""
     c = row["comparison"]
     head = f"slope {row['slope']:+.2f} per unit t (x{row['factor']:.2f} over the grid)"
     if c.untested:
         return f"{head}: {c.verdict}"
-    p = f"p = {c.p:.2g}" if c.p >= 1e-3 else "p < 0.001"
-    return f"{head}, 95% CI [{c.low:+.2f}, {c.high:+.2f}], {p}, {c.test} over {c.n} seeds: {c.verdict}"
+    return f"{head}, {c.interval(2)} over {c.n} seeds: {c.verdict}"
 
 
-def growth_verdict(growth: pd.DataFrame, model: str = "ours") -> str:
-    """The verdict on Fig. 2a-b's claim that the magnitudes of the QK and OV eigenvalues grow with t: reproduced only
-    where both QK's and OV's radius grow with depth as results over the seeds (``depth_growth``)."""
+def growth_verdict(growth: pd.DataFrame, model: str = "ours"):
+    """The verdict (``claims.Verdict``) on Fig. 2a-b's claim that the magnitudes of the QK and OV eigenvalues grow
+    with t (``claims.CLAIMS["f2_growth"]``): the intersection-union test of the QK and the OV slopes over the seeds
+    (``depth_growth``), decided by the one against the claim or with the larger p."""
+    from .seeds import intersection
+
     rows = growth[growth.model == model].set_index("matrix")
-    qk, ov = rows.loc["qk"], rows.loc["ov"]
-    if qk.comparison.untested or ov.comparison.untested:
-        return (f"Untested at this scale: {qk.seeds} seed{'' if qk.seeds == 1 else 's'}, and the book's rule needs at "
-                "least two to tell a trend from the spread of seeds.")
-    if qk.trend == ov.trend == "grows with depth":
-        return "Reproduced at this scale: the QK and OV spectral radii grow with t, both results over the seeds."
-    return (f"Not reproduced at this scale: over {qk.seeds} seeds the QK radius {qk.trend} and the OV radius "
-            f"{ov.trend}, where the paper has both growing with t.")
+    tests = {m: rows.loc[m, "comparison"] for m in ("qk", "ov")}
+    word, deciding = intersection(list(tests.values()), +1)
+    which = next(m for m, c in tests.items() if c is deciding).upper()
+    verdict = claims.judge("f2_growth", deciding, note=f"decided by the {which} radius")
+    return dataclasses.replace(verdict, word=word)
+
+
+def verdicts(layers: Mapping[str, Sequence[xr.Dataset]], *, ode: str = "ours") -> dict:
+    """The verdict on F2's claim (``claims.CLAIMS["f2_growth"]``): ``growth_verdict`` of ``depth_growth``."""
+    return {"f2_growth": growth_verdict(depth_growth(layers), ode)}
 
 
 def headline(layers: Mapping[str, Sequence[xr.Dataset]], zoom: xr.Dataset | None = None, *,
@@ -628,8 +634,8 @@ def headline(layers: Mapping[str, Sequence[xr.Dataset]], zoom: xr.Dataset | None
     ``ode``: the key of the DiffEqFormer whose growth the verdict judges. Keys, per model key k and matrix m (qk,
     ov, ffn), from ``depth_growth``: ``trend_k_m`` (a phrase), ``growth_k_m`` (``growth_words``), ``spearman_k_m``,
     ``peak_k_m`` and ``positivity_k_m`` (per seed), ``change_layers_k_m`` (mean relative change between neighbouring
-    depth points, mean over seeds), ``seeds_k``; ``points`` (the ODE's Euler steps L) and ``verdict``
-    (``growth_verdict``); with ``zoom``: ``change_zoom_m``, ``zoom_spacing``, ``period`` (2 pi / s).
+    depth points, mean over seeds), ``seeds_k``; ``points`` (the ODE's Euler steps L) (``verdicts`` judges the
+    claim); with ``zoom``: ``change_zoom_m``, ``zoom_spacing``, ``period`` (2 pi / s).
     """
     growth = depth_growth(layers)
     out = {}
@@ -643,7 +649,6 @@ def headline(layers: Mapping[str, Sequence[xr.Dataset]], zoom: xr.Dataset | None
         out[f"change_layers_{key}"] = f"{row.change:.2f}"
         out[f"seeds_{row.model}"] = str(row.seeds)
     out["points"] = str(layers[ode][0].sizes[depth_dim(layers[ode][0])])
-    out["verdict"] = growth_verdict(growth, ode)
     if zoom is not None:
         zoom_change = mean_change(zoom)
         for m in MATRICES:

@@ -74,7 +74,7 @@ import pandas as pd
 import xarray as xr
 
 from ..numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
-from .seeds import Comparison, Judged, Trend, compare, trend
+from .seeds import Comparison, Judged, compare, one_sample
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -845,21 +845,23 @@ def step_convergence(
     return out
 
 
-VERDICT_COLUMNS = ("comparison", "mean a", "mean b", "difference", "low", "high", "p", "test", "seeds", "verdict")
-"""The columns of ``growth_verdicts`` and ``paired_verdicts``: a row per test; for a trend, ``difference`` is the slope
-per unit of p and the means are NaN; ``low``, ``high``: its 95% confidence interval."""
+VERDICT_COLUMNS = ("comparison", "mean a", "mean b", "difference", "low", "high", "p", "test", "seeds",
+                   "detectable", "verdict")
+"""The columns of ``growth_verdicts`` and ``paired_verdicts``: a row per test; for a trend, ``difference`` is the mean
+of the simulations' slopes per unit of p and the means are NaN; ``low``, ``high``: its 95% confidence interval (NaN
+for an exact test of values without spread); ``detectable``: the smallest difference the test finds 80% of the time
+(``seeds.Judged.detectable``: its power)."""
 
 
-def _verdict_row(what: str, judged: Judged | None, n: int) -> dict:
+def _verdict_row(what: str, judged: Judged | None, n: int, *, trend: bool = False) -> dict:
     if judged is None:  # no seed with finite values on both sides
-        return dict(comparison=what, **{k: math.nan for k in ("mean a", "mean b", "difference", "low", "high", "p")},
+        return dict(comparison=what, **{k: math.nan for k in ("mean a", "mean b", "difference", "low", "high", "p",
+                                                              "detectable")},
                     test="", seeds=n, verdict=f"untested: {n} seeds")
-    if isinstance(judged, Comparison):
-        values = (judged.a.mean, judged.b.mean, judged.difference, judged.low, judged.high)
-    else:
-        values = (math.nan, math.nan, judged.slope, judged.low, judged.high)
+    means = (math.nan, math.nan) if trend else (judged.a.mean, judged.b.mean)
+    values = (*means, judged.difference, judged.low, judged.high)
     return dict(comparison=what, **dict(zip(("mean a", "mean b", "difference", "low", "high"), values)),
-                p=judged.p, test=judged.test, seeds=n, verdict=judged.verdict)
+                p=judged.p, test=judged.test, seeds=n, detectable=judged.detectable, verdict=judged.verdict)
 
 
 def _final_fraction(ds: xr.Dataset, threshold: float) -> xr.DataArray:
@@ -869,16 +871,18 @@ def _final_fraction(ds: xr.Dataset, threshold: float) -> xr.DataArray:
 
 def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
     """Does weight sharing leave more token pairs clustered at T than growth does, and does the clustered fraction
-    change with the power p? Judged over seeds by the book's rule (``seeds.RULE``) on ``simulate``'s Dataset (which
-    must hold p = 0):
+    change with the power p? Judged over the simulations by the book's rule (``seeds.RULE``) on ``simulate``'s
+    Dataset (which must hold p = 0); the simulation (seed) is the unit:
 
     * for each p > 0, ``g = 1 vs g = t^p``: the paired t-test of the fraction at T (seed s of every power shares its
       weights and start, so the seeds are matched), ``mean a`` under g = 1, ``mean b`` under t^p;
-    * ``trend over p``: the least-squares slope of the fraction against p over all powers, with an intercept per seed
-      (``seeds.trend``); the paper's "dispersion increases with the order" is a negative slope.
+    * ``trend over p``: ``dispersion_slopes``, each simulation's least-squares slope of the fraction against p,
+      tested against 0 by the one-sample t-test over the simulations (``dispersion_test``); the paper's "dispersion
+      increases with the order" is a negative slope.
 
-    Seeds whose solve failed (NaN) on either side of a comparison are left out; ``seeds`` counts those used. Returns
-    a DataFrame with ``VERDICT_COLUMNS``."""
+    Where every simulation gives the same value (fractions stuck at 0 or 1) the test is the exact sign-flip test,
+    never a t-test of zero spread. Seeds whose solve failed (NaN) on either side of a comparison are left out;
+    ``seeds`` counts those used. Returns a DataFrame with ``VERDICT_COLUMNS``."""
     final = _final_fraction(ds, threshold)
     powers = [float(p) for p in final["growth"].values]
     if 0.0 not in powers:
@@ -892,17 +896,41 @@ def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
         ok = np.isfinite(base) & np.isfinite(other)
         judged = compare(base[ok], other[ok], paired=True) if ok.any() else None
         rows.append(_verdict_row(f"g = 1 vs g = {growth_label(p)}", judged, int(ok.sum())))
-    values = final.transpose("growth", "seed").values
-    x = np.repeat(np.asarray(powers), values.shape[1])
-    seed_ids = np.tile(final["seed"].values, len(powers))
-    ok = np.isfinite(values.ravel())
-    seeds_used = len(set(seed_ids[ok]))
-    try:
-        judged = trend(x[ok], values.ravel()[ok], seed_ids[ok]) if ok.any() else None
-    except ValueError:  # fewer than two powers left within every seed
-        judged = None
-    rows.append(_verdict_row("trend over p", judged, seeds_used))
+    slopes = dispersion_slopes(ds, threshold)
+    rows.append(_verdict_row("trend over p", one_sample(slopes) if slopes else None, len(slopes), trend=True))
     return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
+
+
+def dispersion_slopes(ds: xr.Dataset, threshold: float = 0.999) -> list[float]:
+    """Per simulation (seed), the least-squares slope of the fraction of clustered pairs at T against the power p
+    over its finished solves (a seed with fewer than two is left out): one number per simulation, the unit of
+    F3's test."""
+    final = _final_fraction(ds, threshold).transpose("growth", "seed")
+    powers = np.asarray(final["growth"].values, dtype=float)
+    out = []
+    for values in final.values.T:
+        ok = np.isfinite(values)
+        if len(set(powers[ok])) >= 2:
+            x, y = powers[ok] - powers[ok].mean(), values[ok]
+            out.append(float(x @ (y - y.mean()) / (x @ x)))
+    return out
+
+
+def dispersion_test(ds: xr.Dataset, threshold: float = 0.999) -> Comparison:
+    """F3's primary test (``claims.CLAIMS["f3_dispersion"]``): the one-sample t-test of ``dispersion_slopes`` against
+    0 (the exact sign-flip test where every simulation has the same slope)."""
+    slopes = dispersion_slopes(ds, threshold)
+    if not slopes:
+        raise ValueError("no simulation finished two growth laws: nothing to take a slope of")
+    return one_sample(slopes)
+
+
+def verdicts(ds: xr.Dataset, threshold: float = 0.999) -> dict:
+    """The verdict on F3's claim (``claims.Verdict``) from ``dispersion_test`` of the paper's weights, solved
+    accurately (``ds``)."""
+    from . import claims
+
+    return {"f3_dispersion": claims.judge("f3_dispersion", dispersion_test(ds, threshold), unit="simulation")}
 
 
 def paired_verdicts(a: xr.Dataset, b: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
@@ -948,8 +976,8 @@ def model_verdicts(ours, reference, at: float = 1.0, threshold: float = 0.999) -
 
 def verdict_texts(table: pd.DataFrame, digits: int = 2) -> dict[str, str]:
     """Each row of a ``growth_verdicts`` / ``paired_verdicts`` table as one line for the prose, keyed by a slug of its
-    comparison (``g1_vs_t2``, ``trend``, ``g_t2``, ``fraction_at_t_1``): ``+0.65 [-0.09, +1.38], p = 0.063: within noise`` (for the trend:
-    the slope per unit p), or ``untested: 1 seed``."""
+    comparison (``g1_vs_t2``, ``trend``, ``g_t2``, ``fraction_at_t_1``): ``+0.65 [-0.09, +1.38], p = 0.063, paired
+    t-test: inconclusive`` (for the trend: the slope per unit p), or ``untested: 1 seed``."""
     out = {}
     for _, row in table.iterrows():
         slug = (row["comparison"].replace("trend over p", "trend").replace("g = 1 vs g = ", "g1_vs_")
@@ -959,8 +987,8 @@ def verdict_texts(table: pd.DataFrame, digits: int = 2) -> dict[str, str]:
             out[slug] = row["verdict"]
             continue
         p = f"p = {row['p']:.2g}" if row["p"] >= 1e-3 else "p < 0.001"
-        out[slug] = (f"{row['difference']:+.{digits}f} [{row['low']:+.{digits}f}, {row['high']:+.{digits}f}], {p}: "
-                     f"{row['verdict']}")
+        interval = "" if math.isnan(row["low"]) else f" [{row['low']:+.{digits}f}, {row['high']:+.{digits}f}]"
+        out[slug] = f"{row['difference']:+.{digits}f}{interval}, {p}, {row['test']}: {row['verdict']}"
     return out
 
 

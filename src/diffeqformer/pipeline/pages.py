@@ -28,42 +28,19 @@ def generated_pages(result: Plan, state: dict) -> dict[str, str]:
     numbers that stay the same when nothing is re-run enter them, so a cached run rebuilds nothing."""
     return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
             "api.md": api_markdown(), "gpu.md": gpu_markdown(), "gpu_edition.md": gpu_edition_markdown(),
-            "verdicts.md": verdicts_markdown(result)}
+            "verdicts.md": verdicts_markdown(result), "claims.md": claims_markdown()}
 
-
-HEADLINES = (
-    ("F2", "f2_spectra", "f2_verdict", "the QK and OV eigenvalue magnitudes grow with t (Fig. 2a-b)"),
-    ("F3", "f3_trajectories", "f3_verdict_ode_trend", "with W(t) = t^p W(0) the tokens cluster less as p grows "
-     "(Fig. 2c-d, Fig. 13); here: the slope of the clustered fraction of token pairs over p, the paper's random "
-     "weights, accurate solve"),
-    ("F5", "f5_lyapunov", "f5_claim_agreement", "token-level Lyapunov exponents attribute a prediction to the "
-     "tokens it depends on, more soundly than attention maps (Fig. 3); here: the largest exponent against "
-     "attention, agreement with the synthetic language's known source token"),
-    ("F5", "f5_lyapunov", "f5_claim_induction", "as above, on the synthetic language's induction tokens"),
-    ("F6", "f6_perplexity", "f6_ours_sentence", "DiffEqFormer reaches a lower validation perplexity than GPT-2 "
-     "(Tables 1-2)"),
-    ("F6", "f6_perplexity", "f6_shared_sentence", "weight sharing is worst (Table 1)"),
-    ("F6", "f6_perplexity", "f6_overfit_sentence", "DiffEqFormer overfits less than GPT-2 (Fig. 4)"),
-    ("F6", "f6_perplexity", "f6_llama_sentence", "the DiffEqFormer variant of Llama beats Llama (Table 2, Fig. 8)"),
-    ("F7", "f7_finetuning", "f7_verdict", "under LoRA, the 18-step DiffEqFormer discretised to 9-24 steps "
-     "fine-tunes better than a 24-layer GPT-2; under full fine-tuning they are comparable (Fig. 5)"),
-    ("F8", "f8_beta2", "f8_verdict", "beta2 = 0.95 helps DiffEqFormer and hurts GPT-2 (Fig. 7, App. C.5)"),
-    ("F9", "f9_time_embedding", "f9_verdict", "perplexity improves with the time embedding's size d_t (Fig. 14)"),
-    ("F9", "f9_time_embedding", "f9_memory_verdict", "peak memory grows far less than the parameter count with "
-     "d_t (Fig. 16)"),
-    ("F10", "f10_hypernetwork", "f10_verdict", "the per-weight hypernetwork beats one MLP shared by every weight "
-     "(Fig. 18)"),
-    ("F11", "f11_downstream", "f11_verdicts", "DiffEqFormer gains on zero- and five-shot tasks, significantly on "
-     "Lambada (Tables 4-5)"),
-)
-"""The book's headline verdicts: (figure, notebook, glued name, the paper's claim as ``PAPER.md`` states it)."""
 
 NO_GPU_VERDICT = "no GPU edition yet"
 
 
 def verdicts_markdown(result: Plan, folder: Path | None = None) -> str:
-    """The book's headline verdicts (``HEADLINES``) side by side: the paper's claim, the verdict of this build's
-    preset (the notebooks just executed) and the GPU edition's (``edition.EDITION``, or ``NO_GPU_VERDICT``)."""
+    """The book's headline verdicts as one table: per claim (``claims.CLAIMS``, its page linked), the paper's number
+    where the paper gives one, the verdict of this build's preset (the notebooks just executed) and the GPU
+    edition's (``edition.EDITION``, or ``NO_GPU_VERDICT``), each with its effect and 95% interval in the claim's
+    units and its p adjusted by Holm's method across the claims tested in that build (``holm_verdicts``); under
+    it, the primary test and the combining rule of each claim, a sentence each."""
+    from ..analysis import claims, seeds
     from ..report.book import glued
 
     folder = Path(folder or edition.EDITION)
@@ -72,19 +49,71 @@ def verdicts_markdown(result: Plan, folder: Path | None = None) -> str:
     if edition.load(folder) is not None:
         gpu = {nb: glued(json.loads((folder / "notebooks" / f"{nb}.ipynb").read_text()))
                for nb in edition.edition_notebooks(folder)}
-    from ..analysis.seeds import RULE
+    ours = holm_verdicts(here)
+    theirs = holm_verdicts(gpu) if gpu is not None else {}
+    tested = sum(v is not None and v[1] is not None for v in ours.values())
+    out = [f"Each headline claim of the paper, judged by one primary test named before the numbers (listed under the "
+           f"table), at the `{result.preset}` preset this book was built with and in the GPU edition (`gpu` preset). "
+           f"The verdicts: *reproduced* (significant in the paper's direction), *contradicted* (significant against "
+           f"it), *inconclusive* (not significant: the interval and the smallest effect the design detects 80% of the "
+           f"time say how much it could have missed), *untested*. The {tested} claims tested here are adjusted "
+           f"together by Holm's method: a verdict is significant only when its adjusted p is below 0.05 (the "
+           f"figure's page gives the unadjusted p). The rule: {seeds.RULE}.", "",
+           f"| claim | the paper | `{result.preset}` preset | GPU edition |", "|---|---|---|---|"]
+    for claim in claims.CLAIMS.values():
+        gpu_page = (f", {{doc}}`GPU </{edition.STAGED}/{claim.notebook}>`"
+                    if gpu and claim.notebook in gpu else "")
+        page = f"{claim.figure} ({{doc}}`page </notebooks/{claim.notebook}>`{gpu_page})"
+        mine = _verdict_cell(ours.get(claim.name), "not computed by this preset")
+        other = NO_GPU_VERDICT if gpu is None else _verdict_cell(theirs.get(claim.name), "not in the GPU edition")
+        out.append(f"| {page}: {claim.paper} | {claim.paper_value or 'no number in the paper text'} | {mine} "
+                   f"| {other} |")
+    return "\n".join(out + ["", "How each claim is decided:", "", claims_markdown()])
 
-    out = [f"Each headline claim of the paper, with the verdict of the `{result.preset}` preset this book was built "
-           f"with and that of the GPU edition (`gpu` preset). The rule: {RULE}.", ""]
-    for figure, notebook, name, claim in HEADLINES:
-        ours = here.get(notebook, {}).get(name, "not computed by this preset").rstrip(".")
-        theirs = NO_GPU_VERDICT if gpu is None else gpu.get(notebook, {}).get(name, "not in the GPU edition")
-        theirs = theirs.rstrip(".")
-        gpu_page = f", {{doc}}`GPU </{edition.STAGED}/{notebook}>`" if gpu and notebook in gpu else ""
-        pages = f"{{doc}}`/notebooks/{notebook}`{gpu_page}"
-        out += [f"**{figure}** ({pages})", "",
-                f"- the paper: {claim};", f"- `{result.preset}` preset: {ours};", f"- GPU edition: {theirs}.", ""]
-    return "\n".join(out)
+
+def claims_markdown() -> str:
+    """Every headline claim (``claims.CLAIMS``) with its one primary test and how the verdict follows from it, one
+    item each: on the method page and under the verdicts page's table."""
+    from ..analysis import claims
+
+    return "\n".join(f"- **{c.figure}**, {c.paper}: {c.test}; {c.rule}." for c in claims.CLAIMS.values()) + "\n"
+
+
+def holm_verdicts(notebooks: Mapping[str, Mapping[str, str]] | None) -> dict[str, tuple | None]:
+    """Claim name -> (its ``claims.Verdict`` as glued by its notebook in ``notebooks`` (notebook -> glued values),
+    its p adjusted by Holm's method across every claim tested there, or None for one without p), or None where the
+    notebook glued none."""
+    from ..analysis import claims, seeds
+
+    found = {}
+    for claim in claims.CLAIMS.values():
+        text = (notebooks or {}).get(claim.notebook, {}).get(claim.glue_name)
+        found[claim.name] = claims.Verdict.from_json(text) if text else None
+    names = [n for n, v in found.items() if v is not None and v.word != seeds.UNTESTED and not v.of.measured]
+    adjusted = dict(zip(names, seeds.holm([found[n].p for n in names])))
+    return {n: (v, adjusted.get(n)) if v is not None else None for n, v in found.items()}
+
+
+def _verdict_cell(found: tuple | None, missing: str) -> str:
+    """One verdict in a table cell: the word after Holm's adjustment in bold, the effect with its interval, the
+    unadjusted and adjusted p, and the smallest effect detected 80% of the time; a word that Holm's adjustment
+    changed says what it was before."""
+    from ..analysis import seeds
+
+    if found is None:
+        return missing
+    verdict, adjusted = found
+    if adjusted is None:
+        return f"**{verdict.word}**" + (f": {verdict.effect_text()}" if verdict.word != seeds.UNTESTED else
+                                        f" ({verdict.note})" if verdict.note else "")
+    word = verdict.word
+    # an equivalence claim is contradicted by its two-sided interval, not by its p (the TOST's): Holm leaves it
+    holds = verdict.of.margin is not None and word == seeds.CONTRADICTED
+    if word in (seeds.REPRODUCED, seeds.CONTRADICTED) and not holds and not adjusted < seeds.LEVEL:
+        word = f"{seeds.INCONCLUSIVE} after Holm ({verdict.word} before)"
+    negligible = ", negligible" if verdict.negligible else ""
+    return (f"**{word}**{negligible}: {verdict.effect_text()}; p = {verdict.p:.2g}, Holm {adjusted:.2g}; "
+            f"detectable: {verdict.detectable_text()}")
 
 
 NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from .. import config as configs
 from .. import paths
 from ..report import book
 from ..runs import has_checkpoints, is_complete, saved_hash
@@ -364,10 +365,11 @@ def _wait_for_pretrainings(preset: str, trainings: list[Training], pretrainings:
         if t.config not in pretrainings:
             continue
         first = by_dir.get(pretrainings[t.config].resolve())
-        if first is not None and first.population_key is not None:
+        if first is not None and first.config_hash != configs.pretraining_hash(t.run.load()):
             raise PipelineError(f"fine-tuning {t.config!r} would read {first.config!r} as its pretraining, a run "
-                                f"trained in a population, which a fine-tuning cannot check against its config: "
-                                f"pretrain a run trained alone")
+                                f"trained {'in a population' if first.population_key else 'alone'}, but names "
+                                f"another configuration of it: set its pretrain.population (and pretrain.member) as "
+                                f"the pretraining was trained")
         if first is not None:
             t.after = (first.config,)
         elif not is_complete(pretrainings[t.config]):

@@ -46,8 +46,10 @@ class Run:
 
     @property
     def population_key(self) -> tuple:
-        """What the members of one population share: the config, the overrides but name and seed, the seeds."""
-        return self.config, configs.without_overrides(self.overrides, "name", "trainer.seed"), self.population
+        """What the members of one population share: the config, the overrides but name, seed and the pretraining
+        seed a fine-tuning starts from (``pretrain.member``), the seeds."""
+        return (self.config, configs.without_overrides(self.overrides, "name", "trainer.seed", "pretrain.member"),
+                self.population)
 
     def load(self):
         """The resolved configuration (``TrainConfig``, or ``FinetuneConfig`` for a fine-tuning)."""
@@ -67,9 +69,9 @@ class Run:
             raise ValueError(f"its trainer.seed {cfg.trainer.seed} is not one of its population's {self.population}")
         population = list(self.population) or None
         if self.module == "finetune":
-            pretraining, pretraining_dir = configs.pretraining_of(cfg)
+            pretraining_dir = configs.pretraining_of(cfg)[1]
             digest = configs.config_hash(cfg, population=population,
-                                         pretrain_config_hash=configs.config_hash(pretraining))
+                                         pretrain_config_hash=configs.pretraining_hash(cfg))
             return cfg, digest, configs.run_dir_of(cfg), pretraining_dir
         return cfg, configs.config_hash(cfg, population=population), configs.run_dir_of(cfg), None
 
@@ -100,7 +102,8 @@ def seeded(run: Run, n: int, *, population: bool = False) -> list[Run]:
 
 def finetune_runs(preset: str) -> dict[str, Run]:
     """Every run of the Fig. 5 experiment (``finetune.finetune_grid``) as ``Run`` values, pretrainings first,
-    keyed by run name; the seeds of a fine-tuning setting are one population (``finetune.FINETUNE_SEEDS``)."""
+    keyed by run name; the seeds of a pretraining, and of a fine-tuning setting, are one population
+    (``finetune.PRETRAIN_SEEDS``)."""
     out = {}
     for g in finetune_grid(preset):
         config = str(g.config.relative_to(paths.CONFIG).with_suffix(""))
@@ -116,13 +119,15 @@ INFERENCE_SWEEP = dict(euler_steps=list(range(1, 25)), fixed_steps=[1, 2, 3, 4, 
 
 def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure_batch: int,
                      num_sequences: int, prefix: str = "ablation_", seeds: int = 1,
-                     population: bool = False) -> dict[str, dict[str, Any]]:
+                     population: bool = False, base_seeds: int | None = None) -> dict[str, dict[str, Any]]:
     """The registry entries of F8-F10 and of the adaptive-inference notebook for a preset whose base models are
     ``config/<preset>/<prefix>{diffeqformer,gpt2}.yaml`` (base d_t = ``base_dt``; the d_t sweep is ``dts``;
     ``measure_batch`` sequences per measured training step; ``num_sequences`` evaluated at inference). The variants
     are named after the base: ``gpu-ablation-diffeqformer-dt4`` (prefix ``ablation_``), ``cpu-diffeqformer-dt2``
     (prefix ``""``: the ablations vary the F1-F6 models themselves). Every setting F8-F10 compare is trained with
-    ``seeds`` seeds (``seeded``; with ``population``, each setting's seeds as one population)."""
+    ``seeds`` seeds (``seeded``; with ``population``, each setting's seeds as one population); the base models are
+    trained with ``base_seeds`` (default ``seeds``) in one population, of which the ablations read the first
+    ``seeds``, matched with the variants' seeds."""
     ours, gpt = f"{preset}/{prefix}diffeqformer", f"{preset}/{prefix}gpt2"
     stem = f"{preset}-{prefix.replace('_', '-')}"
 
@@ -132,13 +137,17 @@ def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure
     def s(run: Run) -> list[Run]:
         return seeded(run, seeds, population=population)
 
+    def base(config: str) -> list[Run]:
+        return seeded(Run(config), base_seeds or seeds, population=population)[:seeds]
+
     return {
         "f8_beta2": dict(runs={
-            "ours": [s(Run(ours)), s(variant(ours, f"{stem}diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95}))],
-            "gpt": [s(Run(gpt)), s(variant(gpt, f"{stem}gpt2-beta2-0.95", {"optimizer.beta2": 0.95}))]}),
-        "f9_time_embedding": dict(runs=[s(dt(d)) for d in dts], measure_batch=measure_batch, measure_steps=10),
-        "f10_hypernetwork": dict(runs=[s(Run(ours)), s(variant(ours, f"{stem}diffeqformer-shared-mlp",
-                                                               {"model.hypernet": "shared_mlp"}))]),
+            "ours": [base(ours), s(variant(ours, f"{stem}diffeqformer-beta2-0.95", {"optimizer.beta2": 0.95}))],
+            "gpt": [base(gpt), s(variant(gpt, f"{stem}gpt2-beta2-0.95", {"optimizer.beta2": 0.95}))]}),
+        "f9_time_embedding": dict(runs=[base(ours) if d == base_dt else s(dt(d)) for d in dts],
+                                  measure_batch=measure_batch, measure_steps=10),
+        "f10_hypernetwork": dict(runs=[base(ours), s(variant(ours, f"{stem}diffeqformer-shared-mlp",
+                                                             {"model.hypernet": "shared_mlp"}))]),
         "x1_adaptive_steps": dict(run=Run(ours), random_run=variant(
             ours, f"{stem}diffeqformer-random-steps", {"model.random_step_offset": True}),
             num_sequences=num_sequences, **INFERENCE_SWEEP),
@@ -156,6 +165,16 @@ CPU_SEEDS = 3
 """Seeds of every setting that F5, F6 and F8-F10 compare in the cpu preset (``seeds.RULE`` needs at least two),
 each setting's seeds trained together as one population (``seeded(..., population=True)``)."""
 
+PRIMARY_SEEDS = 6
+"""Seeds of F6's primary comparison, DiffEqFormer against GPT-2, in the cpu and gpu presets: with three, the paired
+t-test of their final log-perplexities (seed spread about 3.3%) detects only a difference of about 11% 80% of the
+time; with six, under 5% (``seeds.detectable_difference``). The other notebooks read the first ``CPU_SEEDS`` of the
+same populations, so that their seeds stay matched with the other settings'."""
+
+SIMULATION_SEEDS = 8
+"""Simulations of each F3 system in the cpu and gpu presets: F3's test takes the simulation as its unit, and
+where every simulation gives the same slope the exact sign-flip test needs six or more to reach p < 0.05."""
+
 GPU_SEEDS = CPU_SEEDS
 """Seeds of every setting that F5-F10 compare in the gpu preset: the cpu preset's, each setting's seeds one
 population."""
@@ -172,13 +191,18 @@ GPU_LANGUAGE_MODELS = ("gpu/diffeqformer", "gpu/diffeqformer_llama", "gpu/gpt2",
 def single_gpu_or_cpu(preset: str, seeds: int, *, base_dt: int, dts: tuple[int, ...], measure_batch: int,
                       shots: list[int]) -> dict[str, dict[str, Any]]:
     """The entries of the cpu preset, and of the gpu preset that mirrors it at a larger scale: the same runs of
-    ``config/<preset>/``, notebooks and seeds (every compared setting's ``seeds`` one population). F2, F3, F6 and F11
-    read F6's models (nothing more is trained for them); F3 drives its simulations with their seeds; the ablations
-    vary the F6 models themselves (d_t ``dts`` around ``base_dt``; ``measure_batch`` sequences per measured step);
-    F11 evaluates every F6 model and seed on 100 examples per held-out task with ``shots`` examples in context."""
+    ``config/<preset>/``, notebooks and seeds (every compared setting's ``seeds`` one population; F6's primary pair,
+    GPT-2 and DiffEqFormer, ``PRIMARY_SEEDS``, of which the other notebooks read the first ``seeds``). F2, F3, F6
+    and F11 read F6's models (nothing more is trained for them); F3 drives its simulations with their seeds and
+    runs ``SIMULATION_SEEDS`` simulations of each system; the ablations vary the F6 models themselves (d_t ``dts``
+    around ``base_dt``; ``measure_batch`` sequences per measured step); F11 evaluates every F6 model and seed on 100
+    examples per held-out task with ``shots`` examples in context."""
+    primary = {"gpt2", "diffeqformer"}
 
-    def s(config: str) -> list[Run]:
-        return seeded(Run(f"{preset}/{config}"), seeds, population=True)
+    def s(config: str, *, all_seeds: bool = False) -> list[Run]:
+        n = PRIMARY_SEEDS if config in primary else seeds
+        runs = seeded(Run(f"{preset}/{config}"), n, population=True)
+        return runs if all_seeds else runs[:seeds]
 
     models = (("gpt", "gpt2"), ("shared", "shared"), ("ours", "diffeqformer"), ("llama", "llama"),
               ("ours_llama", "diffeqformer_llama"))
@@ -188,14 +212,14 @@ def single_gpu_or_cpu(preset: str, seeds: int, *, base_dt: int, dts: tuple[int, 
                                                                if key != "ours"}),
         "f3_trajectories": dict(runs={key: s(config) for key, config in (("ours", "diffeqformer"),
                                                                           ("shared", "shared"))},
-                                num_seeds=3, num_tokens=40, horizon=10.0, num_saves=200,
+                                num_seeds=SIMULATION_SEEDS, num_tokens=40, horizon=10.0, num_saves=200,
                                 euler_sweep=[200, 1000, 5000, 25000, 100000], model_tokens=40, model_saves=200),
         "f5_lyapunov": dict(run=Run(f"{preset}/diffeqformer"), synthetic_runs=s("synthetic_diffeqformer"),
                             max_tokens=48, map_tokens=24, timing_repeats=3, num_prompts=300),
-        "f6_perplexity": dict(runs={key: s(config) for key, config in models}),
+        "f6_perplexity": dict(runs={key: s(config, all_seeds=True) for key, config in models}),
         "f7_finetuning": dict(runs=finetune_runs(preset)),
         **ablation_entries(preset, base_dt, dts, measure_batch=measure_batch, num_sequences=64, prefix="",
-                           seeds=seeds, population=True),
+                           seeds=seeds, population=True, base_seeds=PRIMARY_SEEDS),
         "f11_downstream": dict(runs={key: s(config) for key, config in models}, num_examples=100, shots=shots),
     }
 

@@ -41,6 +41,7 @@ LAYERS = [
     ["report", "report.figures", "report.book"],
     # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
     ["analysis", "analysis.seeds"],
+    ["analysis.claims"],  # the headline claims, each with its one primary test, and their verdicts
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution"],

@@ -1,0 +1,390 @@
+"""The paper's headline claims, each with the one primary test that judges it, named here before any number is seen.
+
+A figure's page may compare many things; exactly one test per claim decides its verdict (``seeds.Judged.word``):
+the primary test of ``CLAIMS``. Everything else a page tests is exploratory (it says so, and F11 says how many of its
+secondary comparisons would come out significant by chance). Where a claim needs several things at once (F2: both
+matrices; F6: weight sharing worse than both models), the combining rule is the intersection-union test
+(``seeds.intersection``), stated in the claim's ``rule``. The verdicts page adjusts the primary tests of every
+headline claim together by Holm's method (``seeds.holm``); a figure's page gives the unadjusted p.
+
+A notebook judges its claims with ``judge`` (or ``measured``, for a claim that is a measurement without seeds) and
+glues each ``Verdict`` under ``Claim.glue_name`` (``Verdict.glue``): the verdicts page reads them back
+(``Verdict.from_json``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+from . import seeds
+
+PERCENT, PLAIN = "percent", "plain"
+"""How a claim's effect is written: ``PERCENT``, a log ratio (of perplexities) shown as the percent change of the
+ratio, 100 (e^x - 1), interval and detectable effect alike; ``PLAIN``, the test's own number with ``Claim.unit``."""
+
+NEGLIGIBLE_PERCENT = 1.0
+"""The practical threshold of a perplexity ratio: a change within +-1% is negligible at any scale this book trains
+(a significant one is reported as such, and as negligible)."""
+EQUIVALENCE_PERCENT = 5.0
+"""The margin of "comparable" (F7 under full fine-tuning): a ratio of perplexities within +-5%, stated before the
+numbers."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One headline claim of the paper and the one test that judges it."""
+
+    name: str
+    """Key, also the stem of its glued verdict (``glue_name``), e.g. ``f6_ours``."""
+    figure: str
+    """The book's figure id (F2, ..., F11)."""
+    notebook: str
+    """The notebook that judges it."""
+    paper: str
+    """The claim, as ``PAPER.md`` states it."""
+    test: str
+    """The primary test in words: which number per unit (seed, simulation, pretraining), which test."""
+    rule: str
+    """How the verdict follows from the test, in one sentence (the combining rule, where several tests combine)."""
+    says: str
+    """What the claim says at this scale, as a clause: "DiffEqFormer ends below GPT-2" (``meaning``)."""
+    direction: int
+    """The sign of the effect the paper claims (+1 or -1); 0 for a claim of equivalence (``margin``)."""
+    scale: str = PERCENT
+    """``PERCENT`` or ``PLAIN``: how the effect is written."""
+    unit: str = ""
+    """Words after the number (after its % where ``PERCENT``), e.g. `` per unit t``."""
+    digits: int = 1
+    """Decimals of the written effect."""
+    paper_value: str | None = None
+    """The paper's own number for the effect, where the paper gives one."""
+    margin: float | None = None
+    """The equivalence margin of a claim of "comparable", in the test's units (a log ratio for ``PERCENT``)."""
+    negligible: float | None = None
+    """The practical threshold, in written units: a significant effect smaller than it is negligible."""
+    measured: bool = False
+    """A measurement without seeds to test it by (F9's memory): a verdict without p."""
+
+    @property
+    def glue_name(self) -> str:
+        """The name its notebook glues the verdict (JSON) under."""
+        return f"{self.name}_claim"
+
+    def written(self, value: float) -> float:
+        """A value of the test's scale in the claim's written units (``scale``)."""
+        return seeds.percent(value) if self.scale == PERCENT else value
+
+    def format(self, value: float, *, sign: bool = True) -> str:
+        """``-9.2%`` or ``+0.10 per unit p``."""
+        if not math.isfinite(value):
+            return "n/a" if math.isnan(value) else "none"
+        unit = f"%{self.unit}" if self.scale == PERCENT else self.unit
+        return f"{value:{'+' if sign else ''}.{self.digits}f}{unit}"
+
+
+LOG_RATIO_TEST = "the paired t-test over seeds of the final validation log-perplexities"
+
+CLAIMS: dict[str, Claim] = {c.name: c for c in (
+    Claim("f2_growth", "F2", "f2_spectra", "the QK and OV eigenvalue magnitudes grow with t (Fig. 2a-b)",
+          "per seed, the least-squares slope of the log spectral radius (head mean) against t, for QK and for OV; "
+          "the one-sample t-test of the seeds' slopes against 0",
+          "reproduced only when both matrices grow (the intersection-union test: both slopes positive at p < 0.05, "
+          "its p the larger of the two); contradicted when either shrinks significantly",
+          "the QK and OV spectral radii grow with t",
+          +1, PLAIN, " per unit t", 2),
+    Claim("f3_dispersion", "F3", "f3_trajectories", "with W(t) = t^p W(0) tokens cluster less as p grows (Fig. 2c-d, "
+          "Fig. 13): the paper's random weights, accurate solve",
+          "per simulation, the least-squares slope of the fraction of clustered token pairs at T against p "
+          "(p = 0..4); the one-sample t-test of the simulations' slopes against 0 (the exact sign-flip test where "
+          "every simulation has the same slope)",
+          "reproduced when the fraction falls with p (a negative slope) at p < 0.05; the simulation is the unit",
+          "the fraction of clustered token pairs falls as the growth power p rises",
+          -1, PLAIN, " per unit p", 3),
+    Claim("f5_agreement", "F5", "f5_lyapunov", "token-level Lyapunov exponents attribute a prediction to the tokens "
+          "it depends on, more soundly than attention maps (Fig. 3): agreement prompts",
+          "per seed's model, hit@1 of the largest exponent less hit@1 of attention on the synthetic language's "
+          "agreement prompts; the paired t-test over the models (the exact McNemar test over prompts with one model)",
+          "reproduced when the largest exponent ranks the source token first more often than attention, p < 0.05",
+          "the largest Lyapunov exponent finds the source token of agreement prompts more often than attention",
+          +1, PLAIN, " hit@1", 3),
+    Claim("f5_induction", "F5", "f5_lyapunov", "as above, on the synthetic language's induction prompts",
+          "as for agreement, on the induction prompts",
+          "reproduced when the largest exponent ranks the source token first more often than attention, p < 0.05",
+          "the largest Lyapunov exponent finds the source token of induction prompts more often than attention",
+          +1, PLAIN, " hit@1", 3),
+    Claim("f6_ours", "F6", "f6_perplexity", "DiffEqFormer reaches a lower validation perplexity than GPT-2 "
+          "(Tables 1-2)", f"{LOG_RATIO_TEST}, DiffEqFormer less GPT-2 (a ratio of perplexities)",
+          "reproduced when DiffEqFormer's perplexity is lower at p < 0.05",
+          "DiffEqFormer ends at a lower validation perplexity than GPT-2",
+          -1, negligible=NEGLIGIBLE_PERCENT),
+    Claim("f6_shared", "F6", "f6_perplexity", "weight sharing is worst (Table 1)",
+          f"{LOG_RATIO_TEST}, the weight-shared model less GPT-2 and less DiffEqFormer",
+          "reproduced only when it is worse than both (the intersection-union test: both ratios above 1 at "
+          "p < 0.05, its p the larger); the effect shown is the one that decides",
+          "the weight-shared model ends worse than both GPT-2 and DiffEqFormer",
+          +1, negligible=NEGLIGIBLE_PERCENT),
+    Claim("f6_overfit", "F6", "f6_perplexity", "DiffEqFormer overfits less than GPT-2 (Fig. 4)",
+          "per seed, how far the final validation perplexity ends above the run's best (log ratio); the paired "
+          "t-test over seeds, DiffEqFormer less GPT-2",
+          "reproduced when DiffEqFormer ends closer to its best at p < 0.05; the training-validation gap is "
+          "exploratory", "DiffEqFormer's validation perplexity ends closer to its best than GPT-2's",
+          -1, negligible=NEGLIGIBLE_PERCENT),
+    Claim("f6_llama", "F6", "f6_perplexity", "the DiffEqFormer variant of Llama beats Llama (Table 2, Fig. 8)",
+          f"{LOG_RATIO_TEST}, DiffEqFormer's Llama variant less Llama",
+          "reproduced when the variant's perplexity is lower at p < 0.05",
+          "DiffEqFormer's Llama variant ends below Llama",
+          -1, negligible=NEGLIGIBLE_PERCENT),
+    Claim("f7_lora", "F7", "f7_finetuning", "under LoRA, the 18-step DiffEqFormer discretised to 9-24 steps "
+          "fine-tunes better than a 24-layer GPT-2 (Fig. 5)",
+          "per pretraining seed (each model pretrained with that seed, then fine-tuned once), the mean over both "
+          "directions and every N of the final validation log-perplexity of DiffEqFormer less GPT-2's; the "
+          "one-sample t-test over the pretraining seeds",
+          "reproduced when DiffEqFormer's mean perplexity is lower at p < 0.05; each direction and N is exploratory",
+          "under LoRA the fine-tuned DiffEqFormers end below the fine-tuned GPT-2",
+          -1, negligible=NEGLIGIBLE_PERCENT),
+    Claim("f7_full", "F7", "f7_finetuning", "under full fine-tuning DiffEqFormer and GPT-2 are comparable (Fig. 5)",
+          "the same mean over directions and N under full fine-tuning, tested for equivalence within "
+          f"+-{EQUIVALENCE_PERCENT:g}% by two one-sided t-tests (TOST) over the pretraining seeds",
+          f"reproduced when the ratio lies within +-{EQUIVALENCE_PERCENT:g}% (both one-sided tests at p < 0.05), "
+          "contradicted when its 95% interval lies wholly outside",
+          f"under full fine-tuning DiffEqFormer and GPT-2 end within +-{EQUIVALENCE_PERCENT:g}% of each other", 0,
+          margin=math.log1p(EQUIVALENCE_PERCENT / 100), negligible=NEGLIGIBLE_PERCENT),
+    Claim("f7_overfit", "F7", "f7_finetuning", "under full fine-tuning, fewer steps N overfit less on WikiText-103 "
+          "(Fig. 5); here prose -> plays, plays standing for WikiText-103",
+          "per pretraining seed, the rise of the final validation perplexity above the run's best (log ratio) of "
+          "DiffEqFormer fine-tuned with each N; the slope of the rise against N with an intercept per pretraining "
+          "seed, by its t-test",
+          "reproduced when the rise grows with N (a positive slope) at p < 0.05",
+          "under full fine-tuning the validation perplexity of DiffEqFormer rises further above its best the more "
+          "steps N it is fine-tuned with",
+          +1, PERCENT, " per step N", 2),
+    Claim("f8_beta2", "F8", "f8_beta2", "beta2 = 0.95 helps DiffEqFormer and hurts GPT-2 (Fig. 7, App. C.5)",
+          "per seed, the interaction: DiffEqFormer's log-perplexity change from beta2 = 0.999 to 0.95 less "
+          "GPT-2's; the one-sample t-test over seeds (seed k of all four settings shares its data order)",
+          "reproduced when the lower beta2 does DiffEqFormer more good (or less harm) than GPT-2 at p < 0.05; each "
+          "model's own change is exploratory", "the lower beta2 does DiffEqFormer more good than GPT-2",
+          -1, negligible=NEGLIGIBLE_PERCENT),
+    Claim("f9_dt", "F9", "f9_time_embedding", "perplexity improves with the time embedding's size d_t (Fig. 14)",
+          "the least-squares slope of every seed's final validation log-perplexity against log2 d_t, with an "
+          "intercept per seed, by its t-test",
+          "reproduced when perplexity falls as d_t doubles at p < 0.05", "perplexity falls as d_t grows",
+          -1, unit=" per doubling"),
+    Claim("f9_memory", "F9", "f9_time_embedding", "peak memory grows far less than the parameter count with d_t "
+          "(Fig. 16)", "the least-squares line of the measured peak memory of a training step against the parameter "
+          "count: what an added parameter costs", "reproduced when an added parameter costs less than half of the 16 "
+          "B of its own training state; a measurement (one per d_t), not a test over seeds",
+          "an added parameter costs less than half of its 16 B of training state",
+          -1, PLAIN, " B per parameter", 1, measured=True),
+    Claim("f10_hypernet", "F10", "f10_hypernetwork", "the per-weight hypernetwork beats one MLP shared by every "
+          "weight (Fig. 18)", f"{LOG_RATIO_TEST}, per-weight MLPs less one shared MLP",
+          "reproduced when the per-weight design's perplexity is lower at p < 0.05",
+          "per-weight MLPs end below one shared MLP",
+          -1,
+          negligible=NEGLIGIBLE_PERCENT),
+    Claim("f11_lastword", "F11", "f11_downstream", "DiffEqFormer gains on zero- and five-shot tasks, significantly on "
+          "LAMBADA (Tables 4-5)",
+          "the zero-shot accuracy on the LAMBADA-style last-word task (LAMBADA itself where the preset evaluates the "
+          "paper's tasks), DiffEqFormer less GPT-2, by the paired t-test over seeds",
+          "reproduced when DiffEqFormer is more accurate at p < 0.05; every other task, shot count and model pair is "
+          "exploratory", "DiffEqFormer answers the last-word task right more often than GPT-2",
+          +1, PLAIN, " accuracy", 3,
+          paper_value="+0.0115 (LAMBADA OpenAI zero-shot, 37.24% to 38.39% against GPT-large, Table 4)"),
+)}
+"""Every headline claim, in the order of the book (the verdicts page's rows)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A claim's verdict: its word (``seeds.WORDS``), the effect, its 95% interval and the smallest effect the design
+    detects 80% of the time, all in the claim's written units, the unadjusted p of the primary test, the units it
+    rests on and the test's name."""
+
+    claim: str
+    word: str
+    effect: float
+    low: float
+    high: float
+    p: float
+    detectable: float
+    n: int
+    unit: str
+    test: str
+    note: str = ""
+    """What else the reader needs (which test decided an intersection, why there is no interval)."""
+
+    @property
+    def of(self) -> Claim:
+        return CLAIMS[self.claim]
+
+    @property
+    def negligible(self) -> bool:
+        """Significant and smaller than the claim's practical threshold."""
+        c = self.of
+        return (c.negligible is not None and self.word in (seeds.REPRODUCED, seeds.CONTRADICTED)
+                and abs(self.effect) < c.negligible)
+
+    def effect_text(self) -> str:
+        """``-9.2% (95% CI -15.1% to -3.0%)``, or the effect alone without an interval."""
+        c = self.of
+        if math.isnan(self.low):
+            return c.format(self.effect)
+        return f"{c.format(self.effect)} (95% CI {c.format(self.low)} to {c.format(self.high)})"
+
+    def detectable_text(self) -> str:
+        """The smallest effect detected 80% of the time (for an equivalence claim: the smallest margin shown 80% of
+        the time), or why there is none."""
+        if self.of.measured:
+            return "a measurement"
+        if math.isnan(self.detectable):
+            return "n/a"
+        if math.isinf(self.detectable):
+            return "none with these seeds"
+        return f"{self.of.format(self.detectable, sign=False)}"
+
+    def text(self) -> str:
+        """``reproduced: -9.2% (95% CI -15.1% to -3.0%), p = 0.011, paired t-test over 5 seeds; detectable at 80%
+        power: 5.5%`` (p before Holm's adjustment across the headline claims)."""
+        if self.word == seeds.UNTESTED:
+            units = f"{self.n} {self.unit}{'' if self.n == 1 else 's'}"
+            return f"{seeds.UNTESTED} ({units}" + (f"; {self.note})" if self.note else ")")
+        if self.of.measured:
+            return f"{self.word}: {self.effect_text()}" + (f"; {self.note}" if self.note else "")
+        words = [f"{self.word}: {self.effect_text()}, {seeds.p_text(self.p)}, {self.test} over {self.n} "
+                 f"{self.unit}{'' if self.n == 1 else 's'}"]
+        if self.negligible:
+            words.append(f"negligible: within the practical threshold of +-"
+                         f"{self.of.format(self.of.negligible, sign=False)}")
+        label = "equivalence shown 80% of the time within" if self.of.margin else "detectable at 80% power"
+        words.append(f"{label}: {self.detectable_text()}")
+        if self.note:
+            words.append(self.note)
+        return "; ".join(words)
+
+    def to_json(self) -> str:
+        return json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
+                           for k, v in asdict(self).items()})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Verdict":
+        values = json.loads(text)
+        return cls(**{k: (math.nan if v is None and k in FLOATS else v) for k, v in values.items()})
+
+    def glue(self) -> str:
+        """Glue the verdict for the verdicts page (``Claim.glue_name``, as JSON) and for the page's prose
+        (``<name>_verdict``: ``text``); returns ``text``."""
+        from ..report import figures
+
+        figures.glue(self.of.glue_name, self.to_json())
+        return figures.glue(f"{self.claim}_verdict", self.text())
+
+
+FLOATS = ("effect", "low", "high", "p", "detectable")
+
+
+def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None = None) -> Verdict:
+    """``Verdict`` of claim ``name`` from its primary test ``judged`` (a ``seeds.Comparison``, ``Trend`` or, for a
+    claim with a ``margin``, the comparison tested for equivalence by ``seeds.equivalence``); ``unit`` names what the
+    test counts when it is not a seed (a simulation, a pretraining seed)."""
+    claim = CLAIMS[name]
+    if claim.measured:
+        raise ValueError(f"{name} is a measurement: use claims.measured")
+    if claim.margin is not None:
+        if not isinstance(judged, seeds.Comparison):
+            raise ValueError(f"{name} is a claim of equivalence: judge it from a seeds.Comparison")
+        judged = seeds.equivalence(judged, claim.margin)
+        word = judged.word()
+    else:
+        word = judged.word(claim.direction)
+    if isinstance(judged, seeds.Trend):
+        n, counted, low, high = judged.groups, "seed", judged.low, judged.high
+    else:
+        base = judged.comparison if isinstance(judged, seeds.Equivalence) else judged
+        n, counted, low, high = base.n, base.unit, base.low, base.high
+    if judged.exact and not note:
+        note = "no spread between the units: the exact test of their signs decides"
+    detectable = judged.detectable
+    return Verdict(name, word, claim.written(judged.effect), claim.written(low), claim.written(high),
+                   float(judged.p), claim.written(detectable) if math.isfinite(detectable) else detectable, n,
+                   unit or counted, judged.test, note)
+
+
+def measured(name: str, reproduced: bool, effect: float, note: str = "") -> Verdict:
+    """``Verdict`` of a claim that is a measurement without seeds (``Claim.measured``): reproduced or contradicted
+    by what was measured, without p."""
+    claim = CLAIMS[name]
+    if not claim.measured:
+        raise ValueError(f"{name} is tested over seeds: use claims.judge")
+    word = seeds.REPRODUCED if reproduced else seeds.CONTRADICTED
+    return Verdict(name, word, effect, math.nan, math.nan, math.nan, math.nan, 1, "measurement", "measured", note)
+
+
+def untested(name: str, note: str) -> Verdict:
+    """``Verdict`` of a claim the preset cannot test (``note`` says why)."""
+    return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, 0, "seed", "", note)
+
+
+def _sentence(verdict: Verdict) -> str:
+    """One claim's verdict in words, meaning first (``meaning``)."""
+    c, v = verdict.of, verdict
+    paper = f"; the paper: {c.paper_value}" if c.paper_value else ""
+    if v.word == seeds.UNTESTED:
+        return f"Whether {c.says} is untested here ({v.note or 'too few seeds'})."
+    if v.word == seeds.REPRODUCED:
+        size = " by a negligible amount" if v.negligible else ""
+        return f"{c.says[:1].upper()}{c.says[1:]}{size}, as the paper reports ({v.effect_text()}{paper})."
+    if v.word == seeds.CONTRADICTED:
+        how = "as measured" if c.measured else "significant the other way"
+        return (f"Against the paper, it is not so that {c.says}: {v.effect_text()}, {how}"
+                f"{' but negligible' if v.negligible else ''}{paper}.")
+    if c.measured:
+        return f"{c.says[:1].upper()}{c.says[1:]}: not measured."
+    within = ("equivalence would be shown 80% of the time only within +-" if c.margin is not None
+              else "this design detects 80% of the time only an effect of ")
+    return (f"Whether {c.says} is not decided at this scale: {v.effect_text()}, {seeds.p_text(v.p)}; {within}"
+            f"{v.detectable_text().lstrip('+')}{paper}.")
+
+
+def meaning(verdicts) -> str:
+    """What the verdicts say about the paper's claims, a sentence each, meaning first (for a page's "What it
+    shows")."""
+    return " ".join(_sentence(v) for v in verdicts)
+
+
+def publish(verdicts: Mapping[str, Verdict], prefix: str) -> None:
+    """Glue every verdict (``Verdict.glue``: its JSON for the verdicts page, its text as ``<claim>_verdict``) and
+    their ``meaning`` as ``<prefix>_meaning``, for a figure's page."""
+    from ..report import figures
+
+    for verdict in verdicts.values():
+        verdict.glue()
+    figures.glue(f"{prefix}_meaning", meaning(verdicts.values()))
+
+
+TABLE_CAPTION = ("Each claim's verdict from its one primary test (named on the method page and under the verdicts "
+                 "page's table), the effect with its 95% interval in the claim's units, the p-value before Holm's "
+                 "adjustment across the headline claims (the verdicts page adjusts it), the units the test rests on, "
+                 "and the smallest effect the design detects 80% of the time (for a claim of equivalence: the "
+                 "smallest margin it shows 80% of the time).")
+"""The caption of ``table`` on a figure's page."""
+TABLE_FORMATS = {"p": "{:.2g}"}
+"""How ``table``'s numbers are written (``report.figures.save_table``)."""
+
+
+def table(verdicts):
+    """The verdicts as a small table for a figure's page: per claim (its words), the verdict, the effect with its
+    95% interval in the claim's units, the unadjusted p, the units it rests on, and the smallest effect the design
+    detects 80% of the time (for an equivalence claim: the smallest margin it shows 80% of the time)."""
+    import pandas as pd
+
+    rows = []
+    for v in verdicts:
+        c = v.of
+        rows.append({"claim": c.paper, "verdict": v.word + (" (negligible)" if v.negligible else ""),
+                     "effect (95% CI)": v.effect_text() if v.word != seeds.UNTESTED else "",
+                     "p": v.p, "over": f"{v.n} {v.unit}{'' if v.n == 1 else 's'}" if v.n else "",
+                     "detectable at 80%": v.detectable_text() if v.word != seeds.UNTESTED else "",
+                     "test": v.test})
+    return pd.DataFrame(rows).set_index("claim")

@@ -1,0 +1,103 @@
+"""diffeqformer.analysis.claims: one primary test per headline claim, named before the numbers; its verdict in the
+claim's units, glued for the verdicts page and read back there with Holm's adjustment (pipeline.pages)."""
+
+import json
+import math
+from types import SimpleNamespace
+
+import pytest
+
+from diffeqformer import paths
+from diffeqformer.analysis import claims, seeds
+from diffeqformer.pipeline import pages
+
+
+def test_every_claim_is_judged_by_its_notebook():
+    """Each claim names a notebook of the book that publishes its verdict; names, glue names and directions are
+    consistent; the verdicts page has a row for each."""
+    notebooks = {p.stem: p.read_text() for p in paths.NOTEBOOKS.glob("*.ipynb")}
+    for claim in claims.CLAIMS.values():
+        assert claim.name.startswith(claim.figure.lower() + "_") and claim.notebook in notebooks, claim.name
+        assert "claims.publish(verdicts" in notebooks[claim.notebook], claim.notebook
+        assert (claim.direction == 0) == (claim.margin is not None), claim.name
+        assert claim.scale in (claims.PERCENT, claims.PLAIN) and claim.test and claim.rule and claim.says
+    assert len({c.glue_name for c in claims.CLAIMS.values()}) == len(claims.CLAIMS)
+
+
+def test_a_verdict_in_the_claims_units():
+    """A log-perplexity comparison is written as a percent ratio, interval and detectable effect alike; JSON and
+    back gives the same verdict."""
+    c = seeds.compare([5.0, 5.2, 4.9], [5.1, 5.32, 4.99], paired=True)
+    v = claims.judge("f6_ours", c)
+    assert v.word == seeds.REPRODUCED and v.effect == pytest.approx(100 * math.expm1(c.difference))
+    assert (v.low, v.high) == pytest.approx((100 * math.expm1(c.low), 100 * math.expm1(c.high)))
+    assert v.detectable == pytest.approx(100 * math.expm1(c.detectable)) and v.n == 3 and v.unit == "seed"
+    assert v.text().startswith(f"reproduced: {v.effect:+.1f}% (95% CI {v.low:+.1f}% to {v.high:+.1f}%), p = ")
+    assert claims.Verdict.from_json(v.to_json()) == v
+    untested = claims.untested("f6_llama", "no Llama")
+    assert claims.Verdict.from_json(untested.to_json()).text() == "untested (0 seeds; no Llama)"
+    with pytest.raises(ValueError, match="measurement"):
+        claims.judge("f9_memory", c)
+    slope = claims.judge("f3_dispersion", seeds.one_sample([-0.05, -0.04, -0.06, -0.05]))
+    assert slope.word == seeds.REPRODUCED and slope.effect == pytest.approx(-0.05) and "per unit p" in slope.text()
+
+
+def test_significant_but_negligible_and_equivalence():
+    tiny = claims.judge("f6_ours", seeds.compare([5.000, 5.001, 5.002], [5.004, 5.0055, 5.0065], paired=True))
+    assert tiny.word == seeds.REPRODUCED and tiny.negligible and "negligible" in tiny.text()
+    assert "by a negligible amount" in claims.meaning([tiny])
+    same = claims.judge("f7_full", seeds.compare([0.005, -0.015, 0.015], [0.0] * 3, paired=True))
+    assert same.word == seeds.REPRODUCED and "equivalence shown 80% of the time within" in same.text()
+    vague = claims.judge("f7_full", seeds.compare([0.2, -0.15, 0.05], [0.0] * 3, paired=True))
+    assert vague.word == seeds.INCONCLUSIVE and "is not decided at this scale" in claims.meaning([vague])
+
+
+def test_the_table_of_a_page():
+    verdicts = [claims.judge("f10_hypernet", seeds.compare([6.0, 6.01, 5.99], [5.9, 5.92, 5.88], paired=True)),
+                claims.untested("f6_llama", "no Llama")]
+    table = claims.table(verdicts)
+    assert list(table.verdict) == [seeds.CONTRADICTED, seeds.UNTESTED]
+    assert list(table.columns) == ["verdict", "effect (95% CI)", "p", "over", "detectable at 80%", "test"]
+
+
+def _glue(name: str, text: str) -> dict:
+    """A ``glue`` output of an executed notebook, as ``report.figures.glue`` writes a string."""
+    return {"output_type": "display_data", "metadata": {"scrapbook": {"name": name, "mime_prefix": ""}},
+            "data": {"application/papermill.record/text/plain": repr(text), "text/plain": [repr(text)]}}
+
+
+def _executed(tmp_path, name: str, verdicts) -> SimpleNamespace:
+    folder = tmp_path / name
+    folder.mkdir()
+    outputs = [_glue(v.of.glue_name, v.to_json()) for v in verdicts]
+    (folder / "notebook.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "outputs": outputs}]}))
+    return SimpleNamespace(name=name, cache_dir=folder)
+
+
+def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path):
+    """Five claims tested, two significant before the adjustment: the one whose Holm p stays below 0.05 keeps its
+    word, the other (p x 4 by Holm) is inconclusive after Holm and says what it was before; a claim no notebook
+    judged says so; every claim's rule is under the table."""
+    strong = claims.judge("f6_ours", seeds.compare([5.0, 5.2, 4.9, 5.1, 5.0], [5.3, 5.49, 5.21, 5.4, 5.31],
+                                                   paired=True))
+    weak = claims.judge("f8_beta2", seeds.one_sample([-0.05, -0.03, -0.04]))
+    noisy = [claims.judge(name, seeds.one_sample([0.1, -0.2, 0.15])) for name in ("f6_shared", "f6_overfit",
+                                                                                   "f6_llama")]
+    assert strong.p < 0.005 and 0.01 < weak.p < 0.05 and all(v.word == seeds.INCONCLUSIVE for v in noisy)
+    result = SimpleNamespace(preset="cpu", notebooks=[_executed(tmp_path, "f6_perplexity", [strong, *noisy]),
+                                                      _executed(tmp_path, "f8_beta2", [weak])])
+    page = pages.verdicts_markdown(result, tmp_path / "no-edition")
+    def row(name):
+        claim = claims.CLAIMS[name]
+        return next(line for line in page.splitlines()
+                    if line.startswith(f"| {claim.figure} ({{doc}}`page </notebooks/{claim.notebook}>`): "
+                                       f"{claim.paper} |"))
+
+    assert "| **reproduced**: " in row("f6_ours")
+    f8 = row("f8_beta2")
+    assert "**inconclusive after Holm (reproduced before)**" in f8 and f"p = {weak.p:.2g}, Holm " in f8
+    assert f8.endswith(f"| {pages.NO_GPU_VERDICT} |")
+    assert "| not computed by this preset |" in row("f10_hypernet")
+    assert claims.CLAIMS["f11_lastword"].paper_value in page and "The 5 claims tested here" in page
+    for claim in claims.CLAIMS.values():
+        assert f"- **{claim.figure}**, {claim.paper}: {claim.test}; {claim.rule}." in page
