@@ -225,8 +225,9 @@ else:
 @pytest.mark.parametrize("module", ["train", "population"])
 def test_levanter_initializes_before_jax_starts_its_backend(module, tmp_path):
     # jax.distributed.initialize (multi-host, or a cluster Levanter detects) raises once JAX's backend has started;
-    # building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts it. Seen on a lent
-    # H200: "jax.distributed.initialize() must be called before any JAX calls that might initialise the XLA backend".
+    # building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts it. Seen on an H200
+    # machine with mpi4py: "jax.distributed.initialize() must be called before any JAX calls that might initialise
+    # the XLA backend".
     out = subprocess.run([sys.executable, "-c", _BEFORE_INITIALIZE, module, str(SMOKE), str(tmp_path / "run")],
                          env=_env(tmp_path / "run"), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
