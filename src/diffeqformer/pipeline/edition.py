@@ -46,6 +46,7 @@ from typing import Any, Mapping
 from .. import paths, runs
 from ..numerics import file_sha256
 from ..report import book
+from .progress import clock
 
 EDITION = paths.BOOK / "gpu"
 """The committed GPU edition: ``manifest.json``, ``notebooks/``, ``figures/``, ``records/``, ``runs/``,
@@ -78,13 +79,6 @@ class EditionError(Exception):
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def clock(seconds: float) -> str:
-    """``7:42``, or ``1:02:03`` from an hour on (as the pipeline's progress lines write times)."""
-    seconds = int(round(seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else \
-        f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 # ------------------------------------------------------------------------------------------------------------ pack

@@ -15,7 +15,7 @@ from .. import paths
 from ..config import FinetuneConfig
 from ..runs import is_complete, summary
 from . import edition
-from .lanes import Progress
+from .progress import Progress
 from .planning import Plan, cache_dir, collect_runs, join_populations
 from . import registry
 from .registry import Run
