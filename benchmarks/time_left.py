@@ -212,8 +212,9 @@ def replay_report(path: Path) -> None:
     print_rows(f"replay of {path} ({recorded['preset']}, {recorded['lanes']} lanes)", wall, rows)
     print("  at exactly a quarter, a half and three quarters:")
     for r in quarters:
-        error = "estimating" if r["estimate"] is None else \
-            f"estimate {r['estimate']:.0f} s, truth {r['truth']:.0f} s: {(r['estimate'] - r['truth']) / r['truth']:+.0%}"
+        error = "estimating" if r["estimate"] is None else (
+            f"estimate {r['estimate']:.0f} s, truth {r['truth']:.0f} s: "
+            f"{(r['estimate'] - r['truth']) / r['truth']:+.0%}")
         print(f"  at {r['at'] / wall:.0%} ({r['at']:.0f} s): {error}")
 
 
