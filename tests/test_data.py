@@ -30,7 +30,7 @@ def read_jsonl(path) -> list[dict]:
 
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> data.CorpusInfo:
-    """The corpus prepared once per session below a tmp root, from the archive cached in ``paths.DATA_RAW``."""
+    """The corpus prepared once per test session below a tmp root, from the archive cached in ``paths.DATA_RAW``."""
     archive = data.fetch_archive(paths.DATA_RAW)
     root = tmp_path_factory.mktemp("data")
     layout = data.CorpusLayout(root)

@@ -345,7 +345,7 @@ def test_without_an_edition_the_part_is_one_page_saying_so_with_the_commands(tmp
     for command in ("bash benchmarks/gpu/prepare.sh --for pipeline",
                     "bash benchmarks/gpu/run.sh stage install pipeline",
                     "python -m diffeqformer.pipeline --preset gpu --no-book",
-                    "python -m diffeqformer.pipeline.edition pack --out $OUT/edition",
+                    "python -m diffeqformer.pipeline.edition pack --out <output folder>",
                     "python -m diffeqformer.pipeline.edition import"):
         assert command in page
     src = tmp_path / "src"

@@ -556,7 +556,7 @@ def _fake_trainings(tmp_path, names_after):
 
 @pytest.mark.parametrize("prune", [False, True])
 def test_a_complete_runs_checkpoints_are_pruned_when_asked(tmp_path, monkeypatch, prune):
-    """With ``DIFFEQFORMER_PRUNE_CHECKPOINTS=1`` (a lent GPU machine's small disk) the checkpoints of a run the lanes
+    """With ``DIFFEQFORMER_PRUNE_CHECKPOINTS=1`` (a GPU machine's small disk) the checkpoints of a run the lanes
     finished are deleted, its summary kept; without it they stay (resume, as on this machine)."""
     from diffeqformer.pipeline import processes
 
@@ -819,7 +819,7 @@ def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
     assert ours.run.population == (0, 1, 2)
     f1 = next(j for j in plan.notebooks if j.name == "f1_model")
     assert f1.runs == [ours.config]
-    units = pipeline.lanes._units(plan.trainings)
+    units = pipeline.lanes.training_units(plan.trainings)
     synthetic = next(u for u in units if u[0].name == "cpu-synthetic-diffeqformer")
     assert [t.name for t in synthetic] == [f"cpu-synthetic-diffeqformer{s}" for s in ("", "-seed1", "-seed2")]
     assert sum(len(u) == 3 for u in units) == 11 + 16  # every compared setting of F5, F6, F7, F8-F10
@@ -958,8 +958,8 @@ def test_a_child_that_starts_after_the_pipeline_died_ends_at_once():
 
 
 def test_gpu_install_names_a_missing_part_and_how_to_stage_it(tmp_path):
-    """benchmarks/gpu/run.sh on a lent machine that lost a staged part (given back between calls): it installs
-    nothing, names the part and says what to carry in the next call."""
+    """benchmarks/gpu/run.sh on a GPU machine where a part of the bundle was not copied: it installs nothing, names
+    the part and says what to copy and run."""
     wheels, site = tmp_path / "wheels", tmp_path / "site"
     wheels.mkdir()
     (wheels / "manifest.json").write_text(json.dumps({"parts": [["a.whl"], ["b.whl", "c.whl"]]}))
@@ -970,4 +970,4 @@ def test_gpu_install_names_a_missing_part_and_how_to_stage_it(tmp_path):
                                          "DIFFEQFORMER_SITE": str(site), "PYTHON": sys.executable})
     assert out.returncode != 0 and not site.exists()
     assert "not staged on this machine: part-2 (1 of 2 wheels)" in out.stderr
-    assert 'with carry [".gpu/part-2"]: bash benchmarks/gpu/run.sh stage install' in out.stderr
+    assert "Copy .gpu/part-2 into this working tree, then: bash benchmarks/gpu/run.sh stage install" in out.stderr

@@ -1,5 +1,5 @@
 """The scripts CI does not run (each takes a fresh virtual environment and many minutes): the Colab simulation
-(``benchmarks/colab/simulate.sh``) and the lent GPU machine's scripts with their simulation (``benchmarks/gpu/``:
+(``benchmarks/colab/simulate.sh``) and the offline GPU machine's scripts with their simulation (``benchmarks/gpu/``:
 ``prepare.sh``, ``run.sh``, ``simulate.sh``). What they expect of the project is still there: every command they run
 exists and takes the flags they give it, every message they look for in a log is still printed, every notebook
 parameter and run they name is still declared and trained."""
@@ -158,8 +158,8 @@ def test_the_gpu_benchmark_scripts_take_the_commands_and_flags_the_scripts_give(
 
 def test_run_sh_runs_the_gpu_pipeline_without_its_book_and_packs_its_edition():
     """run.sh's pipeline step: the gpu preset (the preset ``edition import`` accepts), ``--no-book`` (the book is
-    built here from the imported edition), then ``edition pack`` into ``$OUT`` (what comes back from the machine);
-    the simulation runs the same step on the CPU."""
+    built where the edition is imported), then ``edition pack`` into the output folder ``DIFFEQFORMER_EDITION``
+    (what is brought back from the machine); the simulation runs the same step on the CPU."""
     from diffeqformer.pipeline import edition
 
     assert _run_sh_preset() == edition.PRESET
@@ -167,7 +167,8 @@ def test_run_sh_runs_the_gpu_pipeline_without_its_book_and_packs_its_edition():
     assert "--no-book" in run, run
     [pack] = _calls("-m diffeqformer.pipeline.edition")
     assert pack[pack.index("--preset") + 1] == "$preset" and "--out" in pack, pack
-    assert "${OUT:-" in (GPU / "run.sh").read_text()
+    assert '--out "$edition"' in (GPU / "run.sh").read_text()
+    assert "${DIFFEQFORMER_EDITION:-" in (GPU / "run.sh").read_text()
     simulated = [c for c in _calls("benchmarks/gpu/run.sh") if "pipeline" in c]
     assert len(simulated) == 1 and simulated[0][:3] == ["stage", "install", "pipeline"], simulated
 

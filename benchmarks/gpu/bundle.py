@@ -1,7 +1,8 @@
-"""The wheels a lent GPU machine lacks for training this project, cut into parts the device tool can carry.
+"""The wheels a GPU machine without network lacks for training this project, cut into parts of at most 56 MiB.
 
-The H100/H200 machines this project borrows (the device tool) run Python 3.12 with JAX 0.11.2 for CUDA 13 and have
-no network: every other package a training imports must travel with the working tree, at most 64 MiB a call.
+The GPU machine this was made for runs Python 3.12 with JAX 0.11.2 for CUDA 13 and has no network
+(``preinstalled-packages.txt`` lists what it has): every other package a training imports must travel with the
+working tree, in parts small enough for a transfer with a size limit (most bundles are one part).
 
     python benchmarks/gpu/bundle.py plan        # what training imports, what the machine lacks, wheel sizes
     python benchmarks/gpu/bundle.py plan --for pipeline   # the same for every process of the pipeline
@@ -11,7 +12,7 @@ no network: every other package a training imports must travel with the working 
 
 ``plan`` and ``download`` run here, in the project's environment: a smoke training runs in a child process (and
 the modules the GPU benchmarks use are imported), and every distribution that owns a file of an imported module is
-needed; the ones ``lent-machine-packages.txt`` names are already there. ``download`` writes the parts with a
+needed; the ones ``preinstalled-packages.txt`` names are already there. ``download`` writes the parts with a
 ``manifest.json`` (every wheel of every part) in each, which ``benchmarks/gpu/run.sh`` reads on the machine.
 
 ``--for pipeline`` bundles what the whole pipeline imports: every Python process of a smoke pipeline (no book) and
@@ -23,8 +24,8 @@ needs. With every target, what is imported but never used is left out: ``LEFT_OU
 ``STUBS`` (imported at a module's top, never called; a small wheel of stand-in modules takes their place).
 
 ``--for measure`` bundles what ``benchmarks/gpu/measure.py`` imports instead (the models and a training step, not
-Levanter's data stack): one part, which one device call installs and measures with. The measurements of
-2026-11-25 carried it with ``--also chex diffrax equinox jaxtyping lineax optax optimistix wadler-lindig`` (the
+Levanter's data stack): one part, which the machine installs and measures with in one command. The measurements
+of 2026-11-25 took it with ``--also chex diffrax equinox jaxtyping lineax optax optimistix wadler-lindig`` (the
 JAX libraries at the versions the tests run with, though the machine has its own).
 """
 
@@ -43,15 +44,15 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-LENT = HERE / "lent-machine-packages.txt"
+PREINSTALLED = HERE / "preinstalled-packages.txt"
 LOCK = REPO / "requirements.lock"
 OUT = REPO / ".gpu"
 PART_LIMIT_MIB = 56.0
-"""Wheels per part: the device tool carries 64 MiB a call, and the working tree and the corpus archive travel too."""
+"""Wheels per part: a part, the corpus archive (5 MiB) and the working tree (2 MiB) fit a transfer of 64 MiB."""
 PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x86_64", "manylinux_2_27_x86_64",
              "manylinux_2_28_x86_64", "manylinux_2_31_x86_64", "manylinux_2_34_x86_64", "manylinux_2_35_x86_64",
              "manylinux1_x86_64"]
-"""The lent machines are x86-64 Linux with glibc 2.35 or newer: any of these wheels runs there."""
+"""The GPU machine is x86-64 Linux with glibc 2.35 or newer: any of these wheels runs there."""
 
 TRAIN_PROBE = r"""
 import importlib, importlib.metadata as md, json, os, sys, tempfile
@@ -73,7 +74,7 @@ for config in measure.PAIRS["cpu"]:
     measure.measure(config, [], 2, 1, 100)
 """
 """What ``benchmarks/gpu/measure.py`` imports (the models and their training step, not Levanter's data stack nor
-the trainer): one part, so that a single device call installs it and measures."""
+the trainer): one part, which the machine installs and measures with in one command."""
 OWNERS = r"""
 owner = {}
 for dist in md.distributions():
@@ -89,12 +90,13 @@ def normalise(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def lent_packages(path: Path = LENT) -> dict[str, str | None]:
-    """The lent machine's packages: normalised name -> version where one was seen, else None."""
+def preinstalled_packages(path: Path = PREINSTALLED) -> dict[str, str | None]:
+    """The GPU machine's packages (``name``, ``name version`` or ``name==version`` lines): normalised name ->
+    version where one is given, else None."""
     packages = {}
     for line in path.read_text().splitlines():
         if line.strip() and not line.startswith("#"):
-            name, *version = line.split()
+            name, *version = line.replace("==", " ").split()
             packages[normalise(name)] = version[0] if version else None
     return packages
 
@@ -148,7 +150,7 @@ PYTHONPATH."""
 PIPELINE_PROBE = ["--preset", "smoke", "--no-book"]
 """The ``pipeline`` probe: the smoke preset's whole pipeline but its book (every training module, every notebook
 executed through Papermill in its own kernel), in a fresh DIFFEQFORMER_HOME (its corpus prepared, its tokenizer and
-token caches written, as on a lent machine), then ``edition pack`` of what it made."""
+token caches written, as on a fresh GPU machine), then ``edition pack`` of what it made."""
 CACHES_READY = "training, caches ready"
 """The process kind of the probe's last training: the smoke model once more in the same home, after the pipeline,
 its corpus, tokenizer and token caches written already. A distribution the pipeline's training workers import and
@@ -169,13 +171,13 @@ STUBS = {
     "vortex-data": ("vortex", "zephyr's readers and writers import it at the top and call it only in their .vortex "
                               "functions, which Levanter's token caches never call"),
     "wandb": ("wandb", "levanter.tracker imports its W&B tracker at the top, which imports wandb and names a type of "
-                       "it; the presets log to metrics.jsonl only (config.wandb off; the lent machine has no network)"),
+                       "it; the presets log to metrics.jsonl only (config.wandb off; the GPU machine has no network)"),
 }
 """Distributions imported at the top of a module the pipeline loads but never used by it: each is left out and a
 stand-in module of the same name (``STUB``) takes its place, in one small wheel (``stub_wheel``) that travels with
 the bundle. Using a stand-in raises ``RuntimeError`` naming what was left out; their sizes are most of what a
 training's bundle weighs (polars and polars-runtime-32 52 MiB, vortex-data 42 MiB, wandb 19 MiB)."""
-STUB = r'''"""A stand-in for {dist}, left out of the wheels carried to a lent GPU machine (benchmarks/gpu/bundle.py,
+STUB = r'''"""A stand-in for {dist}, left out of the wheels taken to a GPU machine without network (bundle.py,
 STUBS: {why}). Importing it works; a name of it is a placeholder class (annotations, isinstance), and using one raises
 RuntimeError."""
 
@@ -327,11 +329,11 @@ def imported_distributions(target: str = "train", reprobe: bool = False) -> list
 
 
 def missing_requirements(also: list[str] = (), target: str = "train", reprobe: bool = False) -> list[str]:
-    """``name==version`` (requirements.lock's) of every imported distribution the lent machine does not have, and
+    """``name==version`` (requirements.lock's) of every imported distribution the GPU machine does not have, and
     of ``also`` (packages it has at a version that does not do, as ``verify`` found there)."""
-    lent, locked = lent_packages(), locked_versions()
+    have, locked = preinstalled_packages(), locked_versions()
     wanted = [normalise(d) for d in imported_distributions(target, reprobe) if normalise(d) != "diffeqformer"]
-    absent = sorted({d for d in wanted if d not in lent and d not in LEFT_OUT and d not in STUBS}
+    absent = sorted({d for d in wanted if d not in have and d not in LEFT_OUT and d not in STUBS}
                     | {normalise(a) for a in also})
     unlocked = [d for d in absent if d not in locked]
     if unlocked:
@@ -340,18 +342,18 @@ def missing_requirements(also: list[str] = (), target: str = "train", reprobe: b
 
 
 def present_requirements(target: str = "train", reprobe: bool = False) -> list[str]:
-    """``name==version`` of every imported distribution the lent machine has: the version seen there where one was
+    """``name==version`` of every imported distribution the GPU machine has: the version seen there where one was
     recorded, else requirements.lock's (a guess). ``simulate.sh`` builds a stand-in of the machine from these."""
-    lent, locked = lent_packages(), locked_versions()
-    wanted = sorted({normalise(d) for d in imported_distributions(target, reprobe)} & set(lent))
-    return [f"{locked[d][0]}=={lent[d] or locked[d][1]}" for d in wanted]
+    have, locked = preinstalled_packages(), locked_versions()
+    wanted = sorted({normalise(d) for d in imported_distributions(target, reprobe)} & set(have))
+    return [f"{locked[d][0]}=={have[d] or locked[d][1]}" for d in wanted]
 
 
 def stubbed(target: str = "train", reprobe: bool = False) -> list[str]:
-    """The distributions of ``STUBS`` that the ``target`` probe saw imported and the lent machine lacks."""
-    lent = lent_packages()
+    """The distributions of ``STUBS`` that the ``target`` probe saw imported and the GPU machine lacks."""
+    have = preinstalled_packages()
     wanted = {normalise(d) for d in imported_distributions(target, reprobe)}
-    return sorted(d for d in STUBS if d in wanted and d not in lent)
+    return sorted(d for d in STUBS if d in wanted and d not in have)
 
 
 def stub_wheel(dists: list[str], dest: Path) -> Path:
@@ -476,7 +478,7 @@ def main() -> None:
     parser.add_argument("command", choices=("plan", "download", "verify", "present"))
     parser.add_argument("site", nargs="?", type=Path, help="verify: the folder the bundle is installed in")
     parser.add_argument("--also", nargs="+", default=[], metavar="NAME",
-                        help="also carry these packages the machine has at a version that does not do")
+                        help="also bundle these packages the machine has at a version that does not do")
     parser.add_argument("--for", dest="target", choices=sorted(PROBES), default="train",
                         help="what the bundle is for: a training (default), benchmarks/gpu/measure.py alone, or "
                              "the whole pipeline (every process of a smoke pipeline: trainings, Papermill, kernels)")
@@ -490,7 +492,7 @@ def main() -> None:
         for line in outside:
             print(f"  version outside a requirement: {line}")
         print(f"{len(outside)} installed versions outside a bundled package's requirements" + (
-            ": training decides (run.sh's train step); if it fails on one of them, carry ours with "
+            ": training decides (run.sh's train step); if it fails on one of them, bundle ours with "
             "`bundle.py download --also NAME`" if outside else ""))
         return
     if args.command == "present":
@@ -509,7 +511,7 @@ def main() -> None:
             print(f"left out, imported only if there: {', '.join(left)}")
         total = sum(w.stat().st_size for w in wheels) / 2**20
         parts = split(wheels)
-        print(f"{len(wheels)} wheels the lent machine lacks, {total:.1f} MiB in {len(parts)} parts:")
+        print(f"{len(wheels)} wheels the GPU machine lacks, {total:.1f} MiB in {len(parts)} parts:")
         for k, part in enumerate(parts, 1):
             size = sum(w.stat().st_size for w in part) / 2**20
             names = ", ".join(f"{w.name.split('-')[0]} ({w.stat().st_size / 2**20:.1f})" for w in part[:4])

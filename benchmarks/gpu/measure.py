@@ -124,7 +124,8 @@ def profile_ops(trace_dir: Path, steps: int, top: int = 15) -> dict:
 def measure(config_path: str, overrides: list[str], batch: int, steps: int, vocab: int, profile: int = 0) -> dict:
     """One model's training step, in this process: see the module's docstring. The config's ``model`` section is
     decoded as Levanter decodes it (its ``type`` picks the class), ``overrides`` (``field=value``) replacing fields;
-    nothing of the training module is imported (its data stack is not needed here, nor installed on a lent GPU)."""
+    nothing of the training module is imported (its data stack is not needed here, nor installed on the offline GPU
+    machine)."""
     import equinox as eqx
     import haliax as hax
     import jax

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Here (with the internet of the package registries): download exactly the wheels a lent GPU machine lacks, at
-# requirements.lock's versions, cut into parts the device tool can carry (.gpu/part-K, git-ignored), and the
-# offline corpus's archive (data/raw) that must travel with the last part. Arguments go to `bundle.py download`:
-# none for a training, `--for pipeline` for the whole gpu pipeline (one part of 55 MiB), `--for measure` for
-# benchmarks/gpu/measure.py. Then benchmarks/gpu/run.sh says how to stage, install and run there.
+# On a machine with network (the package registries): download exactly the wheels that a GPU machine without network
+# lacks (bundle.py: what the pipeline imports, less what benchmarks/gpu/preinstalled-packages.txt says that machine
+# has), at requirements.lock's versions, into .gpu/part-K (git-ignored), and prepare the offline corpus (data/raw),
+# which travels with them. Arguments go to `bundle.py download`: none for a training, `--for pipeline` for the whole
+# gpu pipeline (one part of 55 MiB), `--for measure` for benchmarks/gpu/measure.py. Then it says what to run on the
+# GPU machine (benchmarks/gpu/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make setup
@@ -14,13 +15,10 @@ step=train
 for arg in "$@"; do
   case "$arg" in pipeline|measure) step=$arg ;; esac
 done
-last=$(ls -d .gpu/part-* | sort -V | tail -1)
+parts=$(ls -d .gpu/part-* | wc -l)
 echo
-echo "On the lent machine (device tool), one call per part, each at once after the one before:"
-for part in $(ls -d .gpu/part-* | sort -V); do
-  if [ "$part" = "$last" ]; then
-    echo "  carry [\"$part\", \"data/raw\"]: DIFFEQFORMER_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu/run.sh stage install $step"
-  else
-    echo "  carry [\"$part\"]: bash benchmarks/gpu/run.sh stage"
-  fi
-done
+echo "Copy this working tree with .gpu/ and data/raw to the GPU machine; there, in its root:"
+if [ "$parts" -gt 1 ]; then
+  echo "  (the $parts parts may be copied one at a time: bash benchmarks/gpu/run.sh stage after each)"
+fi
+echo "  DIFFEQFORMER_COMMIT=$(git rev-parse HEAD) bash benchmarks/gpu/run.sh stage install $step"

@@ -1,38 +1,39 @@
 #!/usr/bin/env bash
-# On a lent GPU machine (the device tool): stage the wheels that benchmarks/gpu/prepare.sh cut into parts, install
-# them offline on top of the machine's own JAX, then train there, or run the whole gpu pipeline and pack its edition.
+# On a GPU machine without network that has Python 3.12 and JAX 0.11.2 for CUDA: stage the wheels that
+# benchmarks/gpu/prepare.sh downloaded on a machine with network, install them offline on top of the machine's own
+# JAX, then train there, or run the whole gpu pipeline and pack its edition. Run it in the root of the copied tree.
 #
-# The gpu pipeline, in one device call: `bash benchmarks/gpu/prepare.sh --for pipeline` here cuts the one part of
-# 55 MiB the pipeline needs (every process of it: trainings, Papermill, notebook kernels, the pack; bundle.py's
-# probe), which travels with the offline corpus (data/raw, 5 MiB) and the working tree within the call's 64 MiB:
+# The gpu pipeline: on the machine with network, `bash benchmarks/gpu/prepare.sh --for pipeline` writes the wheels the
+# pipeline needs (every process of it: trainings, Papermill, notebook kernels, the pack; bundle.py's probe) into
+# .gpu/part-1 (55 MiB) and the offline corpus into data/raw (5 MiB). Copy the working tree with both folders to the
+# GPU machine; there:
 #
-#   carry [".gpu/part-1", "data/raw"]:  DIFFEQFORMER_COMMIT=<git rev-parse HEAD here>
-#     bash benchmarks/gpu/run.sh stage install pipeline
+#   DIFFEQFORMER_COMMIT=<git rev-parse HEAD of the copy> bash benchmarks/gpu/run.sh stage install pipeline
 #
-# `pipeline` runs `python -m diffeqformer.pipeline --preset gpu --no-book` (the book is built here, from the imported
-# edition; further arguments go to the pipeline), then `python -m diffeqformer.pipeline.edition pack --out
-# $OUT/edition` (at most 8 files of 16 MiB, no weights). The machine's copy of the working tree has no git, so the
-# commit of the code is named. Interrupted, the same call again (or `install pipeline` while the machine is warm)
-# resumes: the pipeline keeps what finished. Back here, `python -m diffeqformer.pipeline.edition import <the
-# edition folder that came back>` checks the pack and installs it into book/gpu/ (book/reproducing.md).
+# `pipeline` runs `python -m diffeqformer.pipeline --preset gpu --no-book` (further arguments go to the pipeline; the
+# book is built where the edition is imported), then `python -m diffeqformer.pipeline.edition pack --out <output
+# folder>` (at most 8 files of 16 MiB, no weights): the output folder is DIFFEQFORMER_EDITION, by default
+# _build/gpu-edition. A copied tree without git cannot tell its commit, so it is named. Interrupted, the same command
+# resumes: the pipeline keeps what finished. Bring the output folder back; there `python -m
+# diffeqformer.pipeline.edition import <output folder>` checks the pack and installs it into book/gpu/
+# (book/reproducing.md).
 #
-# A training alone (the bundle of `prepare.sh`, Levanter's trainer: one part too since bundle.py leaves out polars,
-# vortex-data and wandb) trains config/gpu/diffeqformer.yaml a few steps on the offline corpus; further arguments
-# override that config:
+# A training alone (the bundle of `prepare.sh` without arguments) trains config/gpu/diffeqformer.yaml a few steps on
+# the offline corpus; further arguments override that config:
 #
-#   carry [".gpu/part-1", "data/raw"]:  bash benchmarks/gpu/run.sh stage install train
+#   bash benchmarks/gpu/run.sh stage install train
 #
-# Parts travel one device call each, named in that call's carry; the staged wheels stay in /tmp while the machine
-# stays warm (30 s after a call), so a bundle of several parts takes `stage` calls one after another at once and
-# `stage install ...` with the last. `install` refuses to go on while a part is missing (the machine went back
-# between calls) and names it; once done it only checks. With DIFFEQFORMER_GPU_CHECK=cpu everything but the device
-# check runs on a CPU (benchmarks/gpu/simulate.sh).
+# A bundle comes in parts of at most 56 MiB (.gpu/part-K), for transfers with a size limit; most are one part.
+# `stage` copies the parts found in .gpu/ into the wheel folder (DIFFEQFORMER_WHEELS, default /tmp/diffeqformer-wheels),
+# so parts copied one at a time can be staged one at a time; `install` refuses to go on while a part is missing, and
+# names it. Once installed (DIFFEQFORMER_SITE, default /tmp/diffeqformer-site) it only checks. With
+# DIFFEQFORMER_GPU_CHECK=cpu everything but the GPU check runs on a CPU (benchmarks/gpu/simulate.sh).
 #
 # The step-time measurements (benchmarks/gpu/measure.py) need only the one part of
 # `python benchmarks/gpu/bundle.py download --for measure --also chex diffrax equinox jaxtyping lineax optax
-# optimistix wadler-lindig`, so one call stages, installs and measures (arguments after `measure` are its own):
+# optimistix wadler-lindig` (arguments after `measure` are its own):
 #
-#   carry [".gpu/part-1"]:  bash benchmarks/gpu/run.sh stage install measure --ladder --out $OUT/ladder.json
+#   bash benchmarks/gpu/run.sh stage install measure --ladder --out benchmarks/results/ladder.json
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 WHEELS=${DIFFEQFORMER_WHEELS:-/tmp/diffeqformer-wheels}
@@ -49,7 +50,8 @@ stage() {
     echo "staged $part: $(ls "$part"/*.whl | wc -l) wheels"
     found=1
   done
-  [ "$found" = 1 ] || { echo "error: no .gpu/part-* in this call's working tree: name one in carry" >&2; exit 1; }
+  [ "$found" = 1 ] || {
+    echo "error: no .gpu/part-* in this working tree: copy the parts benchmarks/gpu/prepare.sh wrote" >&2; exit 1; }
 }
 
 install() {
@@ -61,10 +63,9 @@ parts = json.loads((wheels / "manifest.json").read_text())["parts"]
 absent = [f"part-{k} ({sum(not (wheels / w).exists() for w in part)} of {len(part)} wheels)"
           for k, part in enumerate(parts, 1) if not all((wheels / w).exists() for w in part)]
 if absent:
-    carry = ", ".join(f'".gpu/{name.split()[0]}"' for name in absent)
-    sys.exit("error: not staged on this machine: " + ", ".join(absent) + ". The machine was given back between "
-             f"calls or a part was not carried: stage it (again) in the next call, with carry [{carry}]: "
-             "bash benchmarks/gpu/run.sh stage install ...")
+    copy = ", ".join(f".gpu/{name.split()[0]}" for name in absent)
+    sys.exit("error: not staged on this machine: " + ", ".join(absent) + f". Copy {copy} into this working tree, "
+             "then: bash benchmarks/gpu/run.sh stage install ...")
 EOF
   if [ ! -f "$SITE/.installed" ] || ! cmp -s "$WHEELS/manifest.json" "$SITE/.installed"; then
     rm -rf "$SITE"
@@ -101,14 +102,14 @@ measure() {
 
 pipeline() {
   local preset=${DIFFEQFORMER_PRESET:-gpu}
-  local edition=${DIFFEQFORMER_EDITION:-${OUT:-/tmp/diffeqformer-out}/edition}
+  local edition=${DIFFEQFORMER_EDITION:-_build/gpu-edition}
   if [ "${DIFFEQFORMER_GPU_CHECK:-}" != cpu ]; then
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   fi
   if [ -z "${DIFFEQFORMER_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
     echo "warning: no DIFFEQFORMER_COMMIT and no git here: the edition's commit will read 'unknown'" >&2
   fi
-  # finished runs' checkpoints deleted (the machine's 64 GiB of disk; an interrupted run keeps its own and resumes)
+  # finished runs' checkpoints deleted (about 80 GB otherwise; an interrupted run keeps its own and resumes)
   export DIFFEQFORMER_PRUNE_CHECKPOINTS=${DIFFEQFORMER_PRUNE_CHECKPOINTS:-1}
   start=$(date +%s)
   "$PYTHON" -m diffeqformer.pipeline --preset "$preset" --no-book "$@"
@@ -117,7 +118,7 @@ pipeline() {
   ls -l "$edition"
 }
 
-[ $# -gt 0 ] || { sed -n '2,35p' "$0"; exit 1; }
+[ $# -gt 0 ] || { sed -n '2,37p' "$0"; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
     stage) stage; shift ;;

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Check benchmarks/gpu/prepare.sh and run.sh without a GPU, the way the device tool would run them: a fresh Python
-# 3.12 venv stands in for the lent machine, holding only packages it has (those of lent-machine-packages.txt that
-# the bundle's probe saw imported; CPU jaxlib in place of its CUDA one), and each call gets a copy of the working
-# tree as the tool sends it (tracked and untracked-not-ignored files) plus that call's carry. The last call installs
-# the bundle offline (--no-index --no-deps) and trains a few steps on the CPU. Run prepare.sh first.
+# Check benchmarks/gpu/prepare.sh and run.sh without a GPU: a fresh Python 3.12 venv stands in for the GPU machine
+# without network, holding only packages it has (those of preinstalled-packages.txt that the bundle's probe saw
+# imported; CPU jaxlib in place of its CUDA one), and each part arrives in a fresh copy of the working tree (its
+# tracked and untracked-not-ignored files, as git would give them) with that part (and, with the last, data/raw).
+# The last copy installs the bundle offline (--no-index --no-deps) and trains a few steps on the CPU. Run prepare.sh
+# first.
 #
 #   bash benchmarks/gpu/simulate.sh [TRAIN OVERRIDES]   # the training bundle (prepare.sh): stage install train
 #   bash benchmarks/gpu/simulate.sh pipeline [ARGS]     # the pipeline bundle (prepare.sh --for pipeline): stage
@@ -11,7 +12,7 @@
 #       pipeline (DIFFEQFORMER_PRESET picks another preset)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-SIM=${DIFFEQFORMER_SIM:-/tmp/diffeqformer-lent-sim}
+SIM=${DIFFEQFORMER_SIM:-/tmp/diffeqformer-offline-sim}
 target=train
 if [ "${1:-}" = pipeline ]; then
   target=pipeline
@@ -27,20 +28,19 @@ export PYTHON="$SIM/venv/bin/python" DIFFEQFORMER_WHEELS="$SIM/wheels" DIFFEQFOR
 parts=$(ls -d .gpu/part-* | sort -V)
 last=$(echo "$parts" | tail -1)
 for part in $parts; do
-  call="$SIM/call" && rm -rf "$call" && mkdir -p "$call/.gpu"
-  git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$call" 2>/dev/null || true
-  cp -r "$part" "$call/.gpu/"
+  copy="$SIM/copy" && rm -rf "$copy" && mkdir -p "$copy/.gpu"
+  git ls-files -z --cached --others --exclude-standard | xargs -0 cp --parents -t "$copy" 2>/dev/null || true
+  cp -r "$part" "$copy/.gpu/"
   if [ "$part" != "$last" ]; then
-    (cd "$call" && bash benchmarks/gpu/run.sh stage)
+    (cd "$copy" && bash benchmarks/gpu/run.sh stage)
   elif [ "$target" = pipeline ]; then
-    cp -r --parents data/raw "$call"
-    mkdir -p "$SIM/out"
-    (cd "$call" && DIFFEQFORMER_GPU_CHECK=cpu JAX_PLATFORMS=cpu OUT="$SIM/out" \
+    cp -r --parents data/raw "$copy"
+    (cd "$copy" && DIFFEQFORMER_GPU_CHECK=cpu JAX_PLATFORMS=cpu DIFFEQFORMER_EDITION="$SIM/edition" \
       DIFFEQFORMER_PRESET="${DIFFEQFORMER_PRESET:-smoke}" DIFFEQFORMER_COMMIT=simulated \
       bash benchmarks/gpu/run.sh stage install pipeline "$@")
   else
-    cp -r --parents data/raw "$call"
-    (cd "$call" && DIFFEQFORMER_GPU_CHECK=cpu DIFFEQFORMER_GPU_RUN="$SIM/run" JAX_PLATFORMS=cpu \
+    cp -r --parents data/raw "$copy"
+    (cd "$copy" && DIFFEQFORMER_GPU_CHECK=cpu DIFFEQFORMER_GPU_RUN="$SIM/run" JAX_PLATFORMS=cpu \
       bash benchmarks/gpu/run.sh stage install train --trainer.num_train_steps 5 --trainer.train_batch_size 4 \
       --trainer.max_eval_batches 2 --trainer.per_device_eval_parallelism 4 --trainer.mp p=f32 "$@")
   fi

@@ -190,7 +190,7 @@ batched kernel finds no block size for the vocabulary); only the gradient's roun
 
 
 def use_fast_loss_backward() -> bool:
-    """On a GPU, turn on ``FAST_LOSS_BACKWARD`` unless the environment already sets it (the reproducing page has the
+    """On a GPU, turn on ``FAST_LOSS_BACKWARD`` unless the environment already sets it (the measurements page has the
     measurement); on any other platform leave it alone, so that the cpu preset's numbers stay the same. Called once
     the trainer has started JAX's backend (``fit``). Returns whether it is on."""
     if jax.default_backend() == "gpu":

@@ -1,8 +1,8 @@
 """Fused attention on NVIDIA GPUs: cuDNN's flash attention through JAX, for Levanter's default attention backend.
 
 Levanter's default backend on a GPU is Transformer Engine; where that is not installed (it is not a dependency of
-this project, nor on the lent GPU machines) Levanter falls back to its reference flash attention written in JAX,
-which materialises blocks of scores in loops XLA does not fuse into one kernel. JAX's own
+this project, nor on the offline GPU machine of benchmarks/gpu) Levanter falls back to its reference flash attention
+written in JAX, which materialises blocks of scores in loops XLA does not fuse into one kernel. JAX's own
 ``jax.nn.dot_product_attention(implementation="cudnn")`` runs cuDNN's fused flash attention (forward and
 backward) on Ampere and Hopper GPUs. ``install`` routes Levanter's ``dot_product_attention`` (used by its GPT-2,
 its Llama and this project's DiffEqFormer) through it when the call asks for the default backend and is one cuDNN

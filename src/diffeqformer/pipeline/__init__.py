@@ -44,14 +44,15 @@ build have succeeded. All of these live below ``DIFFEQFORMER_HOME`` (default: th
 
 **Modules**, each using only those before it: ``processes`` (what the child processes share; the Papermill child),
 ``registry`` (the presets), ``sources`` (cache keys), ``planning`` (checks and the plan), ``notebooks`` (executing one
-notebook), ``lanes`` (the training processes, progress), ``edition`` (the GPU edition: pack a gpu run's results on
-the lent machine, import them here, render them), ``pages`` (the pages it writes into the book), ``build`` (``run``,
-the book, the command line). This ``__init__`` imports none of them until one of its names is used.
+notebook), ``progress`` (the progress line and its time left), ``lanes`` (the training processes), ``edition`` (the
+GPU edition: pack a gpu run's results on the GPU machine, import them here, render them), ``pages`` (the pages it
+writes into the book), ``build`` (``run``, the book, the command line). This ``__init__`` imports none of them until
+one of its names is used.
 """
 
 _NAMES = {
     "CPU_SEEDS": "registry", "INFERENCE_SWEEP": "registry", "NotebookJob": "planning", "PRESETS": "registry",
-    "PipelineError": "planning", "Plan": "planning", "Progress": "lanes", "RUNS_ALONE": "lanes",
+    "PipelineError": "planning", "Plan": "planning", "Progress": "progress", "RUNS_ALONE": "lanes",
     "RUNS_PER_WORKER": "lanes", "Run": "registry", "TRAIN_LANES": "lanes", "Training": "planning",
     "build_book": "build", "cache_dir": "planning", "check_figures": "notebooks", "check_outputs": "notebooks",
     "check_parameters": "planning", "execute_notebook": "notebooks", "finetune_runs": "registry",

@@ -15,11 +15,12 @@ from typing import Any, Mapping
 from .. import paths
 from ..report import book
 from . import edition
-from .lanes import DEFAULT_SECONDS, TRAIN_LANES, Progress, load_state, runs_alone, save_state, train_runs, train_worker
+from .lanes import TRAIN_LANES, load_state, runs_alone, save_state, train_runs, train_worker, training_units
 from .notebooks import check_figures, execute_notebook
 from .pages import generated_pages
 from .planning import PipelineError, Plan, cache_dir, html_dir, parse_overrides, plan, work_dir
 from .processes import keep_heap, share_device
+from .progress import Costs, Progress
 from .registry import presets
 from .sources import package_hash, sha
 
@@ -97,23 +98,23 @@ def _remove_stale_staging() -> None:
             pass
 
 
-def _estimate(result: Plan, state: dict, preset: str, to_execute: list, lanes: int, build: bool,
-              force: bool) -> list[tuple[str, float]]:
-    """The pipeline's steps with the seconds each is expected to take (last measured here, else the preset's guess):
-    the trainings and the notebooks, each for its share of the lanes' wall-clock time, then the book."""
-    measured = state.get("seconds", {})
-    guess = DEFAULT_SECONDS.get(preset, DEFAULT_SECONDS["cpu"])
-    steps: list[tuple[str, float]] = []
-    for t in result.trainings:  # runs trained side by side: each counts for its share of the wall-clock time
-        steps.append((f"train {t.config}",
-                       0.0 if t.done else measured.get(f"train:{t.config}", guess["train"]) / lanes))
+def _estimate(result: Plan, costs: Costs, preset: str, lanes: int, build: bool,
+              force: bool) -> list[tuple[str, float | None]]:
+    """The pipeline's steps with the seconds each is expected to take (``costs``; None where nothing measured here
+    prices it yet): the trainings and the notebooks, each for its share of the lanes' wall-clock time (a population's
+    members share its time too), then the book. While the lanes work, their schedule played forward replaces the
+    shares (``lanes.train_runs``)."""
+    share: dict[int, float | None] = {}
+    for unit in training_units(result.trainings):  # runs trained side by side: each counts for its share of the time
+        seconds = costs.unit_seconds(unit)
+        share.update({id(t): None if seconds is None else seconds / len(unit) / lanes for t in unit})
+    steps = [(f"train {t.config}", share.get(id(t), 0.0)) for t in result.trainings]
     alone = runs_alone(preset)
     for job in result.notebooks:  # and so do notebooks, but those that run alone
         cached = job.cached and not force
-        share = 1 if job.name in alone else lanes
-        steps.append((f"execute {job.name}", 0.0 if cached else measured.get(f"notebook:{job.name}",
-                                                                              guess["notebook"]) / share))
-    steps.append(("build the book", measured.get("book", guess["book"]) if build else 0.0))
+        steps.append((f"execute {job.name}",
+                      0.0 if cached else costs.notebook_seconds(job) / (1 if job.name in alone else lanes)))
+    steps.append(("build the book", costs.book_seconds() if build else 0.0))
     return steps
 
 
@@ -129,7 +130,7 @@ def _set_aside_stale_runs(result: Plan, stream) -> None:
 
 
 def _train_and_execute(result: Plan, preset: str, progress: Progress, state: dict, staging: Path,
-                       to_execute: list, lanes: int, force: bool) -> None:
+                       to_execute: list, lanes: int, force: bool, costs: Costs) -> None:
     """Step 1: the trainings, and each notebook as soon as the runs it reads are complete; what was measured enters
     ``state`` even if a run or a notebook failed."""
     work = work_dir()
@@ -145,7 +146,7 @@ def _train_and_execute(result: Plan, preset: str, progress: Progress, state: dic
     try:
         train_runs(result.trainings, progress, 0, work / "logs" / f"train-{preset}.log", lanes,
                    notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
-                   seconds=seconds, alone=runs_alone(preset))
+                   seconds=seconds, alone=runs_alone(preset), costs=costs)
     finally:  # what was measured, even if a run or a notebook failed
         state["seconds"].update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
         save_state(state)
@@ -183,7 +184,7 @@ def _stage(result: Plan, state: dict, staging: Path, toc: Path | None) -> tuple[
 
 
 def _build_step(src: Path, staging: Path, state: dict, progress: Progress, step: int, build: bool,
-                force: bool) -> str | None:
+                force: bool, costs: Costs | None = None) -> str | None:
     """Step 4: the book, unless ``--no-book`` or nothing it shows has changed; returns its key if it was rebuilt."""
     started = progress.begin(step, "build the book (jupyter-book, warnings as errors)")
     book_key = sha(_tree_hash(src), package_hash())
@@ -194,6 +195,8 @@ def _build_step(src: Path, staging: Path, state: dict, progress: Progress, step:
     else:
         build_book(src, staging / "out")
         state["seconds"]["book"] = progress.end(step, started)
+        if costs is not None:
+            costs.book_done(state["seconds"]["book"])
         return book_key
     return None
 
@@ -229,11 +232,12 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     result = plan(preset, overrides, **plan_options)
     _remove_stale_staging()
     state = load_state()
-    state.setdefault("seconds", {})  # step -> seconds, last measured here (estimates, timings page)
+    state.setdefault("seconds", {})  # step -> seconds, last measured here (timings page)
+    costs = Costs(preset, state.setdefault("timings", {}))  # what each piece of work took here (the time left)
     to_execute = [(len(result.trainings) + i, job) for i, job in enumerate(result.notebooks)
                   if force or not job.cached]
     lanes = max(1, min(TRAIN_LANES, sum(not t.done for t in result.trainings) + len(to_execute)))
-    steps = _estimate(result, state, preset, to_execute, lanes, build, force)
+    steps = _estimate(result, costs, preset, lanes, build, force)
     progress = Progress(steps, stream)
     print(f"pipeline --preset {preset}: {len(result.trainings)} runs "
           f"({sum(not t.done for t in result.trainings)} to train), {len(result.notebooks)} notebooks "
@@ -244,10 +248,10 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     staging.mkdir(parents=True)
     try:
         _set_aside_stale_runs(result, stream)
-        _train_and_execute(result, preset, progress, state, staging, to_execute, lanes, force)
+        _train_and_execute(result, preset, progress, state, staging, to_execute, lanes, force, costs)
         _check_figures_unique(result)
         src, figures_new = _stage(result, state, staging, plan_options.get("toc"))
-        book_key = _build_step(src, staging, state, progress, len(steps) - 1, build, force)
+        book_key = _build_step(src, staging, state, progress, len(steps) - 1, build, force, costs)
         _move_into_place(result, state, preset, staging, figures_new, book_key, t0)
     finally:
         shutil.rmtree(staging, ignore_errors=True)

@@ -1,8 +1,8 @@
-"""The GPU edition of the book: what ``python -m diffeqformer.pipeline --preset gpu`` made on a lent GPU machine,
+"""The GPU edition of the book: what ``python -m diffeqformer.pipeline --preset gpu`` made on a GPU machine,
 packed there, checked and installed here into ``book/gpu/`` (committed), and shown as the book's part "GPU edition"
 without executing anything again::
 
-    python -m diffeqformer.pipeline.edition pack --out DIR   # on the lent machine, after the gpu pipeline
+    python -m diffeqformer.pipeline.edition pack --out DIR   # on the GPU machine, after the gpu pipeline
     python -m diffeqformer.pipeline.edition import DIR       # here: check the pack, then install it into book/gpu/
 
 **Pack** reads the pipeline's state (``lanes.load_state``: the preset's notebooks and their cache keys, its runs,
@@ -46,6 +46,7 @@ from typing import Any, Mapping
 from .. import paths, runs
 from ..numerics import file_sha256
 from ..report import book
+from .progress import clock
 
 EDITION = paths.BOOK / "gpu"
 """The committed GPU edition: ``manifest.json``, ``notebooks/``, ``figures/``, ``records/``, ``runs/``,
@@ -54,9 +55,10 @@ PRESET = "gpu"
 """The only preset whose pack ``import`` accepts."""
 MANIFEST = "manifest.json"
 MAX_FILES = 8
-"""Files a pack may have, the manifest included: what one device call brings back."""
+"""Files a pack may have, the manifest included: few and small, so that the pack travels by any means (an upload
+form, a size-limited transfer) from a GPU machine without network."""
 MAX_FILE_BYTES = 16 * 2**20
-"""Bytes a file of a pack may have: what one device call brings back per file."""
+"""Bytes a file of a pack may have (``MAX_FILES``)."""
 CODE = ("src/diffeqformer", "notebooks", "config")
 """The code an edition was computed by, below the repository: its files' SHA-256 enter the manifest."""
 CODE_SUFFIXES = (".py", ".ipynb", ".yaml", ".yml")
@@ -79,13 +81,6 @@ def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def clock(seconds: float) -> str:
-    """``7:42``, or ``1:02:03`` from an hour on (as the pipeline's progress lines write times)."""
-    seconds = int(round(seconds))
-    return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else \
-        f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-
 # ------------------------------------------------------------------------------------------------------------ pack
 
 
@@ -103,8 +98,8 @@ def code_hashes(repo: Path = paths.REPO) -> dict[str, str]:
 
 
 def git_commit(repo: Path = paths.REPO) -> str | None:
-    """The commit checked out in ``repo``, or None without git or a repository (a lent machine's copy of the working
-    tree has none)."""
+    """The commit checked out in ``repo``, or None without git or a repository (a copy of the working tree
+    on the GPU machine may have none)."""
     try:
         proc = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True)
     except OSError:
@@ -513,7 +508,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline.edition",
                                      description=__doc__.split("\n\n")[0].replace("``", ""))
     verbs = parser.add_subparsers(dest="verb", required=True)
-    p = verbs.add_parser("pack", help="on the lent machine, after the gpu pipeline: pack its results into DIR")
+    p = verbs.add_parser("pack", help="on the GPU machine, after the gpu pipeline: pack its results into DIR")
     p.add_argument("--out", required=True, type=Path, help="the folder to write (emptied first)")
     p.add_argument("--preset", default=PRESET, help=f"the preset whose last pipeline to pack (default {PRESET})")
     p.add_argument("--commit", help="the commit of the code (default: $DIFFEQFORMER_COMMIT, else git's)")

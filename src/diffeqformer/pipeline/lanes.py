@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import json
 import os
 import shutil
@@ -19,42 +21,7 @@ from ..runs import is_complete
 from .notebooks import stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
 from .processes import ONE_ARENA, PRUNE_CHECKPOINTS, child_env, exit_with_parent, keep_heap
-
-DEFAULT_SECONDS = {"smoke": {"train": 45, "notebook": 30, "book": 90},
-                   "cpu": {"train": 90, "notebook": 60, "book": 90},
-                   "gpu": {"train": 3600, "notebook": 120, "book": 90},
-                   "paper": {"train": 86400, "notebook": 600, "book": 90}}
-"""Guesses for the time left, used until a step has been measured in this DIFFEQFORMER_HOME."""
-
-
-class Progress:
-    """Prints 'step i of n', the elapsed time and an estimate of the time left (from earlier measurements in this
-    DIFFEQFORMER_HOME, else from guesses per preset)."""
-
-    def __init__(self, steps: list[tuple[str, float]], stream=None):
-        self.steps = steps  # (label, estimated seconds; a step done side by side with others: its share)
-        self.start = time.time()
-        self.finished: set[int] = set()
-        self.stream = stream or sys.stdout
-
-    @staticmethod
-    def fmt(seconds: float) -> str:
-        seconds = int(round(seconds))
-        return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else \
-            f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
-
-    def begin(self, index: int, what: str) -> float:
-        left = sum(est for i, (_, est) in enumerate(self.steps) if i not in self.finished)
-        print(f"[{index + 1}/{len(self.steps)}] {what}   ({self.fmt(time.time() - self.start)} elapsed, "
-              f"about {self.fmt(left)} left)", file=self.stream, flush=True)
-        return time.time()
-
-    def end(self, index: int, started: float, note: str = "") -> float:
-        took = time.time() - started
-        self.finished.add(index)
-        print(f"[{index + 1}/{len(self.steps)}] done in {self.fmt(took)}{' ' + note if note else ''}",
-              file=self.stream, flush=True)
-        return took
+from .progress import Costs, Progress
 
 
 # -------------------------------------------------------------------------------------------------- the steps
@@ -165,7 +132,7 @@ def _spec(t: Training | list[Training], prepare: bool = False) -> dict[str, Any]
             "module": t.run.module if t.run else "train", "prepare": prepare}
 
 
-def _units(trainings: list[Training]) -> list[list[Training]]:
+def training_units(trainings: list[Training]) -> list[list[Training]]:
     """The trainings still to do, as what one lane trains at once: a run alone, or every member of a population
     (all of them, the complete ones too, if any is not complete: the population trains as a whole)."""
     groups: dict[Any, list[Training]] = {}
@@ -190,7 +157,8 @@ def runs_alone(preset: str) -> frozenset:
 def train_runs(trainings: list[Training], progress: Progress, first_step: int, log: Path,
                lanes: int | None = None, *, notebooks: list[tuple[int, NotebookJob]] = (),
                execute: typing.Callable[[NotebookJob], float] | None = None,
-               seconds: dict[str, float] | None = None, alone: frozenset | None = None) -> dict[str, float]:
+               seconds: dict[str, float] | None = None, alone: frozenset | None = None,
+               costs: Costs | None = None) -> dict[str, float]:
     """Train the runs that are not complete in ``lanes`` (default ``TRAIN_LANES``) child processes side by side,
     each taking the next run whose pretraining (``Training.after``) has finished, ``RUNS_PER_WORKER`` runs per
     process (``train.main`` or ``finetune.main`` called in turn: one JAX/Levanter start-up per process instead of one
@@ -207,8 +175,11 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     ``notebook:<name>`` (also filled into ``seconds`` as they are measured, so that a caller keeps them when a later
     run or notebook fails). Every run a lane trains must have its ``complete.json`` for its configuration before a
     notebook reads it. One process trains several runs (``RUNS_PER_WORKER``): less CPU time than a process per run,
-    the same parameters (measurements page)."""
-    units = _units(trainings)  # a run, or a population's members
+    the same parameters (measurements page).
+
+    While the lanes work, ``progress`` gives as the time left of their steps the schedule played forward with
+    ``costs`` (``_Schedule.time_left``), which records what each unit and notebook took."""
+    units = training_units(trainings)  # a run, or a population's members
     notebooks = list(notebooks)
     seconds = {} if seconds is None else seconds
     if not units and not notebooks:
@@ -217,10 +188,15 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
         raise ValueError("train_runs: notebooks need an execute function")
     asked = TRAIN_LANES if lanes is None else lanes
     index = {id(t): first_step + i for i, t in enumerate(trainings)}
-    pool = _Lanes(max(1, min(asked, len(units) + len(notebooks))), asked, log, progress, index, seconds, execute)
+    costs = Costs("") if costs is None else costs
+    pool = _Lanes(max(1, min(asked, len(units) + len(notebooks))), asked, log, progress, index, seconds, execute,
+                  costs)
     pool.prepare_data([t for unit in units for t in unit])
     finished = {t.config for t in trainings if t.done}
-    pool.run(_Schedule(units, notebooks, finished, RUNS_ALONE if alone is None else alone))
+    schedule = _Schedule(units, notebooks, finished, RUNS_ALONE if alone is None else alone)
+    steps = [index[id(t)] for unit in units for t in unit] + [i for i, _ in notebooks]
+    with progress.estimating(steps, lambda: schedule.time_left(costs, len(pool.workers), time.time())):
+        pool.run(schedule)
     return seconds
 
 
@@ -241,6 +217,8 @@ class _Schedule:
         """Items that lanes are working on."""
         self.running_alone = False
         """Whether one of them is a notebook that runs alone (the other lanes wait)."""
+        self.begun: dict[int, tuple[list[Training] | tuple[int, NotebookJob], float]] = {}
+        """``id`` of an item that lanes are working on -> the item and when it was taken."""
         self.cond = threading.Condition()
 
     def take(self) -> list[Training] | tuple[int, NotebookJob] | None:
@@ -252,6 +230,7 @@ class _Schedule:
                 if item is not None:
                     (self.notebooks if isinstance(item, tuple) else self.units).remove(item)
                     self.running += 1
+                    self.begun[id(item)] = item, time.time()
                     return item
                 self.cond.wait()
             return None
@@ -277,6 +256,7 @@ class _Schedule:
         with self.cond:
             if not isinstance(item, tuple):
                 self.finished.update(t.config for t in item)
+            self.begun.pop(id(item), None)
             self.running -= 1
             self.running_alone = False
             self.cond.notify_all()
@@ -287,6 +267,39 @@ class _Schedule:
             self.errors.append(err)
             self.cond.notify_all()
 
+    def time_left(self, costs: Costs, lanes: int, now: float) -> float | None:
+        """Seconds until ``lanes`` lanes have done everything left, by playing this schedule forward: the items being
+        worked on end when ``costs.left`` says, and each lane that is free takes what ``take`` would give it then
+        (the same ``_ready``), for ``costs.seconds``; None while ``costs`` cannot price an item yet."""
+        with self.cond:
+            costs.refresh()
+            ends = []
+            for k, (item, begun) in enumerate(self.begun.values()):
+                left = costs.left(item, begun, now)
+                if left is None:
+                    return None
+                ends.append((left, k, item))
+            play = _Schedule([], list(self.notebooks), set(self.finished), self.alone)
+            play.units = list(self.units)  # already in the order take() gives them
+            play.running, play.running_alone = self.running, self.running_alone
+        heapq.heapify(ends)
+        order = itertools.count(len(ends))
+        clock, free = 0.0, max(0, lanes - len(ends))
+        while True:
+            while free and not play.running_alone and (item := play._ready()) is not None:
+                (play.notebooks if isinstance(item, tuple) else play.units).remove(item)
+                took = costs.seconds(item)
+                if took is None:
+                    return None
+                play.running += 1
+                free -= 1
+                heapq.heappush(ends, (clock + took, next(order), item))
+            if not ends:
+                return clock
+            clock, _, item = heapq.heappop(ends)
+            play.finish(item)
+            free += 1
+
 
 class _Lanes:
     """The lanes of ``train_runs``: one thread each, taking items from a ``_Schedule``, training a unit in the lane's
@@ -294,7 +307,7 @@ class _Lanes:
     cores, ``lane_cpus``) or executing a notebook, with progress; measured seconds go into ``seconds``."""
 
     def __init__(self, count: int, asked: int, log: Path, progress: Progress, index: dict[int, int],
-                 seconds: dict[str, float], execute: typing.Callable[[NotebookJob], float] | None):
+                 seconds: dict[str, float], execute: typing.Callable[[NotebookJob], float] | None, costs: Costs):
         self.cpus = [lane_cpus(k, asked) for k in range(count)]
         log.parent.mkdir(parents=True, exist_ok=True)
         self.env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
@@ -305,6 +318,7 @@ class _Lanes:
         """``id`` of a ``Training`` -> its progress index."""
         self.seconds = seconds
         self.execute = execute
+        self.costs = costs
 
     def prepare_data(self, todo: list[Training]) -> None:
         """Build the token caches of every dataset that ``todo`` reads, in lane 0's process (the first run of each
@@ -363,12 +377,16 @@ class _Lanes:
         run is then complete for its configuration."""
         worker = self.worker(k)
         together = f" (one of a population of {len(unit)}, trained together)" if len(unit) > 1 else ""
+        self.costs.began(unit, time.time())
         started = [self.progress.begin(self.index[id(t)], f"train {t.config} -> {t.run_dir}{together}") for t in unit]
         worker.do(_spec(unit if len(unit) > 1 else unit[0]))
-        took = time.time() - started[0]
-        for t, begun in zip(unit, started):
+        ended = time.time()
+        took = ended - started[0]
+        for t in unit:
             if not is_complete(t.run_dir, t.config_hash):
                 raise PipelineError(f"run {t.run_dir} did not finish for config {t.config}")
+        self.costs.ended(unit, ended)
+        for t, begun in zip(unit, started):
             self.progress.end(self.index[id(t)], begun)
             # a population's time is shared by its members, as two lanes' time is by the runs side by side
             self.seconds[t.config] = took / len(unit)
@@ -380,7 +398,8 @@ class _Lanes:
         """Execute ``job`` (progress step ``i``) with ``execute``."""
         started = self.progress.begin(i, f"execute {job.name}")
         self.execute(job)
-        self.seconds[f"notebook:{job.name}"] = self.progress.end(i, started)
+        self.seconds[f"notebook:{job.name}"] = took = self.progress.end(i, started)
+        self.costs.notebook_done(job, took)
 
     def stop(self) -> None:
         """Stop the runs training in every lane and the notebooks executing (a lane failed)."""

@@ -15,7 +15,7 @@ from .. import paths
 from ..config import FinetuneConfig
 from ..runs import is_complete, summary
 from . import edition
-from .lanes import Progress
+from .progress import Progress
 from .planning import Plan, cache_dir, collect_runs, join_populations
 from . import registry
 from .registry import Run
@@ -119,22 +119,29 @@ def _verdict_cell(found: tuple | None, missing: str) -> str:
 NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no
 result until one has been. The pages of the other parts are the cpu preset's (CI builds the smoke preset's).
 
-A session that is lent an H100 or H200 (the device tool) makes one in one device call, which installs the wheels
-the machine lacks, trains every run of the `gpu` preset, executes every notebook and packs what the pages need
-(`$OUT/edition`: at most eight files of at most 16 MiB, no model weights):
+A GPU machine makes one: it trains every run of the `gpu` preset, executes every notebook and packs what these pages
+need into an output folder (at most eight files of at most 16 MiB, no model weights). On a GPU machine with network:
 
 ```bash
-# here: the wheels the lent machine lacks, one part of 55 MiB in .gpu/part-1
-bash benchmarks/gpu/prepare.sh --for pipeline
-# on the lent machine, one device call with carry [".gpu/part-1", "data/raw"]; <sha>: `git rev-parse HEAD` here
-DIFFEQFORMER_COMMIT=<sha> bash benchmarks/gpu/run.sh stage install pipeline
-# here, with the folder that came back: check it, install it in book/gpu/
-python -m diffeqformer.pipeline.edition import <that folder>
-make book
+pip install -e ".[gpu]" -c requirements.lock
+python -m diffeqformer.pipeline --preset gpu --no-book
+python -m diffeqformer.pipeline.edition pack --out <output folder>
 ```
 
-`run.sh pipeline` runs `python -m diffeqformer.pipeline --preset gpu --no-book`, then
-`python -m diffeqformer.pipeline.edition pack --out $OUT/edition`; interrupted, the same call resumes.
+On a GPU machine without network that has Python 3.12 and JAX 0.11.2, the wheels it lacks travel with the working
+tree ({doc}`reproducing`, "On one GPU without network"):
+
+```bash
+bash benchmarks/gpu/prepare.sh --for pipeline       # on a machine with network: .gpu/part-1 and data/raw
+DIFFEQFORMER_COMMIT=<sha> DIFFEQFORMER_EDITION=<output folder> bash benchmarks/gpu/run.sh stage install pipeline
+```
+
+Back here, with the output folder:
+
+```bash
+python -m diffeqformer.pipeline.edition import <output folder>   # checks it, installs it in book/gpu/
+make book
+```
 
 The import refuses a pack of another preset, or a corrupt one, in one line naming the problem, and leaves what is
 committed as it was.
@@ -151,7 +158,7 @@ def gpu_edition_markdown(folder: Path | None = None) -> str:
     if manifest is None:
         return NO_EDITION
     out = [edition.banner(manifest), f"{len(manifest['files'])} files, installed by `python -m "
-           "diffeqformer.pipeline.edition import` from what the lent machine packed (`manifest.json` of "
+           "diffeqformer.pipeline.edition import` from what the GPU machine packed (`manifest.json` of "
            f"`{folder.relative_to(paths.REPO) if folder.is_relative_to(paths.REPO) else folder}` lists them with "
            "their SHA-256).", "", "| page | executed in |", "|---|---|"]
     for nb in edition.edition_notebooks(folder):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import re
 import typing
@@ -181,6 +182,8 @@ class Training:
     """The resolved data config (repr): runs with equal ones share a token cache, prepared once before training."""
     steps: int = 0
     """Training steps: the lanes start the longest runs first, so that no long run is left alone at the end."""
+    flops: float = 0.0
+    """Model FLOPs of one training step (``step_flops``): what the time left weighs a run never timed here by."""
 
     @property
     def population_key(self) -> tuple | None:
@@ -276,8 +279,9 @@ def plan(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
     needed: list[Run] = []
     collect_runs([job.parameters for job in result.notebooks], needed)
     pretrainings: dict[str, Path] = {}
+    pretraining_configs: dict[str, Any] = {}  # read once for the fine-tunings that share one
     for r in {r.key: r for r in needed}.values():
-        training, pretraining_dir = _training(r, retrain_stale)
+        training, pretraining_dir = _training(r, retrain_stale, pretraining_configs)
         result.trainings.append(training)
         if pretraining_dir is not None:
             pretrainings[r.key] = pretraining_dir
@@ -323,17 +327,35 @@ def _notebook_job(preset: str, nb: str, values: Mapping[str, Any], path: Path, i
     return NotebookJob(nb, path, values, [r.key for r in runs])
 
 
-def _training(run: Run, retrain_stale: bool) -> tuple[Training, Path | None]:
-    """The training of ``run``, and the run directory of its pretraining (None: ``run`` is no fine-tuning)."""
+def _training(run: Run, retrain_stale: bool, pretraining_configs: dict[str, Any]) -> tuple[Training, Path | None]:
+    """The training of ``run``, and the run directory of its pretraining (None: ``run`` is no fine-tuning);
+    ``pretraining_configs`` keeps the pretraining configurations read (file -> configuration)."""
     try:
         cfg, digest, run_dir, pretraining_dir = run.resolve()
     except (ValueError, FileNotFoundError) as err:
         raise PipelineError(f"training config {run.key!r}: {err}") from None
     done = is_complete(run_dir, digest)
     stale = None if done else _stale_hash(run, run_dir, digest, retrain_stale)
+    pretraining = None
+    if run.module == "finetune":
+        if cfg.pretrain.config not in pretraining_configs:
+            pretraining_configs[cfg.pretrain.config] = configs.pretraining_of(cfg)[0]
+        pretraining = pretraining_configs[cfg.pretrain.config]
     training = Training(run.key, run.path, cfg.name, run_dir, digest, done, stale, run=run, data=repr(cfg.data),
-                        steps=cfg.trainer.num_train_steps)
+                        steps=cfg.trainer.num_train_steps, flops=step_flops(cfg, pretraining))
     return training, pretraining_dir
+
+
+def step_flops(cfg, pretraining=None) -> float:
+    """Model FLOPs of one training step of ``cfg``: three times the model's forward FLOPs per token (Levanter's
+    ``flops_per_token``: forward and backward) times the tokens of a batch. A fine-tuning's model is its
+    ``pretraining``'s, discretised to its Euler steps where it has them; 0.0 where the model does not count its
+    FLOPs."""
+    model = cfg.model if pretraining is None else pretraining.model
+    if pretraining is not None and cfg.steps is not None:
+        model = dataclasses.replace(model, num_layers=cfg.steps)
+    per_token = model.flops_per_token(cfg.data.vocab_size, model.max_seq_len)
+    return 3.0 * per_token * cfg.trainer.train_batch_size * model.max_seq_len if per_token else 0.0
 
 
 def _stale_hash(run: Run, run_dir: Path, digest: str, retrain_stale: bool) -> str | None:

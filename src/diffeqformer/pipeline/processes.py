@@ -40,8 +40,9 @@ these, each process allocates what it uses. The user's own settings win (``share
 
 PRUNE_CHECKPOINTS = "DIFFEQFORMER_PRUNE_CHECKPOINTS"
 """Environment variable: ``1`` deletes a run's Levanter checkpoints once the run is complete (its ``model.eqx`` and
-``complete.json`` are what the notebooks read), so that a preset's runs fit a small disk (a lent GPU machine's
-64 GiB). An interrupted run keeps its checkpoints and resumes from them; a complete one is not trained again."""
+``complete.json`` are what the notebooks read), so that a preset's runs fit a small disk (the gpu preset's runs keep
+about 80 GB of checkpoints otherwise). An interrupted run keeps its checkpoints and resumes from them; a complete one
+is not trained again."""
 
 
 def share_device(env) -> None:

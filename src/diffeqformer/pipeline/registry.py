@@ -274,7 +274,7 @@ def presets() -> dict[str, dict[str, dict[str, Any]]]:
         # whole build within 40 minutes.
         # F11: one example of 30 tokens and the query fill the models' 64.
         "cpu": single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
-        # One GPU (a lent H100 or H200, or Colab): the cpu preset's runs, notebooks and seeds at 8 times its width
+        # One GPU (an H100 or H200, or Colab's): the cpu preset's runs, notebooks and seeds at 8 times its width
         # (512-d, 6 steps or layers, seq 256, 32 sequences a step) and 10 times its tokens per model (F1-F6, F8-F11: 320
         # steps, 2.6M tokens, 1.3 epochs; F7: pretrainings 200 steps, 1.6M tokens, fine-tunings 40 steps, 0.33M tokens),
         # in bfloat16 (trainer.mp of config/gpu/), on the offline corpus; DIFFEQFORMER_GPU_CORPUS=wikitext103 trains the

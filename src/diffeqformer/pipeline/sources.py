@@ -46,7 +46,7 @@ LAYERS = [
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution"],
     ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
-    ["pipeline.notebooks"], ["pipeline.lanes"], ["pipeline.edition"], ["pipeline.pages"],
+    ["pipeline.notebooks"], ["pipeline.progress"], ["pipeline.lanes"], ["pipeline.edition"], ["pipeline.pages"],
     ["pipeline.build"], ["pipeline", "pipeline.__main__"],
 ]
 """The package's modules (below ``diffeqformer.``) in the order data flows through them, from the bottom up: a

@@ -1,0 +1,80 @@
+"""The pipeline's time left (``pipeline.progress``), replayed from recorded timings without training anything: a smoke
+pipeline in a fresh ``DIFFEQFORMER_HOME`` (``benchmarks/time_left.py --trace``): when each unit and notebook began and
+ended, and the steps each run logged. At a moment of that pipeline the replay (``benchmarks/time_left.py``'s
+``replay``) writes the logs as they then stood, tells ``Costs`` what had finished, and plays the lanes' schedule
+forward from there, as the pipeline did."""
+
+from __future__ import annotations
+
+import importlib.util
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from diffeqformer import paths
+from diffeqformer.pipeline import progress
+from diffeqformer.pipeline.planning import NotebookJob
+
+spec = importlib.util.spec_from_file_location("time_left", paths.REPO / "benchmarks" / "time_left.py")
+bench = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bench)
+TRACE = json.loads(Path(__file__).with_name("time_left_smoke.json").read_text())
+EPOCH = bench.EPOCH
+time_left = bench.replay
+
+
+def test_a_runs_logged_steps_are_its_own(tmp_path):
+    """The first and last step a run logged since it began: not an earlier process's (a resumed run), not the
+    evaluation before its first step (step -1), not a line cut in the middle."""
+    metrics = tmp_path / "metrics.jsonl"
+    records = [{"step": 7, "time": 90.0}, {"step": -1, "time": 101.0, "eval/loss": 5.0}]
+    records += [{"step": s, "time": 102.0 + s, "train/loss": 4.0} for s in range(6)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in records) + '{"step": 6, "ti')
+    assert progress.logged_steps(metrics, since=100.0) == ((0, 102.0), (5, 107.0))
+    assert progress.logged_steps(metrics, since=200.0) is None
+    assert progress.logged_steps(tmp_path / "none.jsonl", since=0.0) is None
+
+
+def test_it_says_estimating_until_a_run_has_logged_its_steps(tmp_path):
+    first = min(u["begin"] for u in TRACE["units"])
+    assert time_left(TRACE, first + 0.5, tmp_path / "a") is None  # nothing measured on this machine yet
+    live = min(t for u in TRACE["units"] for step, t in u["logged"] if step >= progress.LIVE_STEPS - 1)
+    assert time_left(TRACE, live - 0.5, tmp_path / "b") is None  # one step short
+    assert time_left(TRACE, live + 0.5, tmp_path / "c") is not None
+    out = io.StringIO()
+    bar = progress.Progress([("train a", None), ("build the book", 60.0)], out)
+    bar.begin(0, "train a")
+    with bar.estimating([0], lambda: 30.0):
+        bar.begin(0, "train a")
+    assert out.getvalue().splitlines()[0].endswith("(0:00 elapsed, estimating the time left)")
+    assert out.getvalue().splitlines()[1].endswith("(0:00 elapsed, about 1:30 left)")
+
+
+@pytest.mark.parametrize("share", [0.25, 0.5, 0.75])
+def test_the_time_left_comes_within_a_quarter_of_the_truth(tmp_path, share):
+    """From a quarter of a fresh pipeline on, learned from its own runs as they train: within 25% of the time it
+    then still took."""
+    at = share * TRACE["wall"]
+    left, truth = time_left(TRACE, at, tmp_path), TRACE["wall"] - at
+    assert left is not None and abs(left - truth) <= 0.25 * truth, (at, left, truth)
+
+
+def test_an_earlier_builds_timings_price_every_run_from_the_start(tmp_path):
+    """What a build measured (``state.json``'s ``timings``, by config hash) prices the same runs in the next one
+    before any of them has logged a step."""
+    costs = progress.Costs(TRACE["preset"])
+    for unit, u in zip(bench.replay_units(TRACE, tmp_path / "first"), TRACE["units"]):
+        unit[0].run_dir.mkdir(parents=True)
+        (unit[0].run_dir / "metrics.jsonl").write_text(
+            "".join(json.dumps({"step": s, "time": EPOCH + t}) + "\n" for s, t in u["logged"]))
+        costs.began(unit, EPOCH + u["begin"])
+        costs.ended(unit, EPOCH + u["end"])
+    for n in TRACE["notebooks"]:
+        costs.notebook_done(NotebookJob(n["name"], tmp_path, {}, []), n["end"] - n["begin"])
+    costs.book_done(TRACE["book"])
+    assert set(costs.timings["runs"]) == {u["members"][0]["hash"] for u in TRACE["units"]}
+    at = min(u["begin"] for u in TRACE["units"]) + 0.5
+    left, truth = time_left(TRACE, at, tmp_path / "again", costs.timings), TRACE["wall"] - at
+    assert left is not None and abs(left - truth) <= 0.25 * truth, (left, truth)
