@@ -819,7 +819,7 @@ def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
     assert ours.run.population == (0, 1, 2)
     f1 = next(j for j in plan.notebooks if j.name == "f1_model")
     assert f1.runs == [ours.config]
-    units = pipeline.lanes._units(plan.trainings)
+    units = pipeline.lanes.training_units(plan.trainings)
     synthetic = next(u for u in units if u[0].name == "cpu-synthetic-diffeqformer")
     assert [t.name for t in synthetic] == [f"cpu-synthetic-diffeqformer{s}" for s in ("", "-seed1", "-seed2")]
     assert sum(len(u) == 3 for u in units) == 11 + 16  # every compared setting of F5, F6, F7, F8-F10

@@ -165,7 +165,7 @@ def _spec(t: Training | list[Training], prepare: bool = False) -> dict[str, Any]
             "module": t.run.module if t.run else "train", "prepare": prepare}
 
 
-def _units(trainings: list[Training]) -> list[list[Training]]:
+def training_units(trainings: list[Training]) -> list[list[Training]]:
     """The trainings still to do, as what one lane trains at once: a run alone, or every member of a population
     (all of them, the complete ones too, if any is not complete: the population trains as a whole)."""
     groups: dict[Any, list[Training]] = {}
@@ -208,7 +208,7 @@ def train_runs(trainings: list[Training], progress: Progress, first_step: int, l
     run or notebook fails). Every run a lane trains must have its ``complete.json`` for its configuration before a
     notebook reads it. One process trains several runs (``RUNS_PER_WORKER``): less CPU time than a process per run,
     the same parameters (measurements page)."""
-    units = _units(trainings)  # a run, or a population's members
+    units = training_units(trainings)  # a run, or a population's members
     notebooks = list(notebooks)
     seconds = {} if seconds is None else seconds
     if not units and not notebooks:
@@ -396,7 +396,7 @@ def _load(spec: dict):
     return configs.load_config(spec["config"], spec["overrides"], cls=cls)
 
 
-def _prepare_data(config) -> None:
+def build_token_caches(config) -> None:
     """Build (or load) the token caches of a run's training and validation data (Levanter builds them in this
     process and returns once they are finished)."""
     levanter_data = config.data.levanter_config()
@@ -406,9 +406,9 @@ def _prepare_data(config) -> None:
 
 def train_worker() -> None:
     """Child process of ``train_runs``: for each spec (JSON, one per line on standard input) ``train.main``,
-    ``finetune.main``, ``population.main`` (or, with ``"prepare": true``, ``_prepare_data``), then ``@pipeline done``
-    on standard output. A spec is ``{"config": path, "overrides": [...], "module": "train" | "finetune" |
-    "population", "prepare": bool}``, a population's with ``"members"``: a spec of each member."""
+    ``finetune.main``, ``population.main`` (or, with ``"prepare": true``, ``build_token_caches``), then
+    ``@pipeline done`` on standard output. A spec is ``{"config": path, "overrides": [...], "module": "train" |
+    "finetune" | "population", "prepare": bool}``, a population's with ``"members"``: a spec of each member."""
     import gc
 
     pin_to_worker_cpus()
@@ -424,7 +424,7 @@ def train_worker() -> None:
         else:
             config = _load(spec)
             main = finetune.main if spec["module"] == "finetune" else train.main
-        (_prepare_data if spec.get("prepare") else main)(config)
+        (build_token_caches if spec.get("prepare") else main)(config)
         jax.clear_caches()  # this run's compiled programs: the next run compiles its own
         gc.collect()
         print("@pipeline done", flush=True)
