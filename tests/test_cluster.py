@@ -142,6 +142,29 @@ def test_bad_options_are_refused_naming_them(tmp_path):
         cluster.submit(plan, cluster.Slurm(sbatch="/nonexistent/sbatch"), ["-m", "x"], stream=io.StringIO())
 
 
+def test_the_pipeline_command_submits_the_preset(tmp_path, monkeypatch):
+    """``python -m diffeqformer.pipeline --preset smoke --slurm ...`` (its ``main``): with a recording ``sbatch`` on
+    PATH, every training of the preset is submitted with the options given, then the pipeline again with the same
+    preset and options, without ``--slurm``."""
+    log, bin_dir = tmp_path / "sbatch.log", tmp_path / "bin"
+    bin_dir.mkdir()
+    sbatch = bin_dir / "sbatch"
+    sbatch.write_text(RECORDING_SBATCH.format(python=sys.executable, log=str(log)))
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setattr(paths, "HOME", tmp_path)
+    monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
+    pipeline.build.main(["--preset", "smoke", "--no-book", "--slurm", "--nodes", "1", "--gpus-per-node", "2",
+                         "--time", "30"])
+    texts = [Path(json.loads(line)[-1]).read_text() for line in log.read_text().splitlines()]
+    units = pipeline.lanes.training_units(pipeline.plan("smoke").trainings)
+    trainings = [t for t in texts if "\nsrun " in t]
+    assert len(trainings) == len(units) > 3
+    assert all("#SBATCH --ntasks-per-node=2\n" in t and "#SBATCH --time=30\n" in t for t in trainings)
+    assert all(" -m diffeqformer." in _argv(t) and " --config " in _argv(t) for t in trainings)
+    assert _argv(texts[-1]) == f"{sys.executable} -m diffeqformer.pipeline --preset smoke --no-book"
+
+
 # ----------------------------------------------------------------------------------------------- the cost page
 
 
