@@ -226,12 +226,10 @@ def evaluate(model, tokenizer, tasks: Sequence[str], shots: Sequence[int], *, in
     spec = [TaskConfig(task=t, num_fewshot=k, task_alias=task_name(t, k)) for t in tasks for k in shots]
     config = HarnessConfig(task_spec=spec, max_examples=max_examples, max_length=model.Pos.size,
                            include_path=None if include_path is None else str(include_path))
-    # the harness hands each batch to its workers by broadcast_shard, which needs a mesh: each batch split over as
-    # many of the devices as divide it (all of a machine's GPUs), the model whole on each
-    count = max(n for n in range(1, len(jax.devices()) + 1) if batch_size % n == 0)
-    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:count]), ("data",))
+    # the harness hands each batch to its workers by broadcast_shard, which needs a mesh: one device, replicated
+    mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("data",))
     with hax.partitioning.set_mesh(mesh):
-        outputs = run_lm_eval_harness(config, SegmentPositions(model), tokenizer, batch_size, {"batch": "data"}, None)
+        outputs = run_lm_eval_harness(config, SegmentPositions(model), tokenizer, batch_size, {}, None)
     rows = []
     for t in tasks:
         for k in shots:
