@@ -206,3 +206,26 @@ def test_config_hash_ignores_model_defaults_but_not_changes():
     changed = dataclasses.replace(config, model=dataclasses.replace(config.model, random_step_offset=True))
     assert config_hash(explicit) == config_hash(config)
     assert config_hash(changed) != config_hash(config)
+
+
+def test_config_hash_leaves_out_the_devices_and_the_checkpoints():
+    """A run's identity does not depend on how it is laid over devices and processes, nor on when it is checkpointed
+    (``config.TRAINER_LAYOUT``): a run resumes on another number of devices. What it trains on and evaluates does."""
+    from diffeqformer.config import FinetuneConfig, config_hash
+
+    pretraining = "7e5f0a1b2c3d4e5f"
+    for path, cls, extra in ((paths.CONFIG / "smoke" / "diffeqformer.yaml", None, {}),
+                             (paths.CONFIG / "smoke" / "finetune_diffeqformer_lora.yaml", FinetuneConfig,
+                              {"pretrain_config_hash": pretraining})):
+        def digest(*overrides):
+            config = load_config(path, list(overrides), **({"cls": cls} if cls else {}))
+            return config_hash(config, **extra)
+
+        base = digest()
+        for layout in (["--trainer.mesh.axes.model", "2"], ["--trainer.distributed.num_processes", "2"],
+                       ["--trainer.per_device_parallelism", "2"], ["--trainer.checkpointer.save_interval", "1h"],
+                       ["--trainer.require_accelerator", "true"]):
+            assert digest(*layout) == base, layout
+        for training in (["--trainer.seed", "5"], ["--trainer.per_device_eval_parallelism", "2"],
+                         ["--trainer.train_batch_size", "8"]):
+            assert digest(*training) != base, training

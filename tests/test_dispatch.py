@@ -68,3 +68,26 @@ def test_flat_jit_compiles_once_per_structure():
     f(jnp.ones(4), {"x": jnp.zeros(2)}, {"n": 4})  # another shape: jax.jit retraces, the structure is the same
     assert len(f._cache) == 2 and len(calls) == 3
     assert "stablehlo" in f.lower(jnp.ones(3), {"x": jnp.zeros(2)}, {"n": 4}).as_text()
+
+
+def test_flat_jit_keeps_the_shardings_it_knows_when_a_leaf_has_none(monkeypatch):
+    """A leaf of the output to which Haliax gives no sharding is left to XLA, as named_jit leaves it; the other leaves
+    keep the shardings of the mapping (all of them were dropped when one had none)."""
+    import haliax as hax
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from diffeqformer import dispatch
+
+    Embed = hax.Axis("embed", 4)
+    infer = dispatch.infer_resource_partitions
+
+    def without_the_plain_leaf(tree, mapping):
+        resources = infer(tree, mapping)
+        return resources[0], {**resources[1], "plain": None}
+
+    monkeypatch.setattr(dispatch, "infer_resource_partitions", without_the_plain_leaf)
+    with hax.partitioning.set_mesh(Mesh(np.asarray(jax.devices()[:1]), ("data",))):
+        state, out = FlatJit(lambda s, b, k: (s * 2, {"plain": b + 1}), {"embed": "data"})(
+            hax.ones(Embed), jnp.ones(3), {})
+    assert isinstance(state.array.sharding, NamedSharding) and state.array.sharding.spec == PartitionSpec("data")
+    np.testing.assert_array_equal(np.asarray(out["plain"]), [2.0, 2.0, 2.0])

@@ -207,11 +207,18 @@ _BEFORE_INITIALIZE = """
 import sys
 import levanter.trainer
 from jax._src import xla_bridge
+from diffeqformer import devices
 
-def initialize(config):  # Levanter's, which calls jax.distributed.initialize on a cluster: record, then stop
+start = devices.start
+
+def started(config):  # where jax.distributed.initialize runs on a cluster: record, then go on
     print("backend started before initialize:", xla_bridge.backends_are_initialized(), flush=True)
+    return start(config)
+
+def initialize(config):  # Levanter's own initialisation, after it: stop
     raise SystemExit(0)
 
+devices.start = started
 levanter.trainer.initialize = initialize
 from diffeqformer import config as configs, population, train
 config = configs.load_config(sys.argv[2], ["--run_dir", sys.argv[3]])

@@ -335,8 +335,9 @@ def dump_config(config) -> str:
 
 def config_hash(config: Config, *, population: Optional[list[int]] = None,
                 pretrain_config_hash: Optional[str] = None) -> str:
-    """Hash of what determines the trained parameters (not where the run is written, nor logging): a training run's
-    (below) or a fine-tuning's (``finetune_hash``, which needs ``pretrain_config_hash``).
+    """Hash of what determines the trained parameters (``hashed_tree``: not where the run is written, nor logging,
+    nor the devices it is laid over): a training run's (below) or a fine-tuning's (``finetune_hash``, which needs
+    ``pretrain_config_hash``).
 
     ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, so
     that a member of a population and the solo run of the same config never share a hash.
@@ -352,7 +353,7 @@ def config_hash(config: Config, *, population: Optional[list[int]] = None,
         if pretrain_config_hash is None:
             raise ValueError("a fine-tuning's config hash covers its pretraining's: pass pretrain_config_hash")
         return finetune_hash(config, pretrain_config_hash, population=population)
-    tree = plain_tree(dataclasses.replace(config, run_dir=None, wandb=False))
+    tree = hashed_tree(config)
     defaults = plain_tree(type(config.model)())
     tree["model"] = {k: v for k, v in tree["model"].items() if k not in defaults or defaults[k] != v}
     tree["training_loop"] = LOOP_VERSION
@@ -361,6 +362,25 @@ def config_hash(config: Config, *, population: Optional[list[int]] = None,
     if population is not None:
         tree["population"] = [int(seed) for seed in population]
     return hashlib.sha256(yaml.safe_dump(tree, sort_keys=False).encode()).hexdigest()[:16]
+
+
+TRAINER_LAYOUT = ("mesh", "distributed", "per_device_parallelism", "allow_nondivisible_batch_size",
+                  "use_explicit_mesh_axes", "require_accelerator", "jax_compilation_cache_dir", "shutdown_at_exit",
+                  "checkpointer")
+"""Fields of the trainer section that no config hash covers: how a run is laid over devices and processes (the mesh,
+the distributed runtime, examples per device at a time) and when and where it is checkpointed. They change how the
+steps are computed, not what they compute (float32 rounding aside: ``tests/test_devices.py``), so a run resumes on
+another number of devices, on a cluster, or with another checkpoint interval. ``per_device_eval_parallelism`` is
+covered: it sets which validation examples are evaluated (``train.evaluated_examples``)."""
+
+
+def hashed_tree(config: Config) -> dict:
+    """What of a configuration its hash covers, as plain values: all of it but where the run is written (``run_dir``),
+    W&B logging and the trainer's layout (``TRAINER_LAYOUT``)."""
+    tree = plain_tree(dataclasses.replace(config, run_dir=None, wandb=False))
+    for name in TRAINER_LAYOUT:
+        tree["trainer"].pop(name, None)
+    return tree
 
 
 def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
@@ -487,13 +507,15 @@ def one_line(error) -> str:
 
 def finetune_hash(config: FinetuneConfig, pretrain_config_hash: str, *,
                   population: Optional[list[int]] = None) -> str:
-    """Hash of what determines the fine-tuned parameters: the fine-tuning config without its paths, and the
-    pretraining's config hash (so the same file at another path, or the same run moved, hashes the same).
+    """Hash of what determines the fine-tuned parameters: the fine-tuning config without its paths (``hashed_tree``),
+    and the pretraining's config hash (so the same file at another path, or the same run moved, hashes the same).
 
     ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, as
     a training run's hash does."""
-    relevant = dataclasses.replace(config, run_dir=None, wandb=False, pretrain=PretrainRef())
-    text = dump_config(relevant) + f"pretrain_config_hash: {pretrain_config_hash}\n"
+    import yaml
+
+    tree = hashed_tree(dataclasses.replace(config, pretrain=PretrainRef()))
+    text = yaml.safe_dump(tree, sort_keys=False) + f"pretrain_config_hash: {pretrain_config_hash}\n"
     if config.optimizer.weight_decay:
         text += f"weight_decay_modules: {with_finetune_weight_decay(config.optimizer).weight_decay_modules}\n"
     if population is not None:

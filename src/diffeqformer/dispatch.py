@@ -109,9 +109,9 @@ class FlatJit:
         if self.mapping is not None:  # as named_jit: the output's shardings from the mapping, when there is one
             with self._mapped():
                 shape = eqx.filter_eval_shape(self.fn, state, *rest)
-                shardings = _array_leaves(shape, infer_resource_partitions(shape, self.mapping))
-            if not any(s is None for s in shardings):
-                kwargs["out_shardings"] = shardings
+                # a leaf Haliax gives no sharding (None) is left to XLA, as named_jit leaves it; the others keep
+                # theirs (all of them were dropped when one leaf had none)
+                kwargs["out_shardings"] = _array_leaves(shape, infer_resource_partitions(shape, self.mapping))
         compiled = _Compiled(jax.jit(flat, donate_argnums=0, **kwargs))
         return compiled
 

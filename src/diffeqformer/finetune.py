@@ -43,7 +43,7 @@ from .config import (
 )
 from .dispatch import Trainer
 from .model.transformer import DiffEqFormerConfig, count_params
-from .train import cli, fit, next_token_loss, trainer_config_of
+from .train import cli, fit, next_token_loss
 
 
 def validate(config: FinetuneConfig) -> runs.Pretraining:
@@ -115,11 +115,11 @@ def main(config: FinetuneConfig) -> dict:
     """Fine-tune (or resume, or skip a finished run) and return the contents of ``complete.json``."""
     pretraining = validate(config)
     digest = config_hash(config, pretrain_config_hash=pretraining.config_hash)
+    trainer_config = train.started(config, pretraining.config.model)
     with runs.opened([config], [digest], pretraining_dir=pretraining.run_dir) as run:
         if run.finished:
             return run.summaries[0]
         data = config.data.levanter_config()
-        trainer_config = trainer_config_of(config, run.dirs[0])
         optimizer = train.initialize_and_build(trainer_config, with_finetune_weight_decay(config.optimizer))
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)

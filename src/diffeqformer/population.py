@@ -47,7 +47,7 @@ from haliax import Axis, NamedArray
 from levanter.data.dataset import AsyncDataset
 from levanter.tracker import Tracker, TrackerConfig
 
-from . import finetune, paths, runs, train
+from . import devices, finetune, paths, runs, train
 from .config import (
     Config,
     FinetuneConfig,
@@ -192,10 +192,60 @@ def population_loss(Seed: Axis):
             return x
 
         example = jax.tree.map(split, example, is_leaf=lambda x: isinstance(x, NamedArray))
-        losses = hax.vmap(lambda m, e, k: m.compute_next_token_loss(e, key=k), Seed)(model, example, member_keys)
+        mapping = hax.partitioning.current_thread_local_mapping() or {}
+        with hax.axis_mapping({**mapping, **member_batch_mapping(mapping)}):
+            losses = hax.vmap(lambda m, e, k: m.compute_next_token_loss(e, key=k), Seed)(model, example, member_keys)
         return losses.sum(), {f"member{k}/loss": losses.array[k] for k in range(Seed.size)}
 
     return loss
+
+
+def _mesh_axes(physical) -> tuple[str, ...]:
+    """The mesh axes of a value of a resolved axis mapping (one name, several, or None)."""
+    return () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
+
+
+def member_batch_mapping(mapping) -> dict:
+    """Where a member's batch goes inside the population's loss: the mesh axes of the trainer's batch less those the
+    population's axis is laid over (``lay_over_devices``), which ``haliax.vmap`` over the members already takes. Two
+    logical axes on one mesh axis would be refused."""
+    mapping = mapping or {}
+    members = set(_mesh_axes(mapping.get(SEED)))
+    rest = tuple(a for a in _mesh_axes(mapping.get("batch")) if a not in members)
+    return {"batch": rest[0] if len(rest) == 1 else rest or None}
+
+
+def lay_over_devices(trainer_config, n: int, batch: int):
+    """``trainer_config`` (the population's, Levanter's ``TrainerConfig``) with the population's axis laid over the
+    devices: the mesh's ``replica`` axis (Levanter's axis of data-parallel replicas) splits the members, so that
+    member k's parameters, optimiser state and batch live on devices of their own, and no collective joins two
+    members. Unless ``trainer.mesh.axes.replica`` sets it, the replica axis is the largest number that divides both
+    the ``n`` members and the devices of the ``data`` axis: 4 members on 4 devices, one device each; 2 members, two
+    devices each, over which each member is sharded as a solo run is. Within a member the batch and the parameters are
+    split as in a solo run, so a member's per-step ``batch`` must divide by the batch's other mesh axes; ``ValueError``
+    naming the field otherwise. Needs the device count: after ``devices.start``."""
+    import math
+
+    mesh = trainer_config.mesh
+    replica = mesh.axes.get("replica", 1)
+    if replica == 1:
+        replica = math.gcd(n, devices.mesh_sizes(trainer_config).get("data", 1))
+    elif n % replica:
+        raise ValueError(f"trainer.mesh.axes.replica ({replica}) must divide the population's {n} members (--seeds)")
+    axes = {**mesh.axes, "replica": replica}
+    if mesh.axes.get("replica", 1) == 1 and axes.get("data", -1) != -1:
+        axes["data"] //= replica  # the replica axis takes its devices from the data axis (by default, -1, the rest)
+    laid = dataclasses.replace(trainer_config, mesh=dataclasses.replace(
+        mesh, axes=axes, param_mapping={**mesh.param_mapping, SEED: "replica"},
+        compute_mapping={**mesh.compute_mapping, SEED: "replica"}))
+    sizes = devices.mesh_sizes(laid)
+    rest = member_batch_mapping(laid.compute_axis_mapping)["batch"]
+    within = math.prod(sizes.get(a, 1) for a in _mesh_axes(rest))
+    if batch % within:
+        split = " x ".join(a for a in _mesh_axes(rest) if sizes.get(a, 1) > 1)
+        raise ValueError(f"trainer.train_batch_size ({batch}, each member's) must be divisible by the mesh's {split} "
+                         f"axes ({within} devices), which split each member's batch: change it or trainer.mesh")
+    return laid
 
 
 class PopulationTrainer(Trainer):
@@ -260,20 +310,23 @@ class PopulationTrackerConfig(TrackerConfig):
     paths: tuple[str, ...] = ()
 
     def init(self, run_id: Optional[str]) -> Tracker:
-        return PopulationTracker([Path(p) for p in self.paths])
+        from levanter.tracker import NoopTracker
+
+        # process 0 alone writes the files, as Levanter's own file trackers do: one line per step
+        return PopulationTracker([Path(p) for p in self.paths]) if devices.is_primary() else NoopTracker()
 
 
-def member_evaluations(trainer, eval_sets, tokenizer, n: int):
+def member_evaluations(trainer, data, Pos: Axis, base: Config, n: int):
     """A trainer hook that evaluates each member with Levanter's own evaluator (``cb_tagged_lm_evaluate``, the
-    solo runs' ``eval/loss``), logged as ``eval/member<k>/...``."""
+    solo runs' ``eval/loss``: the validation sets of ``data`` (Levanter's data config) at ``Pos``, the examples
+    ``train.evaluated_examples`` of the first member's config ``base``), logged as ``eval/member<k>/...``."""
     import levanter.eval
     from levanter.callbacks import StepInfo
 
-    config = trainer.config
-    max_eval = config.max_eval_batches * config.eval_batch_size if config.max_eval_batches is not None else None
+    config, eval_sets, tokenizer = trainer.config, data.tagged_eval_sets(Pos), data.the_tokenizer
     hooks = [levanter.eval.cb_tagged_lm_evaluate(config.EvalBatch, eval_sets, tokenizer, trainer.device_mesh,
-                                                 trainer.compute_axis_mapping, max_eval, prefix=f"eval/member{k}",
-                                                 mp=config.mp)
+                                                 trainer.compute_axis_mapping, train.evaluated_examples(base.trainer),
+                                                 prefix=f"eval/member{k}", mp=config.mp)
              for k in range(n)]
 
     def evaluate(info: StepInfo):
@@ -287,13 +340,19 @@ def member_evaluations(trainer, eval_sets, tokenizer, n: int):
 # ------------------------------------------------------------------------------------------------- training
 
 
-def _trainer_config(base: Config, run_dirs: Sequence[Path]):
-    """Levanter's trainer config of a population whose first member is ``base``: the members' batches side by side,
-    checkpoints in the first member's run directory, each member's metrics to its own ``metrics.jsonl``."""
-    return dataclasses.replace(
-        train.trainer_config_of(base, run_dirs[0]), id=f"{base.name}-population",
-        train_batch_size=len(run_dirs) * base.trainer.train_batch_size,
-        tracker=(PopulationTrackerConfig(tuple(str(runs.metrics_file(d)) for d in run_dirs)),))
+def _trainer_config(configs: Sequence[Config], model):
+    """Levanter's trainer config of a population of ``configs`` (its first member's, the base): the members' batches
+    side by side, checkpoints in the first member's run directory, each member's metrics to its own
+    ``metrics.jsonl``; once its processes have started (``devices.start``), the members laid over the devices
+    (``lay_over_devices``) and the mesh checked against ``model`` (``devices.check``), as ``train.started``."""
+    base, dirs = configs[0], [run_dir_of(c) for c in configs]
+    n, batch = len(configs), base.trainer.train_batch_size
+    trainer_config = devices.start(dataclasses.replace(
+        train.trainer_config_of(base, dirs[0]), id=f"{base.name}-population", train_batch_size=n * batch,
+        tracker=(PopulationTrackerConfig(tuple(str(runs.metrics_file(d)) for d in dirs)),)))
+    trainer_config = lay_over_devices(trainer_config, n, batch)
+    devices.check(trainer_config, model)
+    return trainer_config
 
 
 def _train_set(data, trainer_config, Pos: Axis, data_keys, batch: int) -> Interleaved:
@@ -319,6 +378,7 @@ def main(configs: Sequence[Config]) -> list[dict]:
     for config in configs:
         validate(config)
     seeds = check_members(configs)
+    trainer_config = _trainer_config(configs, configs[0].model)  # before the lock: runs.lock
     with runs.opened(configs, [config_hash(c, population=seeds) for c in configs]) as run:
         if run.finished:
             return run.summaries
@@ -326,7 +386,6 @@ def main(configs: Sequence[Config]) -> list[dict]:
         Seed = Axis(SEED, n)
         batch = base.trainer.train_batch_size
         data = base.data.levanter_config()
-        trainer_config = _trainer_config(base, run.dirs)
         inner = train.initialize_and_build(trainer_config, with_paper_weight_decay(base.optimizer, base.model))
         with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model, training: as train.main
@@ -339,7 +398,7 @@ def main(configs: Sequence[Config]) -> list[dict]:
             flops = base.model.flops_per_token(Vocab.size, base.model.max_seq_len)
             state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
                               run_dir=run.dirs[0], train_set=train_set,
-                              eval_hook=member_evaluations(trainer, data.tagged_eval_sets(Pos), data.the_tokenizer, n))
+                              eval_hook=member_evaluations(trainer, data, Pos, base, n))
             return [run.finish(k, member(state.model, k), vocab_size=Vocab.size,
                                tokens_per_second=_member_throughput(run.dirs[k], n),
                                population=_membership(run, seeds, k)) for k in range(n)]
@@ -369,13 +428,13 @@ def finetune_main(configs: Sequence[FinetuneConfig]) -> list[dict]:
     pretrainings = [finetune.validate(c) for c in configs]
     digests = [config_hash(c, population=seeds, pretrain_config_hash=p.config_hash)
                for c, p in zip(configs, pretrainings)]
+    trainer_config = _trainer_config(configs, pretrainings[0].config.model)  # before the lock: runs.lock
     with runs.opened(configs, digests, pretraining_dir=[p.run_dir for p in pretrainings]) as run:
         if run.finished:
             return run.summaries
         base, n = configs[0], len(configs)
         Seed = Axis(SEED, n)
         data = base.data.levanter_config()
-        trainer_config = _trainer_config(base, run.dirs)
         inner = train.initialize_and_build(trainer_config, with_finetune_weight_decay(base.optimizer))
         with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, adapter, training: finetune.main
@@ -397,7 +456,7 @@ def finetune_main(configs: Sequence[FinetuneConfig]) -> list[dict]:
                               run_dir=run.dirs[0], evaluate_first=True,
                               train_set=_train_set(data, trainer_config, Pos, [k[0] for k in keys],
                                                    base.trainer.train_batch_size),
-                              eval_hook=member_evaluations(trainer, data.tagged_eval_sets(Pos), data.the_tokenizer, n))
+                              eval_hook=member_evaluations(trainer, data, Pos, base, n))
             return [run.finish(k, member(state.model, k), vocab_size=Vocab.size,
                                tokens_per_second=_member_throughput(run.dirs[k], n), method=config.method,
                                euler_steps=config.steps, **counts,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional, Sequence
 
-from . import paths
+from . import devices, paths
 
 if TYPE_CHECKING:
     from .config import Config, FinetuneConfig, TrainConfig
@@ -308,10 +308,17 @@ def pretraining(config: "FinetuneConfig") -> Pretraining:
 def lock(run_dir: Path):
     """Hold an exclusive lock on ``run_dir`` (``run_dir/.lock``) while training it: a second process that would
     train the same run (a pipeline rerun while the killed one's worker is still ending, two pipelines at once) waits
-    for the first instead of writing the same checkpoints and metrics file."""
+    for the first instead of writing the same checkpoints and metrics file.
+
+    In a run of several processes only process 0 locks (``devices.is_primary``), once they have all started
+    (``devices.start``): the others of the same run must not wait for it, since it waits for them in its first
+    collective; those of a second run of the same directory wait there for their own process 0, which waits here."""
     import fcntl
 
     run_dir.mkdir(parents=True, exist_ok=True)
+    if not devices.is_primary():
+        yield
+        return
     with (run_dir / LOCK).open("w") as handle:
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -325,7 +332,8 @@ def lock(run_dir: Path):
 
 
 def start_run(config: "Config", run_dir: Path, digest: str) -> Optional[dict]:
-    """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written.
+    """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written
+    (by process 0 only, in a run of several processes: ``devices.is_primary``; the others only read).
 
     Refuses a run directory that holds checkpoints of another configuration."""
     from .config import dump_config
@@ -343,7 +351,8 @@ def start_run(config: "Config", run_dir: Path, digest: str) -> Optional[dict]:
                 f"{run_dir} holds a run with another configuration ({previous.removeprefix('# ')}); "
                 "choose another --name/--run_dir or delete it"
             )
-    paths.write_atomic(saved, f"{HASH_PREFIX}{digest}\n" + dump_config(config))
+    if devices.is_primary():
+        paths.write_atomic(saved, f"{HASH_PREFIX}{digest}\n" + dump_config(config))
     return None
 
 
@@ -388,7 +397,7 @@ def opened(configs: Sequence["Config"], digests: Sequence[str], *,
         for run_dir in dirs:
             locks.enter_context(lock(run_dir))
         summaries = [start_run(c, d, h) for c, d, h in zip(configs, dirs, digests)]
-        if pretraining_dir is not None and not all(s is not None for s in summaries):
+        if pretraining_dir is not None and not all(s is not None for s in summaries) and devices.is_primary():
             pretrained = (pretraining_dir if isinstance(pretraining_dir, (list, tuple))
                           else [pretraining_dir] * len(dirs))
             for run_dir, pre_dir in zip(dirs, pretrained):
@@ -412,15 +421,23 @@ def finish_run(config: "Config", run_dir: Path, model, digest: str, start: float
     """Save the model, then write ``complete.json`` (the summary of the metrics, plus ``extra``) and return it.
 
     A run whose last training or validation loss is not finite or overflows its perplexity has diverged: it ends
-    with ``diverged``, before the model or the summary is written."""
+    with ``diverged``, before the model or the summary is written.
+
+    In a run of several processes every process calls it: they wait for each other (``devices.barrier``) until
+    process 0 has logged the last metrics, which each then reads to the same decision; the model's arrays are
+    gathered from all of them (``devices.host_copy``), and process 0 writes the files, which the others wait for."""
+    devices.barrier(f"trained {config.name}")
     metrics = read_metrics(run_dir)
     for column in ("train/loss", "eval/loss"):
         logged = metrics[column].dropna() if column in metrics else ()
         if len(logged) and perplexity(float(logged.iloc[-1])) is None:
             raise diverged(run_dir, int(logged.index[-1]), float(logged.iloc[-1]))
-    _save_model(model, run_dir / MODEL)
+    model = devices.host_copy(model)
     summary = {**_summary(config, metrics, digest, time.time() - start), **extra}
-    paths.write_atomic(run_dir / COMPLETE, json.dumps(summary, indent=1) + "\n")
+    if devices.is_primary():
+        _save_model(model, run_dir / MODEL)
+        paths.write_atomic(run_dir / COMPLETE, json.dumps(summary, indent=1) + "\n")
+    devices.barrier(f"finished {config.name}")
     return summary
 
 

@@ -23,13 +23,14 @@ import jax.random as jrandom
 import optax
 from haliax import Axis
 from haliax.partitioning import round_axis_for_partitioning
-from levanter.models.lm_model import LmExample, LmHeadModel
+from levanter.models.lm_model import LmConfig, LmExample, LmHeadModel
 from levanter.optim.config import OptimizerConfig
 from levanter.tracker import Tracker, TrackerConfig
 from levanter.trainer import TrainerConfig
 
-from . import paths, runs, use_onednn
-from .config import Config, TrainConfig, config_hash, load_config, one_line, validate, with_paper_weight_decay
+from . import devices, paths, runs, use_onednn
+from .config import (Config, TrainConfig, config_hash, load_config, one_line, run_dir_of, validate,
+                     with_paper_weight_decay)
 from .dispatch import Trainer, batched_maps
 
 logger = logging.getLogger(__name__)
@@ -102,7 +103,10 @@ class JsonlTrackerConfig(TrackerConfig):
     path: str = runs.METRICS
 
     def init(self, run_id: Optional[str]) -> Tracker:
-        return JsonlTracker(Path(self.path))
+        from levanter.tracker import NoopTracker
+
+        # process 0 alone writes the file, as Levanter's own file trackers do: one line per step
+        return JsonlTracker(Path(self.path)) if devices.is_primary() else NoopTracker()
 
 
 def trainer_config_of(config: Config, run_dir: Path) -> TrainerConfig:
@@ -129,10 +133,20 @@ def trainer_config_of(config: Config, run_dir: Path) -> TrainerConfig:
     )
 
 
+def started(config: Config, model: LmConfig) -> TrainerConfig:
+    """The run's trainer config (``trainer_config_of``) once its processes have started (``devices.start``: JAX's
+    distributed runtime, if the run has several) and its mesh is checked against ``model`` and the batch
+    (``devices.check``). Before the run's directory is locked or written (``runs.opened``): in a run of several
+    processes only process 0 locks, and bad input leaves nothing behind."""
+    trainer_config = devices.start(trainer_config_of(config, run_dir_of(config)))
+    devices.check(trainer_config, model)
+    return trainer_config
+
+
 def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConfig) -> optax.GradientTransformation:
     """Levanter's initialisation for ``trainer_config``, then ``optimizer`` built for its steps: in that order, since
     building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts JAX's backend, and
-    jax.distributed.initialize (which Levanter calls on a cluster) refuses to run after that."""
+    jax.distributed.initialize refuses to run after that (``devices.start``, in ``started``, has run it before)."""
     import levanter.trainer
 
     levanter.trainer.initialize(trainer_config)
@@ -168,11 +182,11 @@ def initial_state(trainer: Trainer, training_key, model_init):
 def main(config: TrainConfig) -> dict:
     """Train (or resume, or skip a finished run) and return the contents of ``complete.json``."""
     validate(config)
+    trainer_config = started(config, config.model)
     with runs.opened([config], [config_hash(config)]) as run:
         if run.finished:
             return run.summaries[0]
         data = config.data.levanter_config()
-        trainer_config = trainer_config_of(config, run.dirs[0])
         optimizer = initialize_and_build(trainer_config, with_paper_weight_decay(config.optimizer, config.model))
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
@@ -206,7 +220,8 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
     ``evaluate_first`` also evaluates the initial model, logged at step -1: Levanter logs the metrics of update k
     (0-indexed) at step k, so step -1 is the model before any update. A non-finite training loss (Levanter's trainer
     raises on one, ``trainer.crash_on_nan``/``crash_on_inf``) ends the process with one line (``diverged``); the
-    checkpoints written before it stay, none of the diverged state. ``config`` supplies the run's ``name``.
+    checkpoints written before it stay, none of the diverged state. ``config`` supplies the run's ``name`` and the
+    validation examples to evaluate (``evaluated_examples``).
 
     Levanter's training mixture restarts a corpus when it is used up, with the same permutation, so a small corpus is
     read for as many passes as ``num_train_steps`` takes. ``train_set`` and ``eval_hook`` replace the training data
@@ -224,12 +239,10 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
     _check_validation_length(eval_sets, Pos)
     if int(state.step) > 0:
         print(f"{config.name}: resuming from step {int(state.step)}", file=sys.stderr)
-    max_eval = trainer_config.max_eval_batches
-    max_eval = max_eval * trainer_config.eval_batch_size if max_eval is not None else None
     if eval_hook is None:
         eval_hook = levanter.eval.cb_tagged_lm_evaluate(
             trainer_config.EvalBatch, eval_sets, data.the_tokenizer, trainer.device_mesh,
-            trainer.compute_axis_mapping, max_eval, mp=trainer_config.mp,
+            trainer.compute_axis_mapping, evaluated_examples(config.trainer), mp=trainer_config.mp,
         )
     if evaluate_first and int(state.step) == 0:
         eval_hook(StepInfo(state, loss=float("nan"), step_duration=0.0))
@@ -251,6 +264,21 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
         if str(err) in NON_FINITE_LOSS:
             raise runs.diverged(run_dir, done[0] + 1, NON_FINITE_LOSS[str(err)]) from None
         raise
+
+
+def evaluated_examples(trainer: TrainerConfig) -> Optional[int]:
+    """The validation examples an evaluation reads (None: all): ``trainer.max_eval_batches`` batches of the
+    evaluation batch the run has on one device (``trainer.per_device_eval_parallelism``, else
+    ``per_device_parallelism``, else the largest training batch), whatever the number of devices. Levanter's own
+    count, ``max_eval_batches`` times its evaluation batch, which is per device, grew with the devices. ``trainer``:
+    the run's own section, before Levanter's initialisation resolves its -1s for the devices."""
+    from levanter.schedule import distinct_values
+
+    if trainer.max_eval_batches is None:
+        return None
+    per_batch = next((p for p in (trainer.per_device_eval_parallelism, trainer.per_device_parallelism) if p > 0),
+                     max(distinct_values(trainer.train_batch_size)))
+    return trainer.max_eval_batches * per_batch
 
 
 NON_FINITE_LOSS = {"Loss is NaN": float("nan"), "Loss is Inf": float("inf")}
@@ -312,10 +340,18 @@ def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, mod
 
     try:
         config = load_config(path, overrides, cls=cls)
+        if devices.several_processes(config.trainer):  # one line, not a native abort, when another process dies
+            devices.watched(config.name)
         use_compilation_cache()
         run(config)
     except (ValueError, FileNotFoundError, DatasetUnavailableError) as err:
         raise SystemExit(f"error: {one_line(err)}") from None
+    except jax.errors.JaxRuntimeError as err:
+        if not jax.distributed.is_initialized():
+            raise
+        # in a run of several processes: a collective whose peer died (Gloo: "Connection reset by peer")
+        devices.stopped(config.name, f"a collective failed, most likely because another process of the run stopped "
+                                     f"({one_line(err)[:200]})")
 
 
 if __name__ == "__main__":

@@ -722,7 +722,7 @@ def gpu_memory_growth(path: str | Path) -> tuple[MemoryGrowth, "pandas.DataFrame
         raise ValueError(f"{path}: fewer than two d_t with a measured peak memory")
     first = sweep[0]
     source = (f"{result['device']}, allocator peak at batch {first['batch']}, {first['layers']} x {first['hidden']}, "
-              f"seq {first['seq']}, {first['policy']}")
+              f"seq {first['seq']}, {first['policy']}, one device")
     growth = memory_growth([m["params"] for m in sweep], [m["peak_memory_gib"] * 2**30 for m in sweep], source)
     table = pd.DataFrame({"d_t": [m["time_embed_dim"] for m in sweep], "params": [m["params"] for m in sweep],
                           "peak GiB": [m["peak_memory_gib"] for m in sweep]})
@@ -954,8 +954,10 @@ def time_embedding_memory(table, column: str | None = None, *, batch: int | None
         raise ValueError("the table holds no measured memory (time_embedding_table with measure_training_steps)")
     model = run_config(table.run.iloc[0]).model
     at = f" at batch {batch}" if batch is not None else ""
-    return memory_growth(table.params, table[column] * 2**20, f"{MEMORY_SOURCES[column]}{at}, {model.num_layers} x "
-                                                              f"{model.hidden_dim}, seq {model.max_seq_len}")
+    # the measured step runs on one device, unsharded: a run sharded over n devices holds its parameters' share there
+    return memory_growth(table.params, table[column] * 2**20, f"{MEMORY_SOURCES[column]}{at} on one device, "
+                                                              f"{model.num_layers} x {model.hidden_dim}, seq "
+                                                              f"{model.max_seq_len}")
 
 
 def plot_memory(growths: Mapping[str, MemoryGrowth]):

@@ -44,10 +44,11 @@ build have succeeded. All of these live below ``DIFFEQFORMER_HOME`` (default: th
 
 **Modules**, each using only those before it: ``processes`` (what the child processes share; the Papermill child),
 ``registry`` (the presets), ``sources`` (cache keys), ``planning`` (checks and the plan), ``notebooks`` (executing one
-notebook), ``progress`` (the progress line and its time left), ``lanes`` (the training processes), ``edition`` (the
-GPU edition: pack a gpu run's results on the GPU machine, import them here, render them), ``pages`` (the pages it
-writes into the book), ``build`` (``run``, the book, the command line). This ``__init__`` imports none of them until
-one of its names is used.
+notebook), ``progress`` (the progress line and its time left), ``lanes`` (the training processes), ``cluster`` (the
+trainings handed to SLURM instead, ``--slurm``), ``cost`` (a preset's GPU hours and memory, for the cluster page),
+``edition`` (the GPU edition: pack a gpu run's results on the GPU machine, import them here, render them), ``pages``
+(the pages it writes into the book), ``build`` (``run``, the book, the command line). This ``__init__`` imports none
+of them until one of its names is used.
 """
 
 _NAMES = {

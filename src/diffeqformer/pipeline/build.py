@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from .. import paths
 from ..report import book
-from . import edition
+from . import cluster, edition
 from .lanes import TRAIN_LANES, load_state, runs_alone, save_state, train_runs, train_worker, training_units
 from .notebooks import check_figures, execute_notebook
 from .pages import generated_pages
@@ -260,6 +260,30 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     return result
 
 
+def _cluster_arguments(group) -> None:
+    defaults = cluster.Slurm()
+    group.add_argument("--slurm", action="store_true", help="submit the trainings to SLURM (one sbatch job each, in "
+                       "dependency order), then a job that runs this pipeline again for the notebooks and the book")
+    group.add_argument("--nodes", type=int, default=defaults.nodes, help="nodes per training (default %(default)s)")
+    group.add_argument("--gpus-per-node", type=int, default=defaults.gpus_per_node,
+                       help="GPUs per node, one process each (default %(default)s)")
+    group.add_argument("--time", default=defaults.time, help="each job's time limit (default %(default)s)")
+    group.add_argument("--partition", help="the SLURM partition")
+    group.add_argument("--sbatch-option", dest="sbatch_options", action="append", default=[], metavar="OPTION",
+                       help="another sbatch option for every job, e.g. --sbatch-option=--account=abc; repeatable")
+
+
+def _submit_to_slurm(args, overrides) -> None:
+    """``--slurm``: plan, move stale runs aside (``--retrain-stale``), submit (``cluster.submit``); the last job runs
+    this command again without ``--slurm``."""
+    result = plan(args.preset, overrides, retrain_stale=args.retrain_stale)
+    _set_aside_stale_runs(result, sys.stdout)
+    then = ["-m", "diffeqformer.pipeline", "--preset", args.preset, *(f"--set={item}" for item in args.overrides),
+            *(["--force"] if args.force else []), *(["--no-book"] if args.no_book else [])]
+    slurm = cluster.Slurm(args.nodes, args.gpus_per_node, args.time, args.partition, tuple(args.sbatch_options))
+    cluster.submit(result, slurm, then)
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--train-worker"]:
@@ -277,9 +301,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--retrain-stale", action="store_true",
                         help="move a run directory that holds another configuration's run to runs/.stale/ and "
                              "train it again (without it, such a directory stops the pipeline before it starts)")
+    _cluster_arguments(parser.add_argument_group("on a SLURM cluster (pipeline.cluster)"))
     args = parser.parse_args(argv)
     try:
         overrides = parse_overrides(args.overrides)
+        if args.slurm:
+            _submit_to_slurm(args, overrides)
+            return
         if args.plan:
             p = plan(args.preset, overrides, retrain_stale=args.retrain_stale)
             for t in p.trainings:

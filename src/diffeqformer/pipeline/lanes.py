@@ -415,7 +415,7 @@ def _load(spec: dict):
     return configs.load_config(spec["config"], spec["overrides"], cls=cls)
 
 
-def _prepare_data(config) -> None:
+def build_token_caches(config) -> None:
     """Build (or load) the token caches of a run's training and validation data (Levanter builds them in this
     process and returns once they are finished)."""
     levanter_data = config.data.levanter_config()
@@ -425,9 +425,9 @@ def _prepare_data(config) -> None:
 
 def train_worker() -> None:
     """Child process of ``train_runs``: for each spec (JSON, one per line on standard input) ``train.main``,
-    ``finetune.main``, ``population.main`` (or, with ``"prepare": true``, ``_prepare_data``), then ``@pipeline done``
-    on standard output. A spec is ``{"config": path, "overrides": [...], "module": "train" | "finetune" |
-    "population", "prepare": bool}``, a population's with ``"members"``: a spec of each member."""
+    ``finetune.main``, ``population.main`` (or, with ``"prepare": true``, ``build_token_caches``), then
+    ``@pipeline done`` on standard output. A spec is ``{"config": path, "overrides": [...], "module": "train" |
+    "finetune" | "population", "prepare": bool}``, a population's with ``"members"``: a spec of each member."""
     import gc
 
     pin_to_worker_cpus()
@@ -443,7 +443,7 @@ def train_worker() -> None:
         else:
             config = _load(spec)
             main = finetune.main if spec["module"] == "finetune" else train.main
-        (_prepare_data if spec.get("prepare") else main)(config)
+        (build_token_caches if spec.get("prepare") else main)(config)
         jax.clear_caches()  # this run's compiled programs: the next run compiles its own
         gc.collect()
         print("@pipeline done", flush=True)

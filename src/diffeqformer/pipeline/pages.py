@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from .. import paths
 from ..config import FinetuneConfig
 from ..runs import is_complete, summary
-from . import edition
+from . import cost, edition
 from .progress import Progress
 from .planning import Plan, cache_dir, collect_runs, join_populations
 from . import registry
@@ -24,11 +24,13 @@ from .sources import LAYERS, module_files
 
 def generated_pages(result: Plan, state: dict) -> dict[str, str]:
     """Pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
-    contents, the accelerator measurements, the GPU edition's first page, the API reference's module list. Only
+    contents, the accelerator measurements, the GPU edition's first page, the API reference's module list, the
+    paper preset's cost on a cluster (``cost.cost_markdown``). Only
     numbers that stay the same when nothing is re-run enter them, so a cached run rebuilds nothing."""
     return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
             "api.md": api_markdown(), "gpu.md": gpu_markdown(), "gpu_edition.md": gpu_edition_markdown(),
-            "verdicts.md": verdicts_markdown(result), "claims.md": claims_markdown()}
+            "verdicts.md": verdicts_markdown(result), "claims.md": claims_markdown(),
+            "cluster.md": cost.cost_markdown()}
 
 
 NO_GPU_VERDICT = "no GPU edition yet"

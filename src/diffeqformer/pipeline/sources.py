@@ -21,7 +21,7 @@ LIBRARIES = ("jax", "jaxlib", "marin-levanter", "marin-haliax", "equinox", "diff
 
 
 LAYERS = [
-    ["paths", "numerics", "_autodoc", "dispatch"],
+    ["paths", "numerics", "_autodoc", "dispatch", "devices"],
     # diffeqformer.model: the model core, bottom up
     ["model.time_embedding", "model.temporal", "model.attention"],
     ["model.vector_field"],
@@ -46,7 +46,8 @@ LAYERS = [
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution"],
     ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
-    ["pipeline.notebooks"], ["pipeline.progress"], ["pipeline.lanes"], ["pipeline.edition"], ["pipeline.pages"],
+    ["pipeline.notebooks"], ["pipeline.progress"], ["pipeline.lanes"], ["pipeline.cluster", "pipeline.cost"],
+    ["pipeline.edition"], ["pipeline.pages"],
     ["pipeline.build"], ["pipeline", "pipeline.__main__"],
 ]
 """The package's modules (below ``diffeqformer.``) in the order data flows through them, from the bottom up: a

@@ -1,0 +1,264 @@
+"""The devices a run trains on, in one process or several: JAX's distributed runtime started with bounded waits, the
+mesh checked against the model and the batch before anything is built, the one process that writes a run's files,
+and host copies of arrays sharded over processes.
+
+Levanter lays a run over a mesh of devices (``trainer.mesh``). By default every device is on its ``data`` axis: the
+batch is split over the devices and each parameter is sharded over them along its ``embed`` axis (FSDP). A mesh with
+``model: 2`` (``--trainer.mesh.axes.model 2``) also splits each attention layer's heads and each MLP's hidden units
+over pairs of devices (tensor parallelism). The mesh changes how a step is computed, not what it computes: the losses
+agree with a one-device run's up to float32 rounding (``tests/test_devices.py``), and a run's configuration hash
+leaves the mesh out (``config.config_hash``), so a run resumes on another number of devices.
+
+Several processes (one per GPU on a SLURM cluster, or those ``trainer.distributed`` names) make one run. Levanter
+would start JAX's distributed runtime itself, waiting up to 30 minutes for the other processes; ``start`` starts it
+as Levanter would, with waits of ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT`` seconds, so that a coordinator that never
+answers, or a process that dies in the middle of a run, ends the others in bounded time: a collective whose peer is
+gone fails at once, JAX's runtime ends a process whose peer stopped answering after ``HEARTBEAT_TIMEOUT``, and each
+process of the run watches its training from a parent process (``watched``) that ends with one line (``stopped``)
+where the native code ends it otherwise. Every process computes; process 0 alone writes the run's own files
+(``is_primary``), from host copies of the whole arrays (``host_copy``); every process writes its part of Levanter's
+checkpoints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any, NoReturn
+
+INIT_TIMEOUT = "DIFFEQFORMER_INIT_TIMEOUT"
+"""Environment variable: seconds the processes of a run wait for each other (and for the coordinator) when they
+start; default ``DEFAULT_INIT_TIMEOUT``. A coordinator that does not answer in that time ends the run with one line."""
+HEARTBEAT_TIMEOUT = "DIFFEQFORMER_HEARTBEAT_TIMEOUT"
+"""Environment variable: seconds after which JAX's distributed runtime takes a process that stopped answering for
+dead and ends the others; default ``DEFAULT_HEARTBEAT_TIMEOUT``."""
+DEFAULT_INIT_TIMEOUT = 300
+DEFAULT_HEARTBEAT_TIMEOUT = 60
+
+
+def wait_seconds(variable: str, default: int) -> int:
+    """The whole positive number of seconds that the environment variable ``variable`` sets, else ``default``;
+    ``ValueError`` naming the variable for anything else."""
+    text = os.environ.get(variable, "").strip()
+    if not text:
+        return default
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{variable} must be a whole positive number of seconds, got {text!r}")
+    return int(text)
+
+
+def several_processes(trainer) -> bool:
+    """Whether the run of ``trainer`` (Levanter's ``TrainerConfig``) is one of several processes that ``start`` joins:
+    its ``trainer.distributed`` fields, or a cluster JAX detects (a SLURM job), as Levanter decides it. Asks nothing
+    of JAX's backend."""
+    import levanter.distributed as dist
+
+    config = trainer.distributed
+    return config.initialize_jax_distributed and dist.get_job_info() is None and config._is_distributed()
+
+
+def watched(name: str) -> None:
+    """Go on in a child process, which trains, while this one waits for it and ends as it ends: with its exit code,
+    or, if a signal ended it, with one line saying so and exit code 1. For a process of a run of several
+    (``several_processes``): when another process dies, the collectives and JAX's distributed runtime end this one
+    from native code (``abort``), which Python cannot catch; its parent can still say what happened. The child dies
+    with its parent; the parent passes on the signals a scheduler sends (``SIGTERM`` on preemption). Call it before
+    JAX starts its backend (a fork is safe then)."""
+    import signal
+    import sys
+
+    parent = os.getpid()
+    child = os.fork()
+    if child == 0:
+        _die_with(parent)
+        return
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(number, lambda received, frame: os.kill(child, received))
+    _, status = os.waitpid(child, 0)
+    sys.stdout.flush()
+    if os.WIFSIGNALED(status):
+        stopped(name, f"this process of the run ended on {signal.Signals(os.WTERMSIG(status)).name} (another process "
+                      f"of the run stopped, or did not start within {INIT_TIMEOUT} seconds; see above)")
+    os._exit(os.waitstatus_to_exitcode(status))
+
+
+def stopped(name: str, why: str) -> NoReturn:
+    """End this process of the run ``name`` at once (exit code 1, no clean-up: JAX's would wait for the other
+    processes) with one line saying ``why`` and what to do."""
+    import sys
+
+    print(f"error: {name}: {why}; nothing is marked complete: start every process again to resume from the last "
+          "checkpoint", file=sys.stderr, flush=True)
+    os._exit(1)
+
+
+def _die_with(parent: int) -> None:
+    """Have the kernel kill this process when its parent dies (Linux's ``PR_SET_PDEATHSIG``)."""
+    import ctypes
+    import signal
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the child outlives a killed parent, as a process without one would
+        return
+    if os.getppid() != parent:  # the parent died before the call
+        os._exit(1)
+
+
+def _wait_for_coordinator(coordinator: str, wait: int) -> None:
+    """Wait until something listens at ``coordinator`` (``host:port``); ``ValueError`` naming
+    ``trainer.distributed.coordinator_address`` after ``wait`` seconds. JAX's own wait ends the process from native
+    code when it times out."""
+    import socket
+    import time
+
+    host, _, port = coordinator.rpartition(":")
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=2):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise ValueError(f"trainer.distributed.coordinator_address: nothing answered at {coordinator} within "
+                                 f"{wait} s ({INIT_TIMEOUT}): check that process 0 of the job started and that the "
+                                 "address is right") from None
+            time.sleep(0.5)
+
+
+def start(trainer):
+    """Start JAX's distributed runtime where Levanter's ``trainer.initialize`` would (a SLURM job, the fields of
+    ``trainer.distributed``, a cluster JAX detects), with the waits of ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT``;
+    return ``trainer`` (Levanter's ``TrainerConfig``) with Levanter's own start turned off, as it has happened. One
+    process, or a runtime already started (a second run in the same process): ``trainer`` as it is, its start off.
+    Call it before anything starts JAX's backend. A coordinator that does not answer in time: ``ValueError`` naming
+    ``trainer.distributed.coordinator_address``."""
+    import jax
+    import levanter.distributed as dist
+
+    config = trainer.distributed
+    started = dataclasses.replace(trainer, distributed=dataclasses.replace(config, initialize_jax_distributed=False))
+    if jax.distributed.is_initialized():
+        return started
+    if not config.initialize_jax_distributed or dist.get_job_info() is not None or not config._is_distributed():
+        return trainer  # nothing to start, or a job that Levanter starts its own way
+    coordinator, processes, rank = config.coordinator_address, config.num_processes, config.process_id
+    device_ids = config.local_device_ids
+    slurm = dist.LevanterSlurmCluster
+    if slurm.is_env_present():  # as Levanter reads a SLURM job
+        device_ids = slurm.get_local_device_ids_for_process() if device_ids is None else device_ids
+        coordinator = coordinator or slurm.get_coordinator_address()
+        processes = slurm.get_process_count() if processes is None else processes
+        rank = slurm.get_process_id() if rank is None else rank
+    wait = wait_seconds(INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT)
+    if coordinator and rank:  # process 0 starts the coordinator; the others wait for it here, where Python can
+        _wait_for_coordinator(coordinator, wait)
+    jax.distributed.initialize(coordinator, processes, rank, device_ids, initialization_timeout=wait,
+                               heartbeat_timeout_seconds=wait_seconds(HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT))
+    return started
+
+
+def is_primary() -> bool:
+    """Whether this is process 0, the one that writes a run's own files (its configuration, metrics, model and
+    summary). True in a run of one process."""
+    import jax
+
+    return jax.process_index() == 0
+
+
+def barrier(name: str) -> None:
+    """Wait until every process of the run has reached the barrier ``name`` (nothing to wait for in one process)."""
+    import jax
+
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def host_copy(tree):
+    """``tree`` with each JAX array replaced by a NumPy copy of the whole array: an array sharded over several
+    processes is gathered from them first, in one program for the whole tree. Every process must call it with the
+    same tree (the gathering is a collective)."""
+    import jax
+    import numpy as np
+    from jax.sharding import NamedSharding, PartitionSpec
+
+    leaves, treedef = jax.tree.flatten(tree)
+    spread = [i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and not x.is_fully_addressable]
+    if spread:
+        replicated = [NamedSharding(leaves[i].sharding.mesh, PartitionSpec()) for i in spread]
+        gathered = jax.jit(lambda xs: xs, out_shardings=replicated)([leaves[i] for i in spread])
+        for i, x in zip(spread, gathered):
+            leaves[i] = np.asarray(x.addressable_data(0))
+    return jax.tree.unflatten(treedef, [np.asarray(x) if isinstance(x, jax.Array) else x for x in leaves])
+
+
+def bytes_per_device(tree) -> dict[Any, int]:
+    """Bytes of the arrays of ``tree`` that each of this process's devices holds (its shards: a replicated array
+    counts in full on every device)."""
+    import jax
+
+    held: dict[Any, int] = {d: 0 for d in jax.local_devices()}
+    for x in jax.tree.leaves(tree):
+        if isinstance(x, jax.Array):
+            for shard in x.addressable_shards:
+                held[shard.device] = held.get(shard.device, 0) + shard.data.nbytes
+    return held
+
+
+# ------------------------------------------------------------------------------------------------ the mesh
+
+
+def mesh_sizes(trainer) -> dict[str, int]:
+    """The size of each axis of the mesh that ``trainer`` (Levanter's ``TrainerConfig``) lays over this run's
+    devices (within and across slices); ``ValueError`` naming ``trainer.mesh`` if the devices do not fit it."""
+    import jax
+
+    slices = max(getattr(d, "slice_index", 0) for d in jax.devices()) + 1
+    try:
+        ici, dcn = trainer.mesh.axis_shapes(jax.device_count(), slices)
+    except ValueError as err:
+        raise ValueError(f"trainer.mesh: {err} ({jax.device_count()} devices)") from None
+    return {name: ici.get(name, 1) * dcn.get(name, 1) for name in {*ici, *dcn}}
+
+
+def physical_size(mapping, logical: str, sizes: dict[str, int]) -> tuple[str, int]:
+    """The mesh axes that ``mapping`` (Levanter's resolved mapping of logical to physical axes) lays the logical
+    axis ``logical`` over, joined by ' x ', and how many devices that is (1: not split)."""
+    physical = mapping.get(logical)
+    names = () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
+    return " x ".join(names), math.prod(sizes.get(n, 1) for n in names)
+
+
+def model_axes(model) -> list[tuple[str, Any]]:
+    """(the config field that sets it, the axis) of each axis of a model configuration that a mesh may split: the
+    width, the heads, the MLP's hidden units (and a Llama's key/value heads)."""
+    mlp = "model.intermediate_dim" if hasattr(model, "intermediate_dim") else "model.hidden_dim x model.mlp_scale"
+    axes = [("model.hidden_dim", model.Embed), ("model.num_heads", model.Heads), (mlp, model.Mlp)]
+    if hasattr(model, "KVHeads"):
+        axes.append(("model.num_kv_heads", model.KVHeads))
+    return axes
+
+
+def check(trainer, model, *, batch: int | None = None, batch_field: str = "trainer.train_batch_size") -> None:
+    """Reject, naming the field, a run that ``trainer``'s mesh cannot lay over this run's devices: a mesh that does
+    not fit them, a model axis (``model_axes``) or a batch (default ``trainer.train_batch_size``, its largest
+    value) that the mesh axes it is split over do not divide. Needs the device count: after ``start``."""
+    from levanter.schedule import distinct_values
+
+    sizes = mesh_sizes(trainer)
+    for field, axis in model_axes(model):
+        for mapping in (trainer.parameter_axis_mapping, trainer.compute_axis_mapping):
+            names, devices = physical_size(mapping, axis.name, sizes)
+            if axis.size % devices:
+                raise ValueError(f"{field} ({axis.size}) must be divisible by the mesh's {names} axis ({devices} "
+                                 f"devices), which it is split over: change it or trainer.mesh")
+    if trainer.batch_axis_name is None:
+        return
+    names, devices = physical_size(trainer.compute_axis_mapping, trainer.batch_axis_name, sizes)
+    largest = max(distinct_values(trainer.train_batch_size)) if batch is None else batch
+    if largest % devices and not trainer.allow_nondivisible_batch_size:
+        raise ValueError(f"{batch_field} ({largest}) must be divisible by the mesh's batch axes {names} "
+                         f"({devices} devices), which split it: change it or trainer.mesh")

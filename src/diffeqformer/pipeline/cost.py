@@ -1,0 +1,164 @@
+"""What a preset's trainings cost on GPUs (the cluster page's tables): each training's FLOPs, its GPU hours at the
+throughput measured on an H100 (``benchmarks/results/gpu-*.json``), and the memory its parameters and optimiser state
+take per GPU, whole or sharded.
+
+A training's FLOPs are three times (forward and backward) Levanter's ``flops_per_token`` of its model, times the
+tokens it trains on (``trainer.num_train_steps`` batches of ``model.max_seq_len`` tokens); a fine-tuning's model is its
+pretraining's, discretised to its Euler steps. Its GPU hours are those FLOPs at the FLOP rate measured for the same
+model kind (DiffEqFormer or baseline) and shape, or, for a shape not measured, at the rate of the largest one
+measured of that kind. Everything is computed from the configs and the measurement files: nothing here is typed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import config as configs
+from .. import paths
+from .planning import collect_runs
+from .registry import presets
+
+RESULTS = paths.REPO / "benchmarks" / "results"
+"""The accelerator measurements (``benchmarks/gpu/measure.py`` writes them)."""
+ONLINE_VOCABULARY = 50257
+"""The GPT-2 tokenizer's vocabulary, which the online corpora (WikiText-103, OpenWebText) are read with."""
+STATE_BYTES = 16
+"""Bytes a float32 parameter holds while it trains with Adam: itself, its gradient and Adam's two moments."""
+
+
+@dataclass(frozen=True)
+class Rate:
+    """A measured training throughput: FLOP/s of one GPU on one model."""
+
+    flops_per_s: float
+    model: str
+    """What was measured, e.g. ``DiffEqFormer 24 x 1024, batch 16``."""
+    device: str
+    date: str
+
+
+def measured_rates(folder: Path = RESULTS, device: str = "H100") -> dict[tuple[str, int, int], Rate]:
+    """(kind, layers, width) -> the best ``Rate`` measured on ``device`` (a name part) in ``folder``'s files; kind is
+    ``diffeqformer`` or ``baseline``."""
+    rates: dict[tuple[str, int, int], Rate] = {}
+    for path in sorted(folder.glob("gpu-*.json")):
+        result = json.loads(path.read_text())
+        if device not in result.get("device", ""):
+            continue
+        for pair in result.get("pairs", []):
+            for name in ("diffeqformer", "gpt2"):
+                m = pair.get(name)
+                if not m or not m.get("train_flops_per_token"):
+                    continue
+                kind = "diffeqformer" if name == "diffeqformer" else "baseline"
+                label = f"{'DiffEqFormer' if kind == 'diffeqformer' else 'GPT-2'} {m['layers']} x {m['hidden']}, " \
+                        f"batch {m['batch']}"
+                rate = Rate(m["train_flops_per_token"] * m["tokens_per_second"], label, result["device"],
+                            result["date"])
+                key = (kind, m["layers"], m["hidden"])
+                if key not in rates or rate.flops_per_s > rates[key].flops_per_s:
+                    rates[key] = rate
+    return rates
+
+
+def trained_model(config):
+    """The model configuration a run trains: its own, or a fine-tuning's pretraining's, discretised to its steps."""
+    if not isinstance(config, configs.FinetuneConfig):
+        return config.model
+    model = configs.load_config(configs.repository_path(config.pretrain.config)).model
+    return model if config.steps is None else dataclasses.replace(model, num_layers=config.steps)
+
+
+def vocabulary(data: configs.DataConfig) -> int:
+    """The vocabulary a run's model has: the GPT-2 tokenizer's on an online corpus, else the configured size."""
+    return ONLINE_VOCABULARY if data.dataset in ("wikitext103", "openwebtext") else data.vocab_size
+
+
+def parameters(model, vocab: int) -> int:
+    """Trainable parameters of ``model``: its closed form (DiffEqFormer, Levanter's Llama), or GPT-2's."""
+    count = model.total_trainable_params(vocab)
+    if count is not None:
+        return int(count)
+    D, M, L = model.hidden_dim, model.Mlp.size, model.num_layers  # Levanter's GPT-2: biases, tied embeddings
+    return vocab * D + model.max_seq_len * D + L * (4 * D * D + 2 * D * M + 9 * D + M) + 2 * D
+
+
+@dataclass(frozen=True)
+class Training:
+    """One training's cost."""
+
+    name: str
+    kind: str
+    shape: tuple[int, int]
+    """(layers, width)."""
+    params: int
+    tokens: int
+    flops: float
+    rate: Rate
+    finetuning: bool
+    """A fine-tuning: its model is its pretraining's (discretised), whose memory the first table gives."""
+
+    @property
+    def gpu_hours(self) -> float:
+        return self.flops / self.rate.flops_per_s / 3600
+
+
+def _rate(rates: dict, kind: str, shape: tuple[int, int]) -> Rate:
+    """The rate measured for ``kind`` at ``shape``, else that of the largest shape measured of that kind."""
+    if (kind, *shape) in rates:
+        return rates[(kind, *shape)]
+    mine = [k for k in rates if k[0] == kind] or list(rates)
+    if not mine:
+        raise FileNotFoundError(f"no H100 measurement in {RESULTS} (benchmarks/gpu/measure.py writes them)")
+    return rates[max(mine, key=lambda k: k[1] * k[2] ** 2)]
+
+
+def trainings(preset: str = "paper", rates: dict | None = None) -> list[Training]:
+    """The cost of each training ``preset``'s notebooks read, in the registry's order."""
+    rates = measured_rates() if rates is None else rates
+    found: list = []
+    collect_runs(list(presets()[preset].values()), found)
+    out = []
+    for run in {r.key: r for r in found}.values():
+        config = run.load()
+        model, vocab = trained_model(config), vocabulary(config.data)
+        kind = "diffeqformer" if getattr(model, "time_dependent", False) else "baseline"
+        shape = (model.num_layers, model.hidden_dim)
+        tokens = config.trainer.batch_schedule.global_data_offset_by_step(config.trainer.num_train_steps) \
+            * model.max_seq_len
+        flops = 3 * model.flops_per_token(vocab, model.max_seq_len) * tokens
+        out.append(Training(config.name, kind, shape, parameters(model, vocab), tokens, flops,
+                            _rate(rates, kind, shape), isinstance(config, configs.FinetuneConfig)))
+    return out
+
+
+def _gib(n: float) -> str:
+    return f"{n / 2**30:.1f}"
+
+
+def cost_markdown(preset: str = "paper", gpus: int = 8) -> str:
+    """The cluster page's tables: per model shape, its parameters and the memory of its training state whole and
+    sharded over ``gpus`` GPUs; per training, tokens, FLOPs and GPU hours at the measured rate; the total."""
+    rows = trainings(preset)
+    shapes = {}
+    for t in rows:
+        if not t.finetuning:
+            shapes.setdefault((t.kind, *t.shape), t)
+    lines = [f"| model | parameters | training state, one GPU (GiB) | sharded over {gpus} GPUs (GiB) |",
+             "|---|---|---|---|"]
+    for (kind, layers, width), t in sorted(shapes.items(), key=lambda kv: kv[1].params):
+        lines.append(f"| {kind} {layers} x {width} | {t.params / 1e6:.0f}M | {_gib(STATE_BYTES * t.params)} | "
+                     f"{_gib(STATE_BYTES * t.params / gpus)} |")
+    lines += ["", "| training | model | tokens | PFLOPs | at the rate of | GPU hours |", "|---|---|---|---|---|---|"]
+    for t in rows:
+        lines.append(f"| {t.name} | {t.kind} {t.shape[0]} x {t.shape[1]} | {t.tokens / 1e9:.2f}B | "
+                     f"{t.flops / 1e15:,.0f} | {t.rate.model} | {t.gpu_hours:,.1f} |")
+    rates = sorted({(t.rate.device, t.rate.date) for t in rows})
+    total = sum(t.gpu_hours for t in rows)
+    lines += ["", f"**{total:,.0f} GPU hours** in all ({len(rows)} trainings of the {preset} preset), at the "
+              f"throughput measured on {', '.join(f'{d} ({day})' for d, day in rates)} with one GPU per model, "
+              f"which assumes that the steps scale linearly with the GPUs."]
+    return "\n".join(lines) + "\n"
