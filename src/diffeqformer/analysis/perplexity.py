@@ -216,12 +216,12 @@ def verdicts(frame) -> dict[str, claims.Verdict]:
 def _params(run) -> float:
     """A run's parameter count: its summary's, else counted on a shape-only build of its config (NaN where the run
     keeps no config)."""
-    from ..runs import parameter_count, run_path
+    from ..runs import CONFIG, parameter_count, run_path
 
     done = summary(run)
     if done.get("total_params"):
         return float(done["total_params"])
-    return float(parameter_count(run)) if (run_path(run) / "config.yaml").exists() else math.nan
+    return float(parameter_count(run)) if (run_path(run) / CONFIG).exists() else math.nan
 
 
 def final_table(runs: Mapping[str, str | Sequence[str]]):
