@@ -245,14 +245,11 @@ def test_a_stand_in_cluster_trains_each_run_as_two_processes_then_runs_the_pipel
     """With ``sbatch`` and ``srun`` stand-ins on PATH that run each job at once as two local processes (SLURM's
     variables naming 127.0.0.1): the pretraining, then its LoRA fine-tuning, each trained by two processes into one
     complete run, then the pipeline job, which trains nothing again and executes the notebook."""
-    import socket
+    from test_devices import slurm_job_id
 
     from diffeqformer import runs as run_dirs
 
-    with socket.socket() as s:  # Levanter's coordinator port is 61440 + job id % 4096: start at a free one
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    first_job = 4096 + max(port - 61440, 0)
+    first_job = slurm_job_id()  # the jobs' ids count up from one whose coordinator port is free
     bin_dir, jobs = tmp_path / "bin", tmp_path / "jobs"
     bin_dir.mkdir()
     jobs.mkdir()
@@ -269,8 +266,9 @@ def test_a_stand_in_cluster_trains_each_run_as_two_processes_then_runs_the_pipel
     nbdir, toc = runs_notebook(tmp_path)
     registry = {"t": {"nb": dict(runs=[Run("smoke/gpt2"), Run("smoke/finetune_gpt2_lora", module="finetune")])}}
     result = pipeline.plan("t", registry=registry, notebooks_dir=nbdir, toc=toc)
-    then = ["-c", "from diffeqformer import pipeline; from diffeqformer.pipeline import Run; pipeline.run('t', "
-            f"registry={registry!r}, notebooks_dir={str(nbdir)!r}, toc={str(toc)!r}, build=False)"]
+    then = ["-c", "from pathlib import Path; from diffeqformer import pipeline; from diffeqformer.pipeline import Run; "
+            f"pipeline.run('t', registry={registry!r}, notebooks_dir=Path({str(nbdir)!r}), toc=Path({str(toc)!r}), "
+            "build=False)"]
     out = io.StringIO()
     submitted = cluster.submit(result, cluster.Slurm(nodes=1, gpus_per_node=2), then, stream=out)
     logs = {name: (cluster.logs_dir() / f"{name}-{job}.log").read_text() for name, job in submitted.items()}
