@@ -445,13 +445,16 @@ def test_gpu_page_renders_a_ladder_of_levers(tmp_path):
 def test_finetune_runs_lists_the_grid_with_pretrainings_first():
     runs = pipeline.finetune_runs("cpu")
     names = list(runs)
-    # N = 9, 18, 24 at cpu; 3 seeds of each fine-tuning, trained together
-    assert len(names) == 4 + 16 * 3 + 2 and names[:4] == [n for n in names if "-pretrain-" in n]
+    # N = 9, 18, 24 at cpu; each of the 4 pretrainings with 3 seeds (one population), each fine-tuning setting's 3
+    # members trained together, member k from pretraining seed k; the 2 scratch runs alone
+    assert len(names) == 4 * 3 + 16 * 3 + 2 and names[:12] == [n for n in names if "-pretrain-" in n]
     assert all(runs[n].module == "finetune" and runs[n].population == (0, 1, 2) for n in names if "-finetune-" in n)
-    assert all(runs[n].module == "train" and not runs[n].population for n in names if "-finetune-" not in n)
+    assert all(runs[n].module == "train" and runs[n].population == (0, 1, 2) for n in names if "-pretrain-" in n)
+    assert all(runs[n].module == "train" and not runs[n].population for n in names if "-scratch-" in n)
     members = runs["cpu-finetune-gpt2_24-plays-to-prose-lora"], runs["cpu-finetune-gpt2_24-plays-to-prose-lora-seed2"]
     assert members[0].population_key == members[1].population_key
     assert [r.load().trainer.seed for r in members] == [0, 2]
+    assert [r.load().pretrain.member for r in members] == [0, 2]
     # the registry's f7 entry trains exactly these
     assert pipeline.PRESETS["cpu"]["f7_finetuning"]["runs"] == runs
 
@@ -484,15 +487,20 @@ def _runs_notebook(tmp_path):
 
 
 def test_a_finetuning_waits_for_the_run_its_pretrain_run_dir_names(tmp_path, monkeypatch):
-    """``pretrain.run_dir`` overrides where the pretraining is read from: the dependency follows it."""
+    """``pretrain.run_dir`` overrides where the pretraining is read from: the dependency follows it; a run of another
+    configuration there is refused before anything trains (the fine-tuning would refuse it: runs.pretraining)."""
     monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
     nbdir, toc = _runs_notebook(tmp_path)
-    other = pipeline.variant("smoke/gpt2", "smoke-gpt2-other", {"optimizer.beta2": 0.95})
-    lora = Run("smoke/finetune_gpt2_lora", ("--pretrain.run_dir", str(tmp_path / "runs" / "smoke-gpt2-other")),
-               module="finetune")
+    elsewhere = str(tmp_path / "runs" / "smoke-gpt2-other")
+    other = Run("smoke/gpt2", ("--run_dir", elsewhere))  # the pretraining's configuration, in another directory
+    lora = Run("smoke/finetune_gpt2_lora", ("--pretrain.run_dir", elsewhere), module="finetune")
     registry = {"t": {"nb": dict(runs=[Run("smoke/gpt2"), other, lora])}}
     trainings = {t.config: t for t in pipeline.plan("t", registry=registry, notebooks_dir=nbdir, toc=toc).trainings}
     assert trainings[lora.key].after == (other.key,)
+    changed = pipeline.variant("smoke/gpt2", "smoke-gpt2-other", {"optimizer.beta2": 0.95})
+    registry = {"t": {"nb": dict(runs=[Run("smoke/gpt2"), changed, lora])}}
+    with pytest.raises(PipelineError, match="names another configuration of it"):
+        pipeline.plan("t", registry=registry, notebooks_dir=nbdir, toc=toc)
     registry = {"t": {"nb": dict(runs=[Run("smoke/gpt2"), lora])}}  # nothing trains what it names
     with pytest.raises(PipelineError, match="needs the pretrained run .*smoke-gpt2-other, which is not finished"):
         pipeline.plan("t", registry=registry, notebooks_dir=nbdir, toc=toc)
@@ -816,13 +824,15 @@ def test_a_run_that_is_a_population_member_elsewhere_is_that_member(tmp_path):
         assert t.run_dir not in by_dir, (t.config, by_dir.get(t.run_dir))
         by_dir[t.run_dir] = t
     ours = by_dir[paths.RUNS / "cpu-diffeqformer"]
-    assert ours.run.population == (0, 1, 2)
+    assert ours.run.population == tuple(range(pipeline.registry.PRIMARY_SEEDS))  # F6's primary pair's population
     f1 = next(j for j in plan.notebooks if j.name == "f1_model")
     assert f1.runs == [ours.config]
     units = pipeline.lanes.training_units(plan.trainings)
     synthetic = next(u for u in units if u[0].name == "cpu-synthetic-diffeqformer")
     assert [t.name for t in synthetic] == [f"cpu-synthetic-diffeqformer{s}" for s in ("", "-seed1", "-seed2")]
-    assert sum(len(u) == 3 for u in units) == 11 + 16  # every compared setting of F5, F6, F7, F8-F10
+    # every compared setting of F5, F6, F8-F10 but F6's primary pair, F7's 4 pretrainings and 16 fine-tunings
+    assert sum(len(u) == 3 for u in units) == 9 + 4 + 16
+    assert sum(len(u) == pipeline.registry.PRIMARY_SEEDS for u in units) == 2  # GPT-2 and DiffEqFormer
 
 
 def test_a_finetuning_of_a_population_member_is_refused_before_training(tmp_path):
