@@ -67,14 +67,14 @@ def getkey():
     return lambda: jax.random.PRNGKey(next(counter))
 
 
-# The slowest test files, slowest first, by their seconds in a full two-worker run (`--durations`): test_train 381,
-# test_levanter_trainer 346, test_population 286, test_finetune 271, test_solve 141, test_pipeline 113; every other file
-# took under 80. `make test` hands whole files to its two workers (`--dist loadfile`) in collection order
+# The slowest test files, slowest first, by their CPU seconds in a full two-worker run (DIFFEQFORMER_TEST_COSTS,
+# benchmarks/test_costs.py, 2026-11-28): test_population 534, test_train 513, test_levanter_trainer 321, test_finetune
+# 252, test_trajectories 199, test_ablations 152, test_pipeline 147, test_model 133; every other file took under 111
+# (2830 in all). `make test` hands whole files to its two workers (`--dist loadfile`) in collection order
 # (`--no-loadscope-reorder`: xdist's own order, most tests first, collected these few-test files last, and the last
-# of them ran alone on one worker for minutes). Slowest first, the two workers finish together (simulated from those
-# durations: 949 s against 1054 s; half of their sum is 947 s).
-SLOWEST_FILES = ("test_train.py", "test_levanter_trainer.py", "test_population.py", "test_finetune.py", "test_solve.py",
-                 "test_pipeline.py")
+# of them ran alone on one worker for minutes). Slowest first, the two workers finish together.
+SLOWEST_FILES = ("test_population.py", "test_train.py", "test_levanter_trainer.py", "test_finetune.py",
+                 "test_trajectories.py", "test_ablations.py", "test_pipeline.py", "test_model.py")
 
 
 def pytest_collection_modifyitems(config, items):
