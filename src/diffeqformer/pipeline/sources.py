@@ -131,6 +131,7 @@ def notebook_modules(notebook: Path) -> set[str] | None:
     """The package's modules a notebook can run: those its code cells import, and everything they import in turn
     (lazy imports included). ``None`` when a cell is not Python that ``ast`` reads (then every module counts)."""
     modules = module_files()
+    names = frozenset(modules)  # the key of _imports' cache
     cells = json.loads(Path(notebook).read_text())["cells"]
     todo: set[str] = set()
     for cell in cells:
@@ -140,7 +141,7 @@ def notebook_modules(notebook: Path) -> set[str] | None:
         # IPython's shell and magic lines are not Python; none of them imports a module of ours
         source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in source.splitlines())
         try:
-            todo |= _imports(source, frozenset(modules))
+            todo |= _imports(source, names)
         except SyntaxError:
             return None
     seen: set[str] = set()
@@ -150,7 +151,7 @@ def notebook_modules(notebook: Path) -> set[str] | None:
             continue
         seen.add(name)
         f = modules[name]
-        todo |= _imports(f.read_text(), frozenset(modules), name, f.name == "__init__.py") - seen
+        todo |= _imports(f.read_text(), names, name, f.name == "__init__.py") - seen
     return seen
 
 
