@@ -245,3 +245,37 @@ def test_training_sequences_are_shuffled(corpus, offline, tmp_path, monkeypatch)
     assert DataConfig().shuffle and len(in_order) > 2 * block
     assert max(positions[False]) < block, positions
     assert max(positions[True]) >= block and positions[True] != positions[False], positions
+
+
+BUILD = """
+import sys
+from diffeqformer.data import corpora
+config = corpora.lm_dataset_config("shakespeare", "prose", root=sys.argv[1], cache_dir=sys.argv[2])
+corpora.build_token_caches(config)
+print(len(config.build_caches("validation")["shakespeare"].as_sync_dataset()))
+"""
+
+
+def test_a_second_process_waits_for_the_token_caches_being_built(corpus, offline, tmp_path):
+    """Two trainings started together on a fresh clone build the same token caches: the second waits for the first
+    (here: this test, holding the lock) instead of reading its half-built cache as empty, which failed a training
+    with "MixtureDataset ... encountered an empty finite dataset"; once the first is done it finds a complete cache."""
+    import os
+    import sys
+
+    cache_dir = tmp_path / "levanter" / "prose"
+    with paths.exclusive(cache_dir.with_name(".prose.lock"), "unused"):
+        proc = subprocess.Popen([sys.executable, "-c", BUILD, str(corpus.layout.root), str(cache_dir)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "JAX_PLATFORMS": "cpu"})
+        said = []
+        for line in proc.stderr:  # ends early only if the process does not wait (or fails)
+            said.append(line)
+            if "another process is building these token caches; waiting for it" in line:
+                break
+        assert said and "waiting for it" in said[-1], "".join(said[-20:])
+        assert proc.poll() is None
+        assert not cache_dir.exists() or not any(cache_dir.iterdir())  # nothing of the cache written while waiting
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    assert int(out.split()[-1]) == len(corpus.select("prose", "validation"))

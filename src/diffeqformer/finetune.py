@@ -41,6 +41,7 @@ from .config import (
     validate_finetune,
     with_finetune_weight_decay,
 )
+from .data.corpora import build_token_caches
 from .dispatch import Trainer
 from .model.transformer import DiffEqFormerConfig, count_params
 from .train import cli, fit, next_token_loss
@@ -120,6 +121,7 @@ def main(config: FinetuneConfig) -> dict:
         if run.finished:
             return run.summaries[0]
         data = config.data.levanter_config()
+        build_token_caches(data)
         optimizer = train.initialize_and_build(trainer_config, with_finetune_weight_decay(config.optimizer))
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)

@@ -62,6 +62,7 @@ from .config import (
     with_finetune_weight_decay,
     with_paper_weight_decay,
 )
+from .data.corpora import build_token_caches
 from .dispatch import Trainer, batched_maps
 from .model.transformer import count_params
 
@@ -386,6 +387,7 @@ def main(configs: Sequence[Config]) -> list[dict]:
         Seed = Axis(SEED, n)
         batch = base.trainer.train_batch_size
         data = base.data.levanter_config()
+        build_token_caches(data)
         inner = train.initialize_and_build(trainer_config, with_paper_weight_decay(base.optimizer, base.model))
         with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model, training: as train.main
@@ -435,6 +437,7 @@ def finetune_main(configs: Sequence[FinetuneConfig]) -> list[dict]:
         base, n = configs[0], len(configs)
         Seed = Axis(SEED, n)
         data = base.data.levanter_config()
+        build_token_caches(data)
         inner = train.initialize_and_build(trainer_config, with_finetune_weight_decay(base.optimizer))
         with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
             keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, adapter, training: finetune.main

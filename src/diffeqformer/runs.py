@@ -313,22 +313,12 @@ def lock(run_dir: Path):
     In a run of several processes only process 0 locks (``devices.is_primary``), once they have all started
     (``devices.start``): the others of the same run must not wait for it, since it waits for them in its first
     collective; those of a second run of the same directory wait there for their own process 0, which waits here."""
-    import fcntl
-
     run_dir.mkdir(parents=True, exist_ok=True)
     if not devices.is_primary():
         yield
         return
-    with (run_dir / LOCK).open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(f"{run_dir}: another process is training this run; waiting for it to end", file=sys.stderr)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    with paths.exclusive(run_dir / LOCK, f"{run_dir}: another process is training this run; waiting for it to end"):
+        yield
 
 
 def start_run(config: "Config", run_dir: Path, digest: str) -> Optional[dict]:

@@ -31,6 +31,7 @@ from levanter.trainer import TrainerConfig
 from . import devices, paths, runs, use_onednn
 from .config import (Config, TrainConfig, config_hash, load_config, one_line, run_dir_of, validate,
                      with_paper_weight_decay)
+from .data.corpora import build_token_caches
 from .dispatch import Trainer, batched_maps
 
 logger = logging.getLogger(__name__)
@@ -187,6 +188,7 @@ def main(config: TrainConfig) -> dict:
         if run.finished:
             return run.summaries[0]
         data = config.data.levanter_config()
+        build_token_caches(data)
         optimizer = initialize_and_build(trainer_config, with_paper_weight_decay(config.optimizer, config.model))
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import configparser
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -607,8 +608,17 @@ def lm_dataset_config(
 
     The online corpora raise ``DatasetUnavailableError`` within ``HUB_TIMEOUT_S`` when the hub is unreachable.
     ``cache_dir`` is where Levanter writes its token caches (a folder per split); by default it is below ``root``.
+    Processes that prepare the same dataset below the same root at once (two trainings started together on a fresh
+    clone) take turns: the first prepares, the others find its files.
     """
     _check_choice("dataset", dataset, DATASETS)
+    lock = Path(root) / paths.DATA_CACHE.relative_to(paths.DATA) / f".{dataset}.lock"
+    with paths.exclusive(lock, f"{dataset}: another process is preparing this corpus below {root}; waiting for it"):
+        return _lm_dataset_config(dataset, domain, vocab_size=vocab_size, tokenizer=tokenizer, cache_dir=cache_dir,
+                                  root=root)
+
+
+def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, root) -> LmDataConfig:
     if dataset == "synthetic":  # the attribution benchmark's language (diffeqformer.data.synthetic), word-level tokens
         from . import synthetic
 
@@ -638,6 +648,27 @@ def lm_dataset_config(
         )
     return single_corpus_config(dataset, source, tokenizer=ONLINE_TOKENIZER, tags=[],
                                 cache_dir=cache_dir or online_cache / "levanter" / ONLINE_TOKENIZER)
+
+
+def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "validation")) -> None:
+    """Build (or load) the token caches of ``data``'s ``splits``; Levanter builds them in this process and returns
+    once they are finished. Processes that build the same caches at once take turns (a lock beside each local cache
+    folder): Levanter's own coordination covers the processes of one run, not two runs started together, where the
+    second read the first's half-built cache as empty ("MixtureDataset ... encountered an empty finite dataset").
+    In a run of several processes only process 0 locks: the others wait in Levanter's build for it."""
+    from .. import devices
+
+    with contextlib.ExitStack() as stack:
+        if devices.is_primary():
+            for component in data.components.values():
+                folder = component.cache_dir or data.cache_dir
+                if folder and "://" not in str(folder):
+                    folder = Path(folder)
+                    stack.enter_context(paths.exclusive(
+                        folder.with_name(f".{folder.name}.lock"),
+                        f"{folder}: another process is building these token caches; waiting for it"))
+        for split in splits:
+            data.build_caches(split)
 
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:

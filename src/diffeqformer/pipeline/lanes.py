@@ -17,6 +17,7 @@ from typing import Any, Mapping
 
 from .. import config as configs
 from .. import finetune, paths, population, runs, train, use_onednn
+from ..data import corpora
 from ..runs import is_complete
 from .notebooks import stop_notebooks
 from .planning import NotebookJob, PipelineError, Training, work_dir
@@ -416,11 +417,8 @@ def _load(spec: dict):
 
 
 def build_token_caches(config) -> None:
-    """Build (or load) the token caches of a run's training and validation data (Levanter builds them in this
-    process and returns once they are finished)."""
-    levanter_data = config.data.levanter_config()
-    for split in ("train", "validation"):
-        levanter_data.build_caches(split)
+    """Build (or load) the token caches of a run's training and validation data (``corpora.build_token_caches``)."""
+    corpora.build_token_caches(config.data.levanter_config())
 
 
 def train_worker() -> None:
