@@ -28,6 +28,12 @@ def test_onednn_flag_is_added_once_and_can_be_turned_off():
     diffeqformer.use_onednn(chosen)
     assert chosen["XLA_FLAGS"] == "--xla_cpu_experimental_onednn_custom_call=false"  # the user's choice stands
 
+    measured = {}  # F9's measured steps: oneDNN as XLA's library, whose programs the compilation cache keeps
+    diffeqformer.use_onednn(measured, cacheable=True)
+    assert measured["XLA_FLAGS"] == diffeqformer.ONEDNN_CACHEABLE_FLAG
+    diffeqformer.use_onednn(measured)
+    assert measured["XLA_FLAGS"] == diffeqformer.ONEDNN_CACHEABLE_FLAG
+
 
 def test_only_training_processes_take_the_flag(monkeypatch):
     """Importing the package changes nothing (an analysis in a notebook keeps XLA's kernels: F3's many tiny products

@@ -13,15 +13,23 @@ other bits; slower for the analyses' many tiny products (F3's trajectories), so 
 (``use_onednn``). It changes nothing on a GPU."""
 
 
-def use_onednn(env=None) -> None:
-    """Add ``ONEDNN_FLAG`` to ``XLA_FLAGS`` of ``env`` (default: this process's environment, which must be done before
-    JAX starts its CPU backend) unless ``DIFFEQFORMER_ONEDNN=0`` or the flags already choose: called by the processes
-    that train (``train.cli``, the pipeline's training workers, F9's measured training steps), so that a run trained
-    by hand and one trained by the pipeline compute alike."""
+ONEDNN_CACHEABLE_FLAG = "--xla_cpu_use_onednn=true"
+"""oneDNN as XLA's CPU library rather than through custom calls: a compiled program that uses it can be kept in JAX's
+persistent compilation cache, which one with ``ONEDNN_FLAG``'s custom calls cannot ("Error writing persistent
+compilation cache entry"); its steps are slower than the custom calls' and faster than XLA's own kernels
+(``benchmarks/cpu_kernels.py``). F9's measured steps use it (``use_onednn(cacheable=True)``)."""
+
+
+def use_onednn(env=None, *, cacheable: bool = False) -> None:
+    """Add ``ONEDNN_FLAG`` (``cacheable``: ``ONEDNN_CACHEABLE_FLAG``) to ``XLA_FLAGS`` of ``env`` (default: this
+    process's environment, which must be done before JAX starts its CPU backend) unless ``DIFFEQFORMER_ONEDNN=0`` or
+    the flags already choose: called by the processes that train (``train.cli``, the pipeline's training workers), so
+    that a run trained by hand and one trained by the pipeline compute alike, and by F9's measured training steps."""
     env = _os.environ if env is None else env
     flags = env.get("XLA_FLAGS", "")
-    if env.get("DIFFEQFORMER_ONEDNN", "1") != "0" and "xla_cpu_experimental_onednn_custom_call" not in flags:
-        env["XLA_FLAGS"] = f"{flags} {ONEDNN_FLAG}".strip()
+    chosen = "xla_cpu_experimental_onednn_custom_call" in flags or "xla_cpu_use_onednn" in flags
+    if env.get("DIFFEQFORMER_ONEDNN", "1") != "0" and not chosen:
+        env["XLA_FLAGS"] = f"{flags} {ONEDNN_CACHEABLE_FLAG if cacheable else ONEDNN_FLAG}".strip()
 
 
 __all__ = [

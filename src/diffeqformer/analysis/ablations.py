@@ -18,6 +18,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
@@ -786,6 +787,10 @@ READY = "@ready to time"
 """What ``_measure(wait_turn=True)`` prints when its step is compiled and has run once, before it waits for its turn."""
 
 
+CACHE_EVENTS = ("/jax/compilation_cache/compile_requests_use_cache", "/jax/compilation_cache/cache_hits")
+"""The events JAX records when a program is asked of the persistent compilation cache, and when it is found there."""
+
+
 def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
     """In this process (which must be fresh): the run's model built from its config, ``steps`` AdamW steps on random
     tokens, the memory that took and the time per step. ``wait_turn``: after the compilation and one step, print
@@ -804,9 +809,13 @@ def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
     vocab = hax.Axis("vocab", summary(run)["vocab_size"])
     model = config.model.build(vocab, key=jax.random.PRNGKey(0))
     tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", batch), config.model.max_Pos), 0, vocab.size)
+    events = []  # the persistent compilation cache's requests and hits, in order
+    jax.monitoring.register_event_listener(lambda event, **_: events.append(event) if event in CACHE_EVENTS else None)
     start = time.perf_counter()
     step, params, opt_state, planned = compiled_train_step(model, tokens, mp=config.trainer.mp)
     compile_s = time.perf_counter() - start
+    # the step is the last program compiled_train_step compiles (before it: the optimiser state's small programs)
+    from_cache = events[-1:] == [CACHE_EVENTS[1]]
     parts = memory_parts(step) or {}
     num_params = sum(x.size for x in jax.tree_util.tree_leaves(params))
     del model
@@ -828,6 +837,7 @@ def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
     step_s = statistics.median(seconds[1:] if len(seconds) > 1 else seconds)
     return {"run": str(run), "batch": batch, "steps": steps, "backend": jax.default_backend(),
             "step_s": step_s, "tokens_per_second": batch * config.model.max_Pos.size / step_s, "compile_s": compile_s,
+            "step_from_cache": from_cache,
             "timed_from": timed_from, "timed_to": timed_to,
             "rss_baseline_mib": baseline, "rss_peak_mib": peak, "training_mib": peak - baseline,
             "peak_since": "runtime start" if reset else "process start",
@@ -847,7 +857,9 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
       compiled step and its activations for ``batch`` sequences. XLA's compiler needs several times that while it
       compiles, and outside Linux a process's high-water mark cannot be reset, so the step is compiled in a first
       fresh process (``compile_mib``: that process's peak) into a private persistent compilation cache, and measured
-      in a second one that loads it;
+      in a second one that loads it (``step_from_cache``; on the CPU both run oneDNN as XLA's library,
+      ``ONEDNN_CACHEABLE_FLAG``, since the training's custom calls make programs the cache cannot keep: with them the
+      second process compiled again and its peak was the compiler's);
     * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
     * ``xla_planned_mib``: what XLA planned for the compiled step (``memory_parts``: arguments + outputs - the
       outputs written into the donated parameters and optimiser state + temporaries), planned, not measured, and its
@@ -910,6 +922,9 @@ def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, 
             for run, p, first in tqdm(list(zip(runs, procs, compiled)), desc="time and memory of a training step",
                                       disable=not progress):
                 measured = result(run, p, "go\n")
+                if not measured["step_from_cache"]:
+                    warnings.warn(f"{run}: the measuring process compiled the step again (the compilation cache did "
+                                  "not keep it): its training MiB includes the compiler's memory")
                 measured.update(run=str(run), compile_mib=first["training_mib"], first_compile_s=first["compile_s"])
                 out.append(measured)
         finally:
@@ -1021,7 +1036,7 @@ def plot_time_embedding(table):
 
 
 def _main(argv: list[str] | None = None) -> None:
-    use_onednn()  # the kernels of training processes: a measured step is a training step
+    use_onednn(cacheable=True)  # oneDNN's kernels in a form the compilation cache keeps (measure_training_step)
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.analysis.ablations")
     parser.add_argument("--measure", metavar="RUN_DIR", required=True,
                         help="measure time and peak memory of training steps of this run's model (one JSON line)")
