@@ -70,6 +70,25 @@ def spread(layout: dict, ways: int, devices: int = 4) -> bool:
     return layout["devices_used"] == devices and layout["max_device_bytes"] <= 1.5 * layout["total_bytes"] / ways
 
 
+# ------------------------------------------------------------------------------------ every config, this process
+
+
+@pytest.mark.parametrize("path", sorted(paths.CONFIG.glob("*/*.yaml")), ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_config_of_every_preset_passes_the_layout_check(path, tmp_path):
+    """``devices.check`` reads the axes a mesh may split from each model kind (a Llama's heads live in its attention's
+    config: the cpu book stopped at its Llama population with an AttributeError), on this process's devices."""
+    from diffeqformer import config as configs
+    from diffeqformer import devices, train
+
+    config = configs.load_config(path, ["--run_dir", str(tmp_path / "run")], cls=configs.config_class(path))
+    model = configs.pretraining_of(config)[0].model if isinstance(config, configs.FinetuneConfig) else config.model
+    axes = dict(devices.model_axes(model))
+    assert axes["model.num_heads"].size == model.num_heads and axes["model.hidden_dim"].size == model.hidden_dim
+    if hasattr(model, "num_kv_heads"):
+        assert axes["model.num_kv_heads"].size == model.num_kv_heads
+    devices.check(train.trainer_config_of(config, tmp_path / "run"), model)
+
+
 # ------------------------------------------------------------------------------------ one process, four devices
 
 

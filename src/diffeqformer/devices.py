@@ -236,9 +236,11 @@ def model_axes(model) -> list[tuple[str, Any]]:
     """(the config field that sets it, the axis) of each axis of a model configuration that a mesh may split: the
     width, the heads, the MLP's hidden units (and a Llama's key/value heads)."""
     mlp = "model.intermediate_dim" if hasattr(model, "intermediate_dim") else "model.hidden_dim x model.mlp_scale"
-    axes = [("model.hidden_dim", model.Embed), ("model.num_heads", model.Heads), (mlp, model.Mlp)]
-    if hasattr(model, "KVHeads"):
-        axes.append(("model.num_kv_heads", model.KVHeads))
+    # a Llama's config names its head axes only through its attention's config
+    heads = model if hasattr(model, "Heads") else model.attention_config()
+    axes = [("model.hidden_dim", model.Embed), ("model.num_heads", heads.Heads), (mlp, model.Mlp)]
+    if hasattr(heads, "KVHeads"):
+        axes.append(("model.num_kv_heads", heads.KVHeads))
     return axes
 
 
