@@ -981,3 +981,18 @@ def test_gpu_install_names_a_missing_part_and_how_to_stage_it(tmp_path):
     assert out.returncode != 0 and not site.exists()
     assert "not staged on this machine: part-2 (1 of 2 wheels)" in out.stderr
     assert "Copy .gpu/part-2 into this working tree, then: bash benchmarks/gpu/run.sh stage install" in out.stderr
+
+
+def test_a_notebook_waits_for_a_busy_kernels_output(monkeypatch, tmp_path):
+    """Papermill makes nbclient's 4 s wait for a finished cell's output an error; on a machine busy with other work
+    that failed F3's notebook in a `make book`. The pipeline's notebooks wait minutes (``IOPUB_TIMEOUT_S``)."""
+    import papermill
+
+    from diffeqformer.pipeline import processes
+
+    seen = {}
+    monkeypatch.setattr(processes, "exit_with_parent", lambda: None)
+    monkeypatch.setattr(papermill, "execute_notebook", lambda *args, **kwargs: seen.update(kwargs))
+    processes.execute_notebook_child({"input": "in.ipynb", "output": str(tmp_path / "out.ipynb"), "parameters": {},
+                                      "error": str(tmp_path / "error.json")})
+    assert seen["iopub_timeout"] == processes.IOPUB_TIMEOUT_S >= 60

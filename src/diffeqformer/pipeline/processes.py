@@ -117,6 +117,12 @@ def kernel_over_unix_sockets(folder: str):
     return config
 
 
+IOPUB_TIMEOUT_S = 300
+"""How long a cell's output may lag behind its end before Papermill gives up on it: nbclient's default, 4 s, which
+Papermill turns into an error, failed F3's notebook in a `make book` on a machine busy with other work ("Timeout
+waiting for IOPub output ... after 4 seconds"), a cell that had finished."""
+
+
 def execute_notebook_child(spec: Mapping[str, Any]) -> None:
     """The child process of ``notebooks.execute_notebook`` (``python -m diffeqformer.pipeline.processes SPEC``):
     Papermill on ``spec['input']`` with its ``parameters`` into ``spec['output']``; a failing cell's exception is written to ``spec['error']`` (JSON) and
@@ -129,7 +135,8 @@ def execute_notebook_child(spec: Mapping[str, Any]) -> None:
         with tempfile.TemporaryDirectory(prefix="diffeqformer-kernel-") as sockets:
             papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
                                        kernel_name="python3", progress_bar=False, log_output=False,
-                                       cwd=str(paths.HOME), config=kernel_over_unix_sockets(sockets))
+                                       cwd=str(paths.HOME), config=kernel_over_unix_sockets(sockets),
+                                       iopub_timeout=IOPUB_TIMEOUT_S)
     except PapermillExecutionError as err:
         Path(spec["error"]).write_text(json.dumps({"exec_count": err.exec_count, "ename": err.ename,
                                                    "evalue": err.evalue, "traceback": list(err.traceback)}))
