@@ -1,7 +1,7 @@
 """The repository speaks to the people who use it: of what they have (a GPU machine without network, an output folder,
-a cluster), never of the conditions it was developed under (machines lent to it, the calls and tools that reached
-them, what those carried, their output variable, the sessions that used them), in any tracked text file: book,
-README, docstrings, comments, configs, file names and messages alike."""
+a cluster), never of the conditions it was developed under (the machines it borrowed, the calls and tools that
+reached them, what those took along, their output variable, the periods of work that used them), in any tracked text
+file: book, README, docstrings, comments, configs, file names and messages alike."""
 
 from __future__ import annotations
 
