@@ -4,8 +4,11 @@ shape models scored on each request alone (the harness packs several requests in
 
 import json
 import math
+import os
 import re
 import shutil
+import subprocess
+import sys
 
 import equinox as eqx
 import haliax as hax
@@ -276,6 +279,23 @@ def test_harness_scores_a_fixed_distribution_as_computed_by_hand(task_files, tok
     got, frame = harness_metrics(model, tokenizer_dir, task_files)
     assert_metrics(got, want)
     assert set(frame.n) == {24}
+    assert jax.device_count() == int(os.environ.get(DEVICES, jax.device_count()))
+
+
+DEVICES = "DIFFEQFORMER_TEST_DEVICES"
+"""The device count a child process of ``test_several_devices_in_one_process_score_as_by_hand`` must have."""
+
+
+def test_several_devices_in_one_process_score_as_by_hand():
+    """F11 in a process that sees several devices (a machine with several GPUs): the hand-computed check above, in a
+    child process of 4 CPU devices. Levanter's harness broadcast its batches over every device of the process and
+    failed there ("Expected shard shape (4,) doesn't match the single device array shape (1,)")."""
+    flags = f"{os.environ.get('XLA_FLAGS', '')} --xla_force_host_platform_device_count=4".strip()
+    test = f"{__file__}::test_harness_scores_a_fixed_distribution_as_computed_by_hand"
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:xdist", "-p", "no:cacheprovider", test],
+                         env={**os.environ, "XLA_FLAGS": flags, DEVICES: "4"}, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0 and "1 passed" in out.stdout, out.stdout[-4000:]
 
 
 @pytest.mark.parametrize("kind", ["diffeqformer", "gpt2"])

@@ -25,6 +25,7 @@ accuracies into means over seeds and verdicts by ``seeds.RULE``.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import math
 import time
@@ -215,6 +216,26 @@ def load(run):
     return inference_mode(load_model(path), True), load_tokenizer(config.data.levanter_config().tokenizer)
 
 
+@contextlib.contextmanager
+def one_process_broadcast():
+    """Levanter's harness hands each message and batch from process 0 to the others with ``broadcast_shard``, which
+    makes an array of one row per device of ``jax.devices()`` and lays it over the mesh: with several devices and a
+    one-device mesh the two disagree ("Expected shard shape (4,) doesn't match ..."), and a mesh of every device puts
+    the harness's packed examples on devices its loader does not use. In one process there is nobody to hand
+    anything to: the broadcast is the identity while this context lasts. Several processes keep Levanter's own."""
+    import levanter.eval_harness as harness
+
+    if jax.process_count() > 1:
+        yield
+        return
+    original = harness.broadcast_shard
+    harness.broadcast_shard = lambda x, out_axis_specs, source=0: x
+    try:
+        yield
+    finally:
+        harness.broadcast_shard = original
+
+
 def evaluate(model, tokenizer, tasks: Sequence[str], shots: Sequence[int], *, include_path: str | Path | None = None,
              max_examples: int | None = None, batch_size: int = BATCH_SIZE) -> pd.DataFrame:
     """Every metric lm-eval reports for ``model`` on ``tasks`` at each number of ``shots``, from one call of
@@ -226,9 +247,9 @@ def evaluate(model, tokenizer, tasks: Sequence[str], shots: Sequence[int], *, in
     spec = [TaskConfig(task=t, num_fewshot=k, task_alias=task_name(t, k)) for t in tasks for k in shots]
     config = HarnessConfig(task_spec=spec, max_examples=max_examples, max_length=model.Pos.size,
                            include_path=None if include_path is None else str(include_path))
-    # the harness hands each batch to its workers by broadcast_shard, which needs a mesh: one device, replicated
+    # one device of this process evaluates (an evaluation is small); the harness needs a mesh for it
     mesh = jax.sharding.Mesh(np.asarray(jax.devices()[:1]), ("data",))
-    with hax.partitioning.set_mesh(mesh):
+    with hax.partitioning.set_mesh(mesh), one_process_broadcast():
         outputs = run_lm_eval_harness(config, SegmentPositions(model), tokenizer, batch_size, {}, None)
     rows = []
     for t in tasks:
