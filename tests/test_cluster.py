@@ -14,11 +14,13 @@ import sys
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 
 from diffeqformer import config as configs
 from diffeqformer import paths, pipeline, runs
 from diffeqformer.pipeline import PipelineError, Run, cluster, cost
+from diffeqformer.pipeline.registry import seeded
 
 RECORDING_SBATCH = """#!{python}
 import json, sys
@@ -243,8 +245,9 @@ def _executable(path: Path, text: str) -> Path:
 @pytest.mark.slow
 def test_a_stand_in_cluster_trains_each_run_as_two_processes_then_runs_the_pipeline(tmp_path, monkeypatch):
     """With ``sbatch`` and ``srun`` stand-ins on PATH that run each job at once as two local processes (SLURM's
-    variables naming 127.0.0.1): the pretraining, then its LoRA fine-tuning, each trained by two processes into one
-    complete run, then the pipeline job, which trains nothing again and executes the notebook."""
+    variables naming 127.0.0.1): the pretraining (a population of two seeds, ``diffeqformer.population``), then its
+    LoRA fine-tuning (``diffeqformer.finetune``), each trained by two processes into complete runs, then the pipeline
+    job, which trains nothing again and executes the notebook."""
     from test_devices import slurm_job_id
 
     from diffeqformer import runs as run_dirs
@@ -264,7 +267,9 @@ def test_a_stand_in_cluster_trains_each_run_as_two_processes_then_runs_the_pipel
     monkeypatch.setattr(paths, "HOME", home)
     monkeypatch.setattr(paths, "RUNS", home / "runs")
     nbdir, toc = runs_notebook(tmp_path)
-    registry = {"t": {"nb": dict(runs=[Run("smoke/gpt2"), Run("smoke/finetune_gpt2_lora", module="finetune")])}}
+    pretraining = seeded(Run("smoke/gpt2"), 2, population=True)  # one population job of 2 seeds
+    lora = Run("smoke/finetune_gpt2_lora", ("--pretrain.population", "2"), module="finetune")  # from seed 0
+    registry = {"t": {"nb": dict(runs=[*pretraining, lora])}}
     result = pipeline.plan("t", registry=registry, notebooks_dir=nbdir, toc=toc)
     then = ["-c", "from pathlib import Path; from diffeqformer import pipeline; from diffeqformer.pipeline import Run; "
             f"pipeline.run('t', registry={registry!r}, notebooks_dir=Path({str(nbdir)!r}), toc=Path({str(toc)!r}), "
@@ -278,5 +283,8 @@ def test_a_stand_in_cluster_trains_each_run_as_two_processes_then_runs_the_pipel
         assert run_dirs.is_complete(t.run_dir, t.config_hash), t.run_dir
         steps = run_dirs.read_metrics(t.run_dir).index
         assert len(steps) == len(set(steps))
-    assert logs["pipeline"].count("(complete, not retrained)") == 2 and "execute nb" in logs["pipeline"]
-    assert int(submitted["smoke-finetune-gpt2-lora"]) > int(submitted["smoke-gpt2"])
+    assert logs["pipeline"].count("(complete, not retrained)") == 3 and "execute nb" in logs["pipeline"]
+    assert int(submitted["smoke-finetune-gpt2-lora"]) > int(submitted["smoke-gpt2-population2"])
+    # each member of the population trained by the two processes learned from its own seed
+    first, second = (run_dirs.read_metrics(t.run_dir)["train/loss"].dropna() for t in result.trainings[:2])
+    assert first.index.equals(second.index) and not np.allclose(first, second)
