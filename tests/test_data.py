@@ -125,6 +125,31 @@ def test_tokenizer_round_trip_offline(corpus, offline):
     assert len(tokenizer.encode(samples[0])) < len(samples[0]) / 2
 
 
+def test_a_prepared_corpus_is_not_read_again(corpus, offline, monkeypatch):
+    """A training's data config finds the corpus prepared (``prepare_corpus``'s stamp) and does not read and clean
+    the archive's texts again; a changed tokenizer record makes it prepare the corpus again, which stamps it anew."""
+    root = corpus.layout.root
+
+    def read(*args):
+        raise AssertionError("the archive's texts were read again")
+
+    monkeypatch.setattr(data, "corpus_documents", read)
+    monkeypatch.setattr(data, "_DOCUMENTS", {})
+    assert data.is_prepared(root) and not data.is_prepared(root, vocab_size=512)
+    config = data.lm_dataset_config("shakespeare", "plays", root=root)
+    assert config.components["shakespeare"].source.train_urls == [str(corpus.jsonl("plays", "train"))]
+    assert config.tokenizer == str(corpus.tokenizer_dir)
+    record = corpus.tokenizer_dir / "training.json"
+    text = record.read_text()
+    record.write_text(text.replace("\n", "\n ", 1))  # the same record, other bytes
+    assert not data.is_prepared(root)
+    with pytest.raises(AssertionError, match="read again"):
+        data.lm_dataset_config("shakespeare", "plays", root=root)
+    monkeypatch.undo()
+    data.lm_dataset_config("shakespeare", "plays", root=root)
+    assert data.is_prepared(root) and record.read_text() != text  # prepared again: the record kept, the stamp anew
+
+
 def test_bad_arguments_name_the_parameter(corpus):
     for vocab_size in (256, 4096.0):
         with pytest.raises(ValueError, match="vocab_size"):
