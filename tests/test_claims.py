@@ -42,6 +42,20 @@ def test_a_verdict_in_the_claims_units():
     assert slope.word == seeds.REPRODUCED and slope.effect == pytest.approx(-0.05) and "per unit p" in slope.text()
 
 
+def test_a_measure_that_does_not_move_leaves_its_claim_untested():
+    """Every unit differs by exactly 0 (no run overfit; every model scored 0 on a task): the claim is untested with
+    the reason, not inconclusive with a detectable effect of 0; the smallest non-zero constant difference is not."""
+    pairs = seeds.compare([0.0] * 6, [0.0] * 6, paired=True)  # 6 seeds
+    slopes = seeds.trend([9, 18, 24] * 3, [0.0] * 9, [0, 0, 0, 1, 1, 1, 2, 2, 2])  # 3 seeds, each a flat line
+    for judged, n in ((pairs, 6), (slopes, 3)):
+        v = claims.judge("f6_overfit", judged)
+        assert v.word == seeds.UNTESTED and v.n == n
+        assert v.text().startswith(f"untested ({n} seeds; {claims.NOTHING_MOVED}")
+        assert claims.Verdict.from_json(v.to_json()) == v
+    moved = claims.judge("f6_overfit", seeds.compare([0.0] * 6, [0.01] * 6, paired=True))
+    assert moved.word == seeds.REPRODUCED and "exact test of their signs" in moved.text()
+
+
 def test_significant_but_negligible_and_equivalence():
     tiny = claims.judge("f6_ours", seeds.compare([5.000, 5.001, 5.002], [5.004, 5.0055, 5.0065], paired=True))
     assert tiny.word == seeds.REPRODUCED and tiny.negligible and "negligible" in tiny.text()
