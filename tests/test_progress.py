@@ -52,6 +52,20 @@ def test_it_says_estimating_until_a_run_has_logged_its_steps(tmp_path):
     assert out.getvalue().splitlines()[1].endswith("(0:00 elapsed, about 1:30 left)")
 
 
+def test_the_books_price_follows_the_notebooks_measured(tmp_path):
+    """The book's build, never measured here, is priced from the notebooks measured so far (a slower machine is
+    slower at both), asked again at each line: the cpu book's line said "about 1:00 left" for a build of 2:05 when
+    its price was fixed before any notebook had run."""
+    costs = progress.Costs("cpu")
+    bar = progress.Progress([("build the book", costs.book_seconds)], io.StringIO())
+    guess = progress.GUESS_SECONDS["cpu"]
+    assert bar.left() == guess["book"]
+    costs.notebook_done(NotebookJob("f9", tmp_path, {}, []), 3 * guess["notebook"])
+    assert bar.left() == pytest.approx(3 * guess["book"])
+    costs.book_done(125.0)
+    assert bar.left() == 125.0
+
+
 @pytest.mark.parametrize("share", [0.25, 0.5, 0.75])
 def test_the_time_left_comes_within_a_quarter_of_the_truth(tmp_path, share):
     """From a quarter of a fresh pipeline on, learned from its own runs as they train: within 25% of the time it
@@ -63,8 +77,10 @@ def test_the_time_left_comes_within_a_quarter_of_the_truth(tmp_path, share):
 
 def test_an_earlier_builds_timings_price_every_run_from_the_start(tmp_path):
     """What a build measured (``state.json``'s ``timings``, by config hash) prices the same runs in the next one
-    before any of them has logged a step."""
-    costs = progress.Costs(TRACE["preset"])
+    before any of them has logged a step; each measurement is saved as it enters (a build that is killed keeps what it
+    measured), and what was saved last prices the next build."""
+    saved = []
+    costs = progress.Costs(TRACE["preset"], save=lambda: saved.append(json.dumps(costs.timings)))
     for unit, u in zip(bench.replay_units(TRACE, tmp_path / "first"), TRACE["units"]):
         unit[0].run_dir.mkdir(parents=True)
         (unit[0].run_dir / "metrics.jsonl").write_text(
@@ -75,6 +91,8 @@ def test_an_earlier_builds_timings_price_every_run_from_the_start(tmp_path):
         costs.notebook_done(NotebookJob(n["name"], tmp_path, {}, []), n["end"] - n["begin"])
     costs.book_done(TRACE["book"])
     assert set(costs.timings["runs"]) == {u["members"][0]["hash"] for u in TRACE["units"]}
+    assert len(saved) == len(TRACE["units"]) + len(TRACE["notebooks"]) + 1
+    assert len(json.loads(saved[len(TRACE["units"])])["notebooks"]) == 1  # the first notebook, saved as it ended
     at = min(u["begin"] for u in TRACE["units"]) + 0.5
-    left, truth = time_left(TRACE, at, tmp_path / "again", costs.timings), TRACE["wall"] - at
+    left, truth = time_left(TRACE, at, tmp_path / "again", json.loads(saved[-1])), TRACE["wall"] - at
     assert left is not None and abs(left - truth) <= 0.25 * truth, (left, truth)

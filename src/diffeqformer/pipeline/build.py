@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .. import paths
 from ..report import book
@@ -99,7 +99,7 @@ def _remove_stale_staging() -> None:
 
 
 def _estimate(result: Plan, costs: Costs, preset: str, lanes: int, build: bool,
-              force: bool) -> list[tuple[str, float | None]]:
+              force: bool) -> list[tuple[str, float | None | Callable[[], float]]]:
     """The pipeline's steps with the seconds each is expected to take (``costs``; None where nothing measured here
     prices it yet): the trainings and the notebooks, each for its share of the lanes' wall-clock time (a population's
     members share its time too), then the book. While the lanes work, their schedule played forward replaces the
@@ -114,7 +114,7 @@ def _estimate(result: Plan, costs: Costs, preset: str, lanes: int, build: bool,
         cached = job.cached and not force
         steps.append((f"execute {job.name}",
                       0.0 if cached else costs.notebook_seconds(job) / (1 if job.name in alone else lanes)))
-    steps.append(("build the book", costs.book_seconds() if build else 0.0))
+    steps.append(("build the book", costs.book_seconds if build else 0.0))  # asked again as notebooks are measured
     return steps
 
 
@@ -233,7 +233,8 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     _remove_stale_staging()
     state = load_state()
     state.setdefault("seconds", {})  # step -> seconds, last measured here (timings page)
-    costs = Costs(preset, state.setdefault("timings", {}))  # what each piece of work took here (the time left)
+    # what each piece of work took here (the time left), on disk as soon as measured
+    costs = Costs(preset, state.setdefault("timings", {}), save=lambda: save_state(state))
     to_execute = [(len(result.trainings) + i, job) for i, job in enumerate(result.notebooks)
                   if force or not job.cached]
     lanes = max(1, min(TRAIN_LANES, sum(not t.done for t in result.trainings) + len(to_execute)))

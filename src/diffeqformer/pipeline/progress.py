@@ -56,8 +56,10 @@ class Progress:
 
     fmt = staticmethod(clock)
 
-    def __init__(self, steps: list[tuple[str, float | None]], stream=None):
-        self.steps = steps  # (label, expected seconds; a step done side by side with others: its share)
+    def __init__(self, steps: list[tuple[str, float | None | Callable[[], float | None]]], stream=None):
+        # (label, expected seconds; a step done side by side with others: its share; or a function giving them, asked
+        # each time: the book's build, priced from the notebooks measured so far)
+        self.steps = steps
         self.start = time.time()
         self.finished: set[int] = set()
         self.stream = stream or sys.stdout
@@ -77,8 +79,10 @@ class Progress:
 
     def left(self) -> float | None:
         """Seconds left, or None while some unfinished step's cost is not known."""
-        rest = [est for i, (_, est) in enumerate(self.steps) if i not in self.finished and i not in self._covered]
+        rest: list[float | None] = []
         try:
+            rest = [est() if callable(est) else est for i, (_, est) in enumerate(self.steps)
+                    if i not in self.finished and i not in self._covered]
             covered = self._left() if self._left is not None else 0.0
         except Exception as error:  # a fault of the estimate must never stop the work it reports on
             if not self._failed:
@@ -154,9 +158,13 @@ class Costs:
     ``<preset>/<notebook>`` -> seconds; ``book``: ``<preset>`` -> seconds), which this pipeline's measurements
     update. A unit is what one lane trains at once: a run, or a population's members."""
 
-    def __init__(self, preset: str, timings: dict | None = None):
+    def __init__(self, preset: str, timings: dict | None = None, save: Callable[[], None] | None = None):
         self.preset = preset
         self.timings = {} if timings is None else timings
+        self.save = save
+        """Called (under a lock: the lanes are threads) after each measurement enters ``timings``, to keep it on disk
+        at once: a pipeline that is killed keeps what it measured (``state.json``), and the next one prices with it."""
+        self._lock = threading.Lock()
         for part in ("runs", "notebooks", "book"):
             self.timings.setdefault(part, {})
         self.measured: list[dict] = []
@@ -190,16 +198,27 @@ class Costs:
         if live is not None:
             entry["step"] = live[0]
             entry["start"] = max(0.0, entry["seconds"] - unit[0].steps * live[0])
-        self.timings["runs"][key] = entry
+        with self._kept():
+            self.timings["runs"][key] = entry
         self.measured.append(entry)
         self.refresh()
 
+    @contextlib.contextmanager
+    def _kept(self) -> Iterator[None]:
+        """A change of ``timings``, saved (``save``) once made."""
+        with self._lock:
+            yield
+            if self.save is not None:
+                self.save()
+
     def notebook_done(self, job: NotebookJob, seconds: float) -> None:
-        self.timings["notebooks"][f"{self.preset}/{job.name}"] = seconds
+        with self._kept():
+            self.timings["notebooks"][f"{self.preset}/{job.name}"] = seconds
         self.notebooks.append(seconds)
 
     def book_done(self, seconds: float) -> None:
-        self.timings["book"][self.preset] = seconds
+        with self._kept():
+            self.timings["book"][self.preset] = seconds
 
     def _live(self, unit: list[Training], since: float) -> tuple[float, tuple[int, float], float] | None:
         """(seconds per step, the last logged (step, time), seconds to its first step) of a unit that began at
