@@ -31,7 +31,7 @@ jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # as train
 
 
 @pytest.fixture(scope="session")
-def smoke_run(tmp_path_factory, worker_id):
+def smoke_run(tmp_path_factory, request):
     """The smoke DiffEqFormer (``config/smoke/diffeqformer.yaml``, seed 0, 20 steps) trained once for the whole test
     run by ``python -m diffeqformer.train``, as a user runs it: ``<folder>/run``, with the config file beside it as
     ``<folder>/pretrain.yaml`` (the fine-tunings name it as their pretraining). test_train checks the run itself and
@@ -45,7 +45,7 @@ def smoke_run(tmp_path_factory, worker_id):
     from diffeqformer import paths
 
     root = tmp_path_factory.getbasetemp()
-    if worker_id != "master":  # xdist: every worker's base folder is below the run's one
+    if hasattr(request.config, "workerinput"):  # an xdist worker: every worker's base folder is below the run's one
         root = root.parent
     folder = root / "smoke-run"
     with FileLock(str(root / "smoke-run.lock")):

@@ -56,21 +56,20 @@ def _assert_follows_solo(a, b, member, solo, *, leaves: int):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
-    """A population of seeds 0 and 1, and the solo run of seed 1."""
+def trained(tmp_path_factory, smoke_run):
+    """A population of seeds 0 and 1, and the solo run of seed 0: the test run's shared smoke run (conftest), the
+    same config trained alone by ``python -m diffeqformer.train``."""
     root = tmp_path_factory.mktemp("population")
     _run(_population_cmd(root / "pop"), root / "pop")
-    solo = root / "solo"
-    _run([sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir", str(solo),
-          "--trainer.seed", "1"], solo)
-    return root / "pop", root / "pop-seed1", solo
+    return root / "pop", root / "pop-seed1", smoke_run
 
 
 def test_a_member_trains_like_its_solo_run(trained):
-    """Member 1 starts from seed 1's initialisation, reads seed 1's batches and has its own Adam state and clipping:
-    after 20 steps its parameters are the solo run's up to float32 rounding (the population's program sums and
-    fuses differently), and so are its losses."""
-    _, member, solo = trained
+    """Member 0 of a population run from the command line has its own initialisation, batches, Adam state and
+    clipping: after 20 steps its parameters are its solo run's up to float32 rounding (the population's program sums
+    and fuses differently), and so are its losses. That member 1 follows its own seed's solo run is checked with
+    dropout below (``test_with_dropout_each_member_trains_like_its_solo_run``, both members)."""
+    member, _, solo = trained
     _assert_follows_solo(_leaves(member), _leaves(solo), member, solo, leaves=10)  # measured: 2.6e-06 after 12 steps
 
 
@@ -165,10 +164,9 @@ def test_members_that_differ_in_more_than_their_seed_are_refused(tmp_path):
 
 _FINETUNINGS = """
 import sys
-from diffeqformer import config as configs, finetune, population, train, use_onednn
+from diffeqformer import config as configs, finetune, population, use_onednn
 use_onednn()  # the kernels of the command line's training (train.cli), which the resumed runs go through
 pretrain, lora, root = sys.argv[1:]
-train.main(configs.load_config(pretrain, ["--run_dir", root + "/pre"]))
 args = ["--pretrain.config", pretrain, "--pretrain.run_dir", root + "/pre", "--lora.dropout", "0.1"]
 load = lambda extra: configs.load_config(lora, args + extra, cls=configs.FinetuneConfig)
 population.main(population.members_of(load(["--run_dir", root + "/pop"]), 2))
@@ -180,11 +178,13 @@ LORA = paths.CONFIG / "smoke" / "finetune_diffeqformer_lora.yaml"
 
 
 @pytest.fixture(scope="module")
-def finetuned(tmp_path_factory):
-    """A smoke pretraining (``pre``), a population of its LoRA fine-tunings of seeds 0 and 1 (``pop``, ``pop-seed1``)
-    and the solo fine-tuning of seed 1 (``solo1``), with adapter dropout."""
+def finetuned(tmp_path_factory, smoke_run):
+    """A smoke pretraining (``pre``: the test run's shared smoke run, conftest), a population of its LoRA
+    fine-tunings of seeds 0 and 1 (``pop``, ``pop-seed1``) and the solo fine-tuning of seed 1 (``solo1``), with
+    adapter dropout."""
     root = tmp_path_factory.mktemp("finetunings")
-    # one process pretrains and trains the population and the solo run: the interpreter's start-up is most of a run
+    (root / "pre").symlink_to(smoke_run, target_is_directory=True)
+    # one process trains the population and the solo run: the interpreter's start-up is most of a run
     _run([sys.executable, "-c", _FINETUNINGS, str(SMOKE), str(LORA), str(root)], root / "pop")
     return root
 
