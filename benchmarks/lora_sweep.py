@@ -14,6 +14,11 @@ mean training loss over the last evaluation interval, logged on batches the mode
 them (a fine-tuning reads a small part of one epoch of its domain), with dropout on for every rate alike. Prints each
 model's perplexity on the training stream and, for the record only, its validation perplexity before and after
 fine-tuning, at each rate, and per model the rate with the lowest training-stream perplexity.
+
+Read that choice with care: rerun on the cpu preset (2026-11-28) it picked the grid's largest rate for both models,
+the rate at which both did worst on held-out documents; the batches a fine-tuning has not yet seen come from the
+documents it is fitting (book, Measurements, "LoRA and its learning rate"). A tuning split of held-out documents of
+its own is what the choice needs.
 """
 
 from __future__ import annotations
