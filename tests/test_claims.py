@@ -40,6 +40,7 @@ def test_a_verdict_in_the_claims_units():
         claims.judge("f9_memory", c)
     slope = claims.judge("f3_dispersion", seeds.one_sample([-0.05, -0.04, -0.06, -0.05]))
     assert slope.word == seeds.REPRODUCED and slope.effect == pytest.approx(-0.05) and "per unit p" in slope.text()
+    assert slope.effect_text() == f"-0.050 per unit p (95% CI {slope.low:+.3f} to {slope.high:+.3f})"  # unit once
 
 
 def test_a_measure_that_does_not_move_leaves_its_claim_untested():

@@ -77,12 +77,12 @@ class Claim:
         """A value of the test's scale in the claim's written units (``scale``)."""
         return seeds.percent(value) if self.scale == PERCENT else value
 
-    def format(self, value: float, *, sign: bool = True) -> str:
-        """``-9.2%`` or ``+0.10 per unit p``."""
+    def format(self, value: float, *, sign: bool = True, unit: bool = True) -> str:
+        """``-9.2%`` or ``+0.10 per unit p`` (``unit`` False: ``+0.10``, a percentage keeping its ``%``)."""
         if not math.isfinite(value):
             return "n/a" if math.isnan(value) else "none"
-        unit = f"%{self.unit}" if self.scale == PERCENT else self.unit
-        return f"{value:{'+' if sign else ''}.{self.digits}f}{unit}"
+        written = self.unit if unit else ""
+        return f"{value:{'+' if sign else ''}.{self.digits}f}{'%' if self.scale == PERCENT else ''}{written}"
 
 
 LOG_RATIO_TEST = "the paired t-test over seeds of the final validation log-perplexities"
@@ -227,11 +227,12 @@ class Verdict:
                 and abs(self.effect) < c.negligible)
 
     def effect_text(self) -> str:
-        """``-9.2% (95% CI -15.1% to -3.0%)``, or the effect alone without an interval."""
+        """``-9.2% (95% CI -15.1% to -3.0%)``, ``+0.33 per unit t (95% CI -0.95 to +1.61)`` (the unit written once), or
+        the effect alone without an interval."""
         c = self.of
         if math.isnan(self.low):
             return c.format(self.effect)
-        return f"{c.format(self.effect)} (95% CI {c.format(self.low)} to {c.format(self.high)})"
+        return f"{c.format(self.effect)} (95% CI {c.format(self.low, unit=False)} to {c.format(self.high, unit=False)})"
 
     def detectable_text(self) -> str:
         """The smallest effect detected 80% of the time (for an equivalence claim: the smallest margin shown 80% of
