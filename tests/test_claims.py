@@ -57,6 +57,15 @@ def test_a_measure_that_does_not_move_leaves_its_claim_untested():
     assert moved.word == seeds.REPRODUCED and "exact test of their signs" in moved.text()
 
 
+def test_an_interval_is_cut_at_the_largest_possible_effect():
+    """A difference of two hit rates lies within +-1: the t interval of 3 models, which reaches past it, is written cut
+    there, and an effect detectable only past it is none."""
+    v = claims.judge("f5_induction", seeds.compare([0.1, 0.9, 0.2], [0.8, 0.3, 0.95], paired=True))
+    assert v.low < -1 and v.high > 1 and v.detectable > 1  # the test's own numbers are kept
+    assert v.effect_text() == f"{v.effect:+.3f} hit@1 (95% CI -1.000 to +1.000)"
+    assert v.detectable_text() == "none with these seeds (past the largest possible, 1.000 hit@1)"
+
+
 def test_significant_but_negligible_and_equivalence():
     tiny = claims.judge("f6_ours", seeds.compare([5.000, 5.001, 5.002], [5.004, 5.0055, 5.0065], paired=True))
     assert tiny.word == seeds.REPRODUCED and tiny.negligible and "negligible" in tiny.text()

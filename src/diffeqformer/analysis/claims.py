@@ -67,6 +67,10 @@ class Claim:
     """The practical threshold, in written units: a significant effect smaller than it is negligible."""
     measured: bool = False
     """A measurement without seeds to test it by (F9's memory): a verdict without p."""
+    limit: float | None = None
+    """The largest size the effect can have, in written units (a difference of two rates: 1): its 95% interval is
+    written cut at +-limit (the t interval of a few seeds can reach past it), and a detectable effect beyond it is
+    none."""
 
     @property
     def glue_name(self) -> str:
@@ -109,12 +113,12 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           "agreement prompts; the paired t-test over the models (the exact McNemar test over prompts with one model)",
           "reproduced when the largest exponent ranks the source token first more often than attention, p < 0.05",
           "the largest Lyapunov exponent finds the source token of agreement prompts more often than attention",
-          +1, PLAIN, " hit@1", 3),
+          +1, PLAIN, " hit@1", 3, limit=1.0),
     Claim("f5_induction", "F5", "f5_lyapunov", "as above, on the synthetic language's induction prompts",
           "as for agreement, on the induction prompts",
           "reproduced when the largest exponent ranks the source token first more often than attention, p < 0.05",
           "the largest Lyapunov exponent finds the source token of induction prompts more often than attention",
-          +1, PLAIN, " hit@1", 3),
+          +1, PLAIN, " hit@1", 3, limit=1.0),
     Claim("f6_ours", "F6", "f6_perplexity", "DiffEqFormer reaches a lower validation perplexity than GPT-2 "
           "(Tables 1-2)", f"{LOG_RATIO_TEST}, DiffEqFormer less GPT-2 (a ratio of perplexities)",
           "reproduced when DiffEqFormer's perplexity is lower at p < 0.05",
@@ -232,7 +236,8 @@ class Verdict:
         c = self.of
         if math.isnan(self.low):
             return c.format(self.effect)
-        return f"{c.format(self.effect)} (95% CI {c.format(self.low, unit=False)} to {c.format(self.high, unit=False)})"
+        low, high = (self.low, self.high) if c.limit is None else (max(self.low, -c.limit), min(self.high, c.limit))
+        return f"{c.format(self.effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)})"
 
     def detectable_text(self) -> str:
         """The smallest effect detected 80% of the time (for an equivalence claim: the smallest margin shown 80% of
@@ -243,6 +248,8 @@ class Verdict:
             return "n/a"
         if math.isinf(self.detectable):
             return "none with these seeds"
+        if self.of.limit is not None and self.detectable > self.of.limit:
+            return f"none with these seeds (past the largest possible, {self.of.format(self.of.limit, sign=False)})"
         return f"{self.of.format(self.detectable, sign=False)}"
 
     def text(self) -> str:
