@@ -56,12 +56,13 @@ def _assert_follows_solo(a, b, member, solo, *, leaves: int):
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory, smoke_run):
+def trained(tmp_path_factory, request):
     """A population of seeds 0 and 1, and the solo run of seed 0: the test run's shared smoke run (conftest), the
-    same config trained alone by ``python -m diffeqformer.train``."""
+    same config trained alone by ``python -m diffeqformer.train``. Asked for after the population has trained: the
+    other test worker trains the shared run meanwhile, and this one does not wait idle for it."""
     root = tmp_path_factory.mktemp("population")
     _run(_population_cmd(root / "pop"), root / "pop")
-    return root / "pop", root / "pop-seed1", smoke_run
+    return root / "pop", root / "pop-seed1", request.getfixturevalue("smoke_run")
 
 
 def test_a_member_trains_like_its_solo_run(trained):
