@@ -28,7 +28,8 @@ and its test ends in one of four words (``Judged.word``):
 - *contradicted*: significant against it;
 - *inconclusive*: not significant; it is reported with its 95% interval and the smallest difference this design
   detects 80% of the time (``Judged.detectable``), which says how large an effect the test could have missed;
-- *untested*: fewer than two seeds (or pairs) on a side, nothing to judge a difference by.
+- *untested*: fewer than two seeds (or pairs) on a side, nothing to judge a difference by; for a claim also when
+  every difference is exactly 0 (no run overfit, every model scored 0: the measure does not move at this scale).
 
 A claim that two models are *comparable* is tested for equivalence (``equivalence``: two one-sided tests, TOST, with a
 stated margin): reproduced when the difference lies within the margin (both one-sided tests reject at 5%),
@@ -67,7 +68,7 @@ RULE = ("a difference is significant when a two-sided test rejects 'no differenc
         "exact test on signs or labels where the values have no spread; a claim is reproduced when its test is "
         "significant in the paper's direction, contradicted when significant against it, inconclusive otherwise "
         "(with the interval and the smallest difference the design detects 80% of the time), and untested with fewer "
-        "than two seeds (or pairs)")
+        "than two seeds (or pairs), or when every difference is exactly 0 (the measure does not move at this scale)")
 """The rule, in words, for captions and prose."""
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, UNTESTED = "reproduced", "contradicted", "inconclusive", "untested"
