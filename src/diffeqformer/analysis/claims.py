@@ -299,8 +299,6 @@ def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None =
     claim = CLAIMS[name]
     if claim.measured:
         raise ValueError(f"{name} is a measurement: use claims.measured")
-    if claim.margin is None and judged.exact and judged.effect == 0:
-        return _nothing_moved(name, judged, note, unit)
     if claim.margin is not None:
         if not isinstance(judged, seeds.Comparison):
             raise ValueError(f"{name} is a claim of equivalence: judge it from a seeds.Comparison")
@@ -313,6 +311,9 @@ def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None =
     else:
         base = judged.comparison if isinstance(judged, seeds.Equivalence) else judged
         n, counted, low, high = base.n, base.unit, base.low, base.high
+    if claim.margin is None and judged.exact and judged.effect == 0:
+        return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, n, unit or counted,
+                       judged.test, NOTHING_MOVED + (f"; {note}" if note else ""))
     if judged.exact and not note:
         note = "no spread between the units: the exact test of their signs decides"
     detectable = judged.detectable
@@ -324,12 +325,6 @@ def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None =
 NOTHING_MOVED = "every difference is exactly 0: the measure does not move at this scale (a floor or a ceiling)"
 """Why a claim whose every unit differs by exactly 0 is untested: no run overfit, every model scored 0. The exact
 test of the signs has nothing to count, and 'inconclusive' with a detectable effect of 0 would say the opposite."""
-
-
-def _nothing_moved(name: str, judged: seeds.Judged, note: str, unit: str | None) -> Verdict:
-    n, counted = (judged.groups, "seed") if isinstance(judged, seeds.Trend) else (judged.n, judged.unit)
-    return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, n, unit or counted,
-                   judged.test, NOTHING_MOVED + (f"; {note}" if note else ""))
 
 
 def measured(name: str, reproduced: bool, effect: float, note: str = "") -> Verdict:
