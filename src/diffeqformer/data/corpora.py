@@ -574,12 +574,13 @@ def _prepared_record(layout: CorpusLayout, vocab_size: int | None) -> dict | Non
     """What ``prepare_corpus`` leaves behind, cheap to read: the rules, the SHA-256 of the manifest and of the
     tokenizer's ``training.json``; None when a file of the corpus is missing."""
     files = [layout.manifest, *(layout.jsonl(d, s) for d in DOMAINS for s in SPLITS)]
-    if vocab_size is not None:
-        files += [layout.tokenizer(vocab_size) / "training.json", layout.tokenizer(vocab_size) / "tokenizer.json"]
+    training = None if vocab_size is None else layout.tokenizer(vocab_size) / "training.json"
+    if training is not None:
+        files += [training, training.with_name("tokenizer.json")]
     if not all(f.exists() for f in files):
         return None
     record = {**_rules(), "manifest": file_sha256(layout.manifest)}
-    return record if vocab_size is None else {**record, "tokenizer": file_sha256(files[-2])}
+    return record if training is None else {**record, "tokenizer": file_sha256(training)}
 
 
 def is_prepared(root: Path = paths.DATA, *, vocab_size: int | None = DEFAULT_VOCAB_SIZE) -> bool:
