@@ -55,6 +55,11 @@ def test_a_measure_that_does_not_move_leaves_its_claim_untested():
         assert claims.Verdict.from_json(v.to_json()) == v
     moved = claims.judge("f6_overfit", seeds.compare([0.0] * 6, [0.01] * 6, paired=True))
     assert moved.word == seeds.REPRODUCED and "exact test of their signs" in moved.text()
+    same = claims.judge("f5_agreement", seeds.mcnemar([1, 0, 1, 1], [1, 0, 1, 1]))  # one model: no discordant prompt
+    assert same.word == seeds.UNTESTED and same.n == 4 and same.unit == "pair"
+    assert same.text().startswith(f"untested (4 pairs; {claims.NOTHING_MOVED}")
+    balanced = claims.judge("f5_agreement", seeds.mcnemar([1, 0, 1, 1], [0, 1, 1, 1]))  # differs, cancels to 0
+    assert balanced.word == seeds.INCONCLUSIVE and balanced.low < 0 < balanced.high
 
 
 def test_an_interval_is_cut_at_the_largest_possible_effect():

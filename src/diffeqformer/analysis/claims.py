@@ -311,7 +311,7 @@ def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None =
     else:
         base = judged.comparison if isinstance(judged, seeds.Equivalence) else judged
         n, counted, low, high = base.n, base.unit, base.low, base.high
-    if claim.margin is None and judged.exact and judged.effect == 0:
+    if claim.margin is None and judged.nothing_moved:
         return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, n, unit or counted,
                        judged.test, NOTHING_MOVED + (f"; {note}" if note else ""))
     if judged.exact and not note:
@@ -323,8 +323,9 @@ def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None =
 
 
 NOTHING_MOVED = "every difference is exactly 0: the measure does not move at this scale (a floor or a ceiling)"
-"""Why a claim whose every unit differs by exactly 0 is untested: no run overfit, every model scored 0. The exact
-test of the signs has nothing to count, and 'inconclusive' with a detectable effect of 0 would say the opposite."""
+"""Why a claim whose every unit differs by exactly 0 is untested (``seeds.Judged.nothing_moved``): no run overfit,
+every model scored 0, both methods ranked every prompt alike. The exact tests have nothing to count, and
+'inconclusive' with a detectable effect of 0 (or an interval from 0 to 0) would say the opposite."""
 
 
 def measured(name: str, reproduced: bool, effect: float, note: str = "") -> Verdict:

@@ -207,6 +207,16 @@ class Judged:
         return self.test in (EXACT_SIGNS, EXACT_LABELS)
 
     @property
+    def nothing_moved(self) -> bool:
+        """Whether every unit differs by exactly 0, so that the test has nothing to count: an exact test of values
+        without spread whose value is 0, or the exact McNemar test with no discordant pair (its interval the point
+        0). A claim judged by such a test is untested (``claims.judge``), not inconclusive with a detectable 0."""
+        if self.untested or self.effect != 0:
+            return False
+        return self.exact or (self.test == MCNEMAR and getattr(self, "low", math.nan) == 0 == getattr(self, "high",
+                                                                                                        math.nan))
+
+    @property
     def verdict(self) -> str:
         """A comparison's word where it is no claim's: ``significant``, ``inconclusive`` or ``untested: ...`` saying
         with how few (``RULE``)."""
