@@ -12,6 +12,10 @@ For each run it prints every estimate beside the truth, and the error at the fir
 three quarters of the run. ``--trace`` writes what the first run did (each unit's and notebook's start and end, the
 steps each run logged, the plan's costs) as JSON.
 
+``--reference HOME`` trains nothing: it writes what a fresh build of the preset measured in ``HOME`` (its
+``state.json``) as ``config/<preset>/notebook_seconds.json``, from which a build prices the notebooks it has not run
+yet (``pipeline.progress.REFERENCE``).
+
 ``--replay`` trains nothing: it takes such a trace and computes, with the estimate of this checkout, the time left at
 each moment a progress line was printed (each unit's and notebook's start) and at a quarter, a half and three
 quarters of the recorded pipeline, against the time it then still took; ``tests/test_progress.py`` replays the same
@@ -218,6 +222,36 @@ def replay_report(path: Path) -> None:
         print(f"  at {r['at'] / wall:.0%} ({r['at']:.0f} s): {error}")
 
 
+def write_reference(preset: str, home: Path) -> None:
+    """``config/<preset>/notebook_seconds.json`` (``progress.REFERENCE``) from the timings that a fresh build of
+    ``preset`` saved in ``home``: each notebook's seconds and the book's, with the machine, the commit and the date
+    they were measured at."""
+    import platform
+
+    from diffeqformer.pipeline import progress
+
+    timings = json.loads((home / "_build" / "pipeline" / "state.json").read_text())["timings"]
+    notebooks = {key.split("/", 1)[1]: round(seconds, 1) for key, seconds in sorted(timings["notebooks"].items())
+                 if key.startswith(f"{preset}/")}
+    if not notebooks or preset not in timings["book"]:
+        raise SystemExit(f"{home} holds no build of the {preset} preset (its notebooks and book measured)")
+    # the checkout whose build it was: the one holding home (make test's smoke home), else this one
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=home, capture_output=True, text=True)
+    if commit.returncode != 0:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else \
+        platform.machine()
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    record = {"preset": preset, "measured": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip(),
+              "machine": f"{cpu}, {os.cpu_count()} CPU cores, "
+                         f"{memory:.0f} GiB",
+              "notebooks": notebooks, "book": round(timings["book"][preset], 1)}
+    path = REPO / "config" / preset / progress.REFERENCE
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"wrote {path}: {len(notebooks)} notebooks and the book")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--preset", default="smoke")
@@ -226,9 +260,15 @@ def main() -> None:
     parser.add_argument("--again", action="store_true", help="then run again from the first run's timings")
     parser.add_argument("--trace", type=Path, help="write the first run's trace (JSON) here")
     parser.add_argument("--replay", type=Path, help="train nothing: replay this trace with this checkout's estimate")
+    parser.add_argument("--reference", type=Path, metavar="HOME",
+                        help="train nothing: write config/<preset>/notebook_seconds.json from what a fresh build of "
+                             "the preset measured in HOME (its state.json)")
     args = parser.parse_args()
     if args.replay:
         replay_report(args.replay)
+        return
+    if args.reference:
+        write_reference(args.preset, args.reference)
         return
     home = args.home or Path(tempfile.mkdtemp(prefix="diffeqformer-time-left-"))
     shutil.rmtree(home, ignore_errors=True)

@@ -56,14 +56,31 @@ def test_the_books_price_follows_the_notebooks_measured(tmp_path):
     """The book's build, never measured here, is priced from the notebooks measured so far (a slower machine is
     slower at both), asked again at each line: the cpu book's line said "about 1:00 left" for a build of 2:05 when
     its price was fixed before any notebook had run."""
-    costs = progress.Costs("cpu")
+    costs = progress.Costs("cpu", reference_seconds={})  # no reference measurements: the guesses
     bar = progress.Progress([("build the book", costs.book_seconds)], io.StringIO())
     guess = progress.GUESS_SECONDS["cpu"]
     assert bar.left() == guess["book"]
     costs.notebook_done(NotebookJob("f9", tmp_path, {}, []), 3 * guess["notebook"])
+    assert bar.left() == pytest.approx(2 * guess["book"])  # the median of the guess and the one measured
+    costs.notebook_done(NotebookJob("f1", tmp_path, {}, []), 3 * guess["notebook"])
     assert bar.left() == pytest.approx(3 * guess["book"])
     costs.book_done(125.0)
     assert bar.left() == 125.0
+
+
+def test_one_long_notebook_does_not_price_every_other():
+    """Without reference measurements, a notebook not yet run here is priced at the median of those measured so far,
+    the guess among them: after the cpu book's F1 (30 s) and F3 (614 s), the mean (322 s) priced each other notebook
+    at ten times a typical one's."""
+    costs = progress.Costs("cpu", reference_seconds={})
+    guess = progress.GUESS_SECONDS["cpu"]["notebook"]
+    for name, seconds in (("f1_model", 30.0), ("f3_trajectories", 614.0)):
+        costs.notebook_done(NotebookJob(name, Path("/nonexistent"), {}, []), seconds)
+    job = NotebookJob("f9_time_embedding", Path("/nonexistent"), {}, [])
+    assert costs.notebook_seconds(job) == guess
+    for seconds in (198.0, 22.0, 98.0, 136.0):
+        costs.notebook_done(NotebookJob("other", Path("/nonexistent"), {}, []), seconds)
+    assert costs.notebook_seconds(job) == 98.0  # median of 45, 30, 614, 198, 22, 98, 136
 
 
 @pytest.mark.parametrize("share", [0.25, 0.5, 0.75])
@@ -96,3 +113,29 @@ def test_an_earlier_builds_timings_price_every_run_from_the_start(tmp_path):
     at = min(u["begin"] for u in TRACE["units"]) + 0.5
     left, truth = time_left(TRACE, at, tmp_path / "again", json.loads(saved[-1])), TRACE["wall"] - at
     assert left is not None and abs(left - truth) <= 0.25 * truth, (left, truth)
+
+
+def test_a_notebook_not_run_here_is_priced_from_the_reference():
+    """The preset's reference measurements price a notebook this machine has not run yet, at this machine's pace
+    once some notebook has run here (the median of their ratios); a notebook the reference lacks, as without one."""
+    ref = {"notebooks": {"f1_model": 30.0, "f3_trajectories": 600.0, "f9_time_embedding": 150.0}, "book": 120.0}
+    costs = progress.Costs("cpu", reference_seconds=ref)
+    f9, new = (NotebookJob(name, Path("/nonexistent"), {}, []) for name in ("f9_time_embedding", "new"))
+    assert costs.notebook_seconds(f9) == 150.0 and costs.book_seconds() == 120.0  # this machine's pace not known yet
+    costs.notebook_done(NotebookJob("f1_model", Path("/nonexistent"), {}, []), 60.0)  # twice the reference's
+    costs.notebook_done(NotebookJob("f3_trajectories", Path("/nonexistent"), {}, []), 1800.0)  # three times
+    assert costs.slowness() == 2.5
+    assert costs.notebook_seconds(f9) == 375.0 and costs.book_seconds() == 300.0
+    assert costs.notebook_seconds(new) == 60.0  # the median of the guess (45 s), 60 s and 1800 s
+
+
+@pytest.mark.parametrize("preset", ["smoke", "cpu"])
+def test_the_reference_measured_every_notebook_of_its_preset(preset):
+    """``config/<preset>/notebook_seconds.json`` (``benchmarks/time_left.py --reference``) holds each notebook of the
+    preset and the book, with where and when they were measured."""
+    from diffeqformer.pipeline import registry
+
+    ref = progress.reference(preset)
+    assert set(ref["notebooks"]) == set(registry.presets()[preset]) and ref["book"] > 0
+    assert all(seconds > 0 for seconds in ref["notebooks"].values())
+    assert ref["preset"] == preset and ref["machine"] and ref["commit"] and ref["measured"]

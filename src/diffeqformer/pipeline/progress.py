@@ -11,7 +11,10 @@ work from what was measured here:
 - any other run: the start-up measured for the preset's runs (their median) and its steps at their seconds per model
   FLOP (``Training.flops``);
 - a notebook: what it took for the same inputs (its cache entry), else the last time this preset executed it here,
-  else a guess (``GUESS_SECONDS``); the book likewise.
+  else what it took on the machine of the preset's reference (``config/<preset>/notebook_seconds.json``, written by
+  ``benchmarks/time_left.py --reference``) times how much slower this machine is (its notebooks measured so far
+  against theirs there), else the median of
+  this pipeline's notebooks so far and a guess (``GUESS_SECONDS``); the book likewise.
 
 The lanes' schedule is then played forward with these costs (``lanes._Schedule.time_left``). Until a run of the
 preset has logged a few steps here, nothing says what a training costs on this machine, and the line says
@@ -33,6 +36,21 @@ from .. import runs
 
 if TYPE_CHECKING:
     from .planning import NotebookJob, Training
+
+REFERENCE = "notebook_seconds.json"
+"""Below ``config/<preset>/``: what a fresh build of the preset measured on one machine (each notebook's seconds, the
+book's), which prices the notebooks of a build that has not run
+them here yet: notebooks differ twentyfold (the cpu preset's F6 22 s, F3 614 s), so that no typical notebook prices
+them all."""
+
+
+def reference(preset: str) -> dict:
+    """The preset's reference measurements (``REFERENCE``), or {} where it has none."""
+    from .. import paths
+
+    path = paths.CONFIG / preset / REFERENCE
+    return json.loads(path.read_text()) if preset and path.exists() else {}
+
 
 GUESS_SECONDS = {"smoke": {"notebook": 30, "book": 60}, "cpu": {"notebook": 45, "book": 60},
                  "gpu": {"notebook": 120, "book": 60}, "paper": {"notebook": 600, "book": 60}}
@@ -158,9 +176,12 @@ class Costs:
     ``<preset>/<notebook>`` -> seconds; ``book``: ``<preset>`` -> seconds), which this pipeline's measurements
     update. A unit is what one lane trains at once: a run, or a population's members."""
 
-    def __init__(self, preset: str, timings: dict | None = None, save: Callable[[], None] | None = None):
+    def __init__(self, preset: str, timings: dict | None = None, save: Callable[[], None] | None = None,
+                 reference_seconds: dict | None = None):
         self.preset = preset
         self.timings = {} if timings is None else timings
+        self.reference = reference(preset) if reference_seconds is None else reference_seconds
+        """The preset's reference measurements (``REFERENCE``; {}: none)."""
         self.save = save
         """Called (under a lock: the lanes are threads) after each measurement enters ``timings``, to keep it on disk
         at once: a pipeline that is killed keeps what it measured (``state.json``), and the next one prices with it."""
@@ -171,6 +192,9 @@ class Costs:
         """This pipeline's units, as they finished (their entries of ``timings["runs"]``)."""
         self.notebooks: list[float] = []
         """The seconds of this pipeline's notebooks, as they finished."""
+        self.slower: list[float] = []
+        """For each of this pipeline's notebooks that the reference measured: its seconds here over its seconds
+        there."""
         self.training: dict[str, tuple[list[Training], float]] = {}
         """A unit's key -> the unit and when it began, for the units training now."""
         self._first: dict[str, tuple[int, float]] = {}
@@ -215,6 +239,9 @@ class Costs:
         with self._kept():
             self.timings["notebooks"][f"{self.preset}/{job.name}"] = seconds
         self.notebooks.append(seconds)
+        there = self.reference.get("notebooks", {}).get(job.name)
+        if there:
+            self.slower.append(seconds / there)
 
     def book_done(self, seconds: float) -> None:
         with self._kept():
@@ -295,25 +322,41 @@ class Costs:
 
     def notebook_seconds(self, job: NotebookJob) -> float:
         """What ``job`` took for the same inputs (its cache entry, if it is executed again), else the last time this
-        preset executed it here, else the mean of this pipeline's notebooks so far, else ``GUESS_SECONDS``."""
+        preset executed it here, else a typical notebook's (``typical_notebook``)."""
         record = job.cache_dir / "record.json"
         if record.exists():
             return float(json.loads(record.read_text())["seconds"])
         if f"{self.preset}/{job.name}" in self.timings["notebooks"]:
             return self.timings["notebooks"][f"{self.preset}/{job.name}"]
-        if self.notebooks:
-            return statistics.fmean(self.notebooks)
-        return GUESS_SECONDS.get(self.preset, GUESS_SECONDS["cpu"])["notebook"]
+        there = self.reference.get("notebooks", {}).get(job.name)
+        if there:
+            return there * self.slowness()
+        return self.typical_notebook()
+
+    def slowness(self) -> float:
+        """How much slower than the reference's machine this one is (``REFERENCE``): the median over this pipeline's
+        notebooks of their seconds here over theirs there; 1 before any. (The training steps' seconds per model FLOP
+        are no guide: on a smoke build run beside other work they were 17 times the reference's, its notebooks 3.)"""
+        return statistics.median(self.slower) if self.slower else 1.0
+
+    def typical_notebook(self) -> float:
+        """What a notebook not measured here is expected to take: the median of this pipeline's notebooks so far,
+        the preset's guess (``GUESS_SECONDS``) counted among them. Notebooks differ twentyfold (the cpu preset's F6
+        22 s, F3 614 s on a 2-core machine): the mean of the first two, F1 and F3, priced each of the nine others
+        at 322 s, and the line said 1:10:49 left where 48:00 were."""
+        guess = GUESS_SECONDS.get(self.preset, GUESS_SECONDS["cpu"])["notebook"]
+        return statistics.median([guess, *self.notebooks])
 
     def book_seconds(self) -> float:
-        """What the book's build took the last time this preset built it here, else its guess (``GUESS_SECONDS``)
-        times what this pipeline's notebooks took against theirs: a machine slower than the guesses' is slower at
-        both."""
+        """What the book's build took the last time this preset built it here, else what it took on the reference's
+        machine times this one's ``slowness``, else its guess (``GUESS_SECONDS``) times what a typical notebook takes
+        here against its guess: a machine slower than the guesses' is slower at both."""
         if self.preset in self.timings["book"]:
             return self.timings["book"][self.preset]
+        if self.reference.get("book"):
+            return self.reference["book"] * self.slowness()
         guess = GUESS_SECONDS.get(self.preset, GUESS_SECONDS["cpu"])
-        slower = statistics.fmean(self.notebooks) / guess["notebook"] if self.notebooks else 1.0
-        return guess["book"] * slower
+        return guess["book"] * self.typical_notebook() / guess["notebook"]
 
     def seconds(self, item: list[Training] | tuple[int, NotebookJob]) -> float | None:
         """A lane's item (a unit, or a notebook as (progress index, job)), not begun: its expected seconds."""
