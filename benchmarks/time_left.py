@@ -239,12 +239,12 @@ def write_reference(preset: str, home: Path) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=home, capture_output=True, text=True)
     if commit.returncode != 0:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.machine()) if Path("/proc/cpuinfo").exists() else \
-        platform.machine()
+    cpuinfo = Path("/proc/cpuinfo")
+    models = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+              if line.startswith("model name")] if cpuinfo.exists() else []
     memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     record = {"preset": preset, "measured": time.strftime("%Y-%m-%d"), "commit": commit.stdout.strip(),
-              "machine": f"{cpu}, {os.cpu_count()} CPU cores, "
+              "machine": f"{models[0] if models else platform.machine()}, {os.cpu_count()} CPU cores, "
                          f"{memory:.0f} GiB",
               "notebooks": notebooks, "book": round(timings["book"][preset], 1)}
     path = REPO / "config" / preset / progress.REFERENCE

@@ -13,8 +13,8 @@ work from what was measured here:
 - a notebook: what it took for the same inputs (its cache entry), else the last time this preset executed it here,
   else what it took on the machine of the preset's reference (``config/<preset>/notebook_seconds.json``, written by
   ``benchmarks/time_left.py --reference``) times how much slower this machine is (its notebooks measured so far
-  against theirs there), else the median of
-  this pipeline's notebooks so far and a guess (``GUESS_SECONDS``); the book likewise.
+  against theirs there), else the median of this pipeline's notebooks so far and a guess (``GUESS_SECONDS``); the
+  book likewise.
 
 The lanes' schedule is then played forward with these costs (``lanes._Schedule.time_left``). Until a run of the
 preset has logged a few steps here, nothing says what a training costs on this machine, and the line says
@@ -39,9 +39,8 @@ if TYPE_CHECKING:
 
 REFERENCE = "notebook_seconds.json"
 """Below ``config/<preset>/``: what a fresh build of the preset measured on one machine (each notebook's seconds, the
-book's), which prices the notebooks of a build that has not run
-them here yet: notebooks differ twentyfold (the cpu preset's F6 22 s, F3 614 s), so that no typical notebook prices
-them all."""
+book's), which prices the notebooks of a build that has not run them here yet: notebooks differ twentyfold (the cpu
+preset's F6 22 s, F3 614 s), so that no typical notebook prices them all."""
 
 
 def reference(preset: str) -> dict:
@@ -239,7 +238,7 @@ class Costs:
         with self._kept():
             self.timings["notebooks"][f"{self.preset}/{job.name}"] = seconds
         self.notebooks.append(seconds)
-        there = self.reference.get("notebooks", {}).get(job.name)
+        there = self._reference_seconds(job)
         if there:
             self.slower.append(seconds / there)
 
@@ -328,10 +327,14 @@ class Costs:
             return float(json.loads(record.read_text())["seconds"])
         if f"{self.preset}/{job.name}" in self.timings["notebooks"]:
             return self.timings["notebooks"][f"{self.preset}/{job.name}"]
-        there = self.reference.get("notebooks", {}).get(job.name)
+        there = self._reference_seconds(job)
         if there:
             return there * self.slowness()
         return self.typical_notebook()
+
+    def _reference_seconds(self, job: NotebookJob) -> float | None:
+        """What ``job`` took on the reference's machine (``REFERENCE``); None where the reference lacks it."""
+        return self.reference.get("notebooks", {}).get(job.name)
 
     def slowness(self) -> float:
         """How much slower than the reference's machine this one is (``REFERENCE``): the median over this pipeline's
