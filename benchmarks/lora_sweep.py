@@ -1,24 +1,20 @@
-"""The LoRA learning rate of each pretrained model, chosen by the same small sweep (F7), on the training stream.
+"""The LoRA learning rate of each pretrained model, chosen by the same small sweep (F7), on a tuning split.
 
     python benchmarks/lora_sweep.py [--preset cpu] [--rates 2.5e-4 5e-4 1e-3 2e-3] [--direction plays prose]
                                     [--seeds 1]
 
 Fine-tunes the preset's 18-step DiffEqFormer (discretised to its own 18 steps) and its 24-layer GPT-2 with the
 preset's LoRA template (``config/<preset>/finetune_lora.yaml``) at each learning rate, on one direction of the Fig. 5
-grid, exactly as ``finetune.finetune_grid`` names them but for ``--optimizer.learning_rate`` (seed k from pretraining
-seed k). Pretrains what is missing first (a population, where the grid pretrains one). Runs go to
-``$DIFFEQFORMER_HOME/runs`` (default: a scratch folder that is kept and printed).
+grid, exactly as ``finetune.finetune_grid`` names them but for ``--optimizer.learning_rate`` and ``--data.tuning``
+(seed k from pretraining seed k). Pretrains what is missing first (a population, where the grid pretrains one). Runs
+go to ``$DIFFEQFORMER_HOME/runs`` (default: a scratch folder that is kept and printed).
 
-The rate is chosen on the training stream, never on the validation split that F7's verdicts are computed on: the
-mean training loss over the last evaluation interval, logged on batches the model had not seen before it trained on
-them (a fine-tuning reads a small part of one epoch of its domain), with dropout on for every rate alike. Prints each
-model's perplexity on the training stream and, for the record only, its validation perplexity before and after
-fine-tuning, at each rate, and per model the rate with the lowest training-stream perplexity.
-
-Read that choice with care: rerun on the cpu preset (2026-11-28) it picked the grid's largest rate for both models,
-the rate at which both did worst on held-out documents; the batches a fine-tuning has not yet seen come from the
-documents it is fitting (book, Measurements, "LoRA and its learning rate"). A tuning split of held-out documents of
-its own is what the choice needs.
+The rate is chosen on the target domain's tuning split (``corpora.tuning_split``), never on the validation split that
+F7's verdicts are computed on: each fine-tuning trains on the domain's training documents less its tuning documents
+(the first in ``split_key`` order, as much text as the validation split) and is evaluated on those, with dropout on
+for every rate alike. Prints each model's tuning-split perplexity before and after fine-tuning at each rate, and per
+model the rate with the lowest perplexity after. (Two earlier criteria and why neither is kept: book, Measurements,
+"LoRA and its learning rate".)
 """
 
 from __future__ import annotations
@@ -78,34 +74,24 @@ def main(argv: list[str] | None = None) -> None:
         population = "--pretrain.population" in base.overrides
         for rate in args.rates:
             for seed in range(args.seeds):
-                name = f"{base.name}-lr{rate:g}" + (f"-seed{seed}" if seed else "")
-                overrides = [*base.argv(), "--name", name, "--optimizer.learning_rate", str(rate),
-                             "--trainer.seed", str(seed), *(["--pretrain.member", str(seed)] if population else [])]
+                name = f"{base.name}-tuning-lr{rate:g}" + (f"-seed{seed}" if seed else "")
+                overrides = [*base.argv(), "--name", name, "--optimizer.learning_rate", str(rate), "--data.tuning",
+                             "true", "--trainer.seed", str(seed),
+                             *(["--pretrain.member", str(seed)] if population else [])]
                 print(f"fine-tuning {name}", flush=True)
                 run(overrides)
                 done = json.loads((home / "runs" / name / "complete.json").read_text())
-                rows.append((base.name, rate, seed, math.exp(training_stream_loss(home / "runs" / name)),
-                             math.exp(done["pretrained_eval_loss"]), math.exp(done["final_eval_loss"])))
+                rows.append((base.name, rate, seed, math.exp(done["pretrained_eval_loss"]),
+                             math.exp(done["final_eval_loss"])))
 
     print(f"\nruns in {home / 'runs'}\n")
-    print(f"{'model':<55} {'rate':>8} {'seed':>4} {'stream':>8} {'val before':>10} {'val after':>10}")
-    for model, rate, seed, stream, before, after in rows:
-        print(f"{model:<55} {rate:>8g} {seed:>4} {stream:>8.1f} {before:>10.1f} {after:>10.1f}")
+    print(f"{'model':<55} {'rate':>8} {'seed':>4} {'tuning before':>13} {'tuning after':>12}")
+    for model, rate, seed, before, after in rows:
+        print(f"{model:<55} {rate:>8g} {seed:>4} {before:>13.1f} {after:>12.1f}")
     for model in dict.fromkeys(r[0] for r in rows):
-        means = {rate: sum(r[3] for r in rows if r[0] == model and r[1] == rate) / args.seeds for rate in args.rates}
+        means = {rate: sum(r[4] for r in rows if r[0] == model and r[1] == rate) / args.seeds for rate in args.rates}
         best = min(means, key=means.get)
-        print(f"best rate for {model}: {best:g} (training-stream perplexity {means[best]:.1f})")
-
-
-def training_stream_loss(run_dir: Path) -> float:
-    """The mean training loss over the last evaluation interval of a run (the steps after the evaluation before the
-    last, up to it): a loss on batches the model had not trained on yet."""
-    from diffeqformer.runs import read_metrics
-
-    metrics = read_metrics(run_dir)
-    evals = metrics["eval/loss"].dropna().index
-    train = metrics["train/loss"].dropna()
-    return float(train[(train.index > evals[-2]) & (train.index <= evals[-1])].mean())
+        print(f"best rate for {model}: {best:g} (tuning-split perplexity {means[best]:.1f})")
 
 
 if __name__ == "__main__":

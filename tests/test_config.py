@@ -199,13 +199,17 @@ def test_config_hash_ignores_model_defaults_but_not_changes():
     """A model field at its default does not enter the hash (new options keep old runs valid); a changed one does."""
     import dataclasses
 
-    from diffeqformer.config import config_hash
+    from diffeqformer.config import config_hash, hashed_tree
 
     config = load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
     explicit = dataclasses.replace(config, model=dataclasses.replace(config.model, random_step_offset=False))
     changed = dataclasses.replace(config, model=dataclasses.replace(config.model, random_step_offset=True))
     assert config_hash(explicit) == config_hash(config)
     assert config_hash(changed) != config_hash(config)
+    # the data's tuning split likewise: hashed when set, so that runs trained before the option keep their hashes
+    tuning = dataclasses.replace(config, data=dataclasses.replace(config.data, tuning=True))
+    assert config_hash(tuning) != config_hash(config)
+    assert "tuning" not in hashed_tree(config)["data"] and hashed_tree(tuning)["data"]["tuning"] is True
 
 
 def test_config_hash_leaves_out_the_devices_and_the_checkpoints():

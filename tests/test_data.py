@@ -90,6 +90,35 @@ def test_split_is_deterministic_and_by_document(corpus):
     assert data.assign_splits(["only"]) == {"only": "validation"}
 
 
+def test_the_tuning_split_holds_out_training_documents_as_large_as_validation(corpus, offline):
+    """A learning rate is tuned on training documents held out (``tuning``), never on the validation split: per
+    domain, the first training documents in ``split_key`` order that hold as much text as its validation split, no
+    more; the rest train. ``lm_dataset_config(tuning=True)`` reads the two parts from their own files."""
+    for domain in data.DOMAINS:
+        parts = data.tuning_split(corpus.documents, domain)
+        train = {d.name for d in corpus.select(domain, "train")}
+        tuning, rest = ({d.name for d in parts[part]} for part in ("tuning", "train"))
+        assert tuning and rest and not tuning & rest and tuning | rest == train
+        again = data.tuning_split(tuple(reversed(corpus.documents)), domain)
+        assert {part: {d.name for d in docs} for part, docs in again.items()} == {"tuning": tuning, "train": rest}
+    for domain in data.DOMAINS[1:]:
+        held = sorted(data.tuning_split(corpus.documents, domain)["tuning"], key=lambda d: data.split_key(d.name))
+        validation = sum(len(d.text) for d in corpus.select(domain, "validation"))
+        assert sum(len(d.text) for d in held) >= validation > sum(len(d.text) for d in held[:-1])
+        later = [d for d in corpus.select(domain, "train") if d not in held]
+        assert all(data.split_key(d.name) > data.split_key(held[-1].name) for d in later)
+    config = data.lm_dataset_config("shakespeare", "prose", root=corpus.layout.root, tuning=True)
+    source = config.components["shakespeare"].source
+    parts = data.tuning_split(corpus.documents, "prose")
+    for urls, part in ((source.train_urls, "train"), (source.validation_urls, "tuning")):
+        assert urls == [str(corpus.layout.tuning_jsonl("prose", part))]
+        assert [row["text"] for row in read_jsonl(urls[0])] == [d.text for d in parts[part]]
+    assert config.components["shakespeare"].cache_dir != data.lm_dataset_config(
+        "shakespeare", "prose", root=corpus.layout.root).components["shakespeare"].cache_dir
+    with pytest.raises(ValueError, match="data.tuning"):
+        data.lm_dataset_config("wikitext103", tuning=True)
+
+
 def test_domains_and_one_edition_per_work(corpus):
     plays, prose = corpus.select("plays"), corpus.select("prose")
     assert len(plays) == 37 and len(prose) == 12

@@ -76,13 +76,18 @@ class DataConfig:
     """Shuffle the training sequences (one Feistel permutation, the same each epoch). Levanter's own default is not to
     shuffle, which feeds the corpus document after document, and every model's validation loss then follows the
     genre it is reading (measurements page)."""
+    tuning: bool = False
+    """Train on part of the domain's training documents and evaluate on the rest, its tuning documents
+    (``corpora.tuning_split``), never on the validation split the verdicts are computed on: the split a learning
+    rate is chosen on (``benchmarks/lora_sweep.py``). Hashed only when set, so runs trained before it existed keep
+    their hashes."""
 
     def levanter_config(self):
         import dataclasses
 
         from .data.corpora import lm_dataset_config
 
-        config = lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size)
+        config = lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size, tuning=self.tuning)
         return dataclasses.replace(config, shuffle=self.shuffle, permutation_type="feistel")
 
 
@@ -380,6 +385,8 @@ def hashed_tree(config: Config) -> dict:
     tree = plain_tree(dataclasses.replace(config, run_dir=None, wandb=False))
     for name in TRAINER_LAYOUT:
         tree["trainer"].pop(name, None)
+    if not tree["data"].get("tuning"):
+        tree["data"].pop("tuning", None)  # DataConfig.tuning: runs from before it keep their hashes
     return tree
 
 

@@ -15,6 +15,9 @@ Layout under ``root`` (``paths.DATA`` by default; everything below ``raw/`` and 
     cache/shakespeare/jsonl/manifest.json             every document, its domain, split and source, + the rules
     cache/shakespeare/bpe-{vocab_size}/               tokenizer.json, tokenizer_config.json, special_tokens_map.json
     cache/shakespeare/levanter/bpe-{vocab_size}/{domain}/{split}/   Levanter's token caches
+    cache/shakespeare/jsonl/{domain}/tuning-train.jsonl, tuning.jsonl   the training documents split for tuning a
+                                                      learning rate (``tuning_split``; written when first asked for)
+    cache/shakespeare/levanter/bpe-{vocab_size}/{domain}-tuning/{split}/   their token caches
 
 Command line: ``python -m diffeqformer.data prepare [--vocab-size N]`` and ``python -m diffeqformer.data summary``.
 """
@@ -79,6 +82,8 @@ MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
 """A byte-level BPE needs its 256 byte tokens plus the special tokens before it can merge anything."""
 VALIDATION_FRACTION = 0.1
 """Share of each domain's documents that go to validation (at least one document per domain)."""
+TUNING_PARTS = ("train", "tuning")
+"""The two parts of a domain's training documents when a learning rate is tuned (``tuning_split``)."""
 
 WIKITEXT103_ID = "dlwh/wikitext_103_detokenized"
 OPENWEBTEXT_ID = "Skylion007/openwebtext"
@@ -191,6 +196,12 @@ class CorpusLayout:
         _check_choice("domain", domain, DOMAINS)
         _check_choice("split", split, SPLITS)
         return self.cache / "jsonl" / domain / f"{split}.jsonl"
+
+    def tuning_jsonl(self, domain: str, part: str) -> Path:
+        """The JSONL file of one part (``TUNING_PARTS``) of a domain's training documents split for tuning."""
+        _check_choice("domain", domain, DOMAINS)
+        _check_choice("part", part, TUNING_PARTS)
+        return self.cache / "jsonl" / domain / ("tuning-train.jsonl" if part == "train" else "tuning.jsonl")
 
     def tokenizer(self, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Path:
         """Directory of the byte-level BPE tokenizer with ``vocab_size`` tokens."""
@@ -318,6 +329,27 @@ def assign_splits(names: Iterable[str], validation_fraction: float = VALIDATION_
     ranked = sorted(set(names), key=lambda n: (split_key(n), n))
     n_validation = max(1, round(validation_fraction * len(ranked)))
     return {name: ("validation" if i < n_validation else "train") for i, name in enumerate(ranked)}
+
+
+def tuning_split(documents: Sequence[Document], domain: str = "all") -> dict[str, tuple[Document, ...]]:
+    """A domain's training documents in two parts for tuning a learning rate: ``tuning``, the first of each domain's
+    training documents in ``split_key`` order until they hold at least as many characters as that domain's validation
+    documents (as much text as the verdicts are computed on), and ``train``, the rest. Neither part holds a validation
+    document, so a rate chosen by the loss on ``tuning`` after training on ``train`` never saw the verdicts' split.
+    Deterministic, independent of the order of ``documents``."""
+    _check_choice("domain", domain, DOMAINS)
+    tuning = set()
+    for own in DOMAINS[1:] if domain == "all" else (domain,):
+        target = sum(len(d.text) for d in select_documents(documents, own, "validation"))
+        held = 0
+        for d in sorted(select_documents(documents, own, "train"), key=lambda d: split_key(d.name)):
+            if held >= target:
+                break
+            tuning.add(d.name)
+            held += len(d.text)
+    train = select_documents(documents, domain, "train")
+    return {"train": tuple(d for d in train if d.name not in tuning),
+            "tuning": tuple(d for d in train if d.name in tuning)}
 
 
 def select_documents(
@@ -625,6 +657,7 @@ def lm_dataset_config(
     tokenizer: str | Path | None = None,
     cache_dir: str | Path | None = None,
     root: Path = paths.DATA,
+    tuning: bool = False,
 ) -> LmDataConfig:
     """The Levanter data config of a corpus (``single_corpus_config``), ready for ``build_caches`` / ``train_set``.
 
@@ -636,6 +669,9 @@ def lm_dataset_config(
     * ``openwebtext``: a ``UrlDatasetSourceConfig`` over local JSONL shards of ``Skylion007/openwebtext`` split as
       nanoGPT does (``prepare_openwebtext``, run on first use: about 54 GB of download), with the GPT-2 tokenizer.
 
+    With ``tuning`` (``shakespeare`` only), the domain's training documents split for tuning a learning rate
+    (``tuning_split``): training on one part, evaluating on the other, never on the validation split.
+
     The online corpora raise ``DatasetUnavailableError`` within ``HUB_TIMEOUT_S`` when the hub is unreachable.
     ``cache_dir`` is where Levanter writes its token caches (a folder per split); by default it is below ``root``.
     Processes that prepare the same dataset below the same root at once (two trainings started together on a fresh
@@ -645,10 +681,13 @@ def lm_dataset_config(
     lock = Path(root) / paths.DATA_CACHE.relative_to(paths.DATA) / f".{dataset}.lock"
     with paths.exclusive(lock, f"{dataset}: another process is preparing this corpus below {root}; waiting for it"):
         return _lm_dataset_config(dataset, domain, vocab_size=vocab_size, tokenizer=tokenizer, cache_dir=cache_dir,
-                                  root=root)
+                                  root=root, tuning=tuning)
 
 
-def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, root) -> LmDataConfig:
+def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, root, tuning) -> LmDataConfig:
+    if tuning and dataset != "shakespeare":
+        raise ValueError(f"data.tuning splits the shakespeare corpus's training documents; {dataset!r} has no such "
+                         "split (set data.tuning false)")
     if dataset == "synthetic":  # the attribution benchmark's language (diffeqformer.data.synthetic), word-level tokens
         from . import synthetic
 
@@ -660,13 +699,14 @@ def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, roo
             root, vocab_size=own).layout
         tokenizer_path = str(layout.tokenizer(vocab_size) if tokenizer is None else tokenizer)
         tokenizer_name = layout.tokenizer(vocab_size).name if tokenizer is None else _slug(str(tokenizer))
-        source = UrlDatasetSourceConfig(
-            train_urls=[str(layout.jsonl(domain, "train"))], validation_urls=[str(layout.jsonl(domain, "validation"))]
-        )
-        return single_corpus_config(
-            "shakespeare", source, tokenizer=tokenizer_path, tags=[domain],
-            cache_dir=cache_dir or layout.levanter_cache(domain, tokenizer_name),
-        )
+        if tuning:
+            files, caches = _tuning_files(layout, domain), layout.levanter_cache(f"{domain}-tuning", tokenizer_name)
+        else:
+            files, caches = [layout.jsonl(domain, split) for split in SPLITS], layout.levanter_cache(domain,
+                                                                                                   tokenizer_name)
+        source = UrlDatasetSourceConfig(train_urls=[str(files[0])], validation_urls=[str(files[1])])
+        return single_corpus_config("shakespeare", source, tokenizer=tokenizer_path, tags=[domain],
+                                    cache_dir=cache_dir or caches)
     if domain != "all":
         raise ValueError(f"domain must be 'all' for dataset {dataset!r} (it has no domains), got {domain!r}")
     require_hub(dataset)
@@ -680,6 +720,21 @@ def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, roo
         )
     return single_corpus_config(dataset, source, tokenizer=ONLINE_TOKENIZER, tags=[],
                                 cache_dir=cache_dir or online_cache / "levanter" / ONLINE_TOKENIZER)
+
+
+def _tuning_files(layout: CorpusLayout, domain: str) -> list[Path]:
+    """The JSONL files of a domain's tuning split (``tuning_split``: training part, tuning part), written when they
+    are missing or hold other documents."""
+    parts = tuning_split(_documents_of(layout.archive), domain)
+    files = []
+    for part in TUNING_PARTS:
+        path = layout.tuning_jsonl(domain, part)
+        text = "".join(json.dumps({"text": d.text}) + "\n" for d in parts[part])
+        if not (path.exists() and path.read_text() == text):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            paths.write_atomic(path, text)
+        files.append(path)
+    return files
 
 
 def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "validation")) -> None:
