@@ -1,4 +1,4 @@
-"""diffeqformer.population at smoke size: a member trains like its solo run (with dropout too), ends as an ordinary
+"""diffeqformer.population at smoke size: each member trains like its solo run (with dropout), ends as an ordinary
 run, is not trained again, resumes bit-identically after SIGKILLs, and members that differ in more than their seed are
 refused; a member of a population of LoRA fine-tunings fine-tunes like its solo fine-tuning."""
 
@@ -19,7 +19,7 @@ from diffeqformer import config as configs
 from diffeqformer import paths, population, runs
 from diffeqformer.runs import load_model, read_metrics
 
-SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"  # no dropout: a member's arithmetic is its solo run's
+SMOKE = paths.CONFIG / "smoke" / "diffeqformer.yaml"
 
 
 def _env(run_dir):
@@ -27,8 +27,9 @@ def _env(run_dir):
 
 
 def _population_cmd(run_dir, seeds=2):
+    """The smoke DiffEqFormer's population from the command line, with ``DROPOUT`` (``trained``'s config)."""
     return [sys.executable, "-m", "diffeqformer.population", "--config", str(SMOKE), "--seeds", str(seeds),
-            "--run_dir", str(run_dir)]
+            "--run_dir", str(run_dir), *DROPOUT]
 
 
 def _run(cmd, run_dir):
@@ -55,34 +56,33 @@ def _assert_follows_solo(a, b, member, solo, *, leaves: int):
     return mine
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, request):
-    """A population of seeds 0 and 1, and the solo run of seed 0: the test run's shared smoke run (conftest), the
-    same config trained alone by ``python -m diffeqformer.train``. Asked for after the population has trained: the
-    other test worker trains the shared run meanwhile, and this one does not wait idle for it."""
-    root = tmp_path_factory.mktemp("population")
-    _run(_population_cmd(root / "pop"), root / "pop")
-    return root / "pop", root / "pop-seed1", request.getfixturevalue("smoke_run")
-
-
-def test_a_member_trains_like_its_solo_run(trained):
-    """Member 0 of a population run from the command line has its own initialisation, batches, Adam state and
-    clipping: after 20 steps its parameters are its solo run's up to float32 rounding (the population's program sums
-    and fuses differently), and so are its losses. That member 1 follows its own seed's solo run is checked with
-    dropout below (``test_with_dropout_each_member_trains_like_its_solo_run``, both members)."""
-    member, _, solo = trained
-    _assert_follows_solo(_leaves(member), _leaves(solo), member, solo, leaves=10)  # measured: 2.6e-06 after 12 steps
-
+DROPOUT = ("--model.embed_pdrop", "0.1", "--model.resid_pdrop", "0.1")
+"""Embedding and residual dropout: a member must draw its masks from the keys its solo run draws them from."""
 
 _WITH_DROPOUT = """
 import sys
-from diffeqformer import config as configs, population, train
-config, root = sys.argv[1], sys.argv[2]
-dropout = ["--model.embed_pdrop", "0.1", "--model.resid_pdrop", "0.1"]
+from diffeqformer import config as configs, population, train, use_onednn
+use_onednn()  # the kernels of the command line's training, which the population resumed below goes through
+config, root, dropout = sys.argv[1], sys.argv[2], sys.argv[3:]
 population.main(population.members_of(configs.load_config(config, dropout + ["--run_dir", root + "/pop"]), 2))
 for seed in (0, 1):
     train.main(configs.load_config(config, dropout + ["--run_dir", f"{root}/solo{seed}", "--trainer.seed", str(seed)]))
 """
+
+
+def _train_with_dropout(config, root):
+    """A population of seeds 0 and 1 of ``config`` with ``DROPOUT`` (``root/pop``, ``root/pop-seed1``) and the same
+    config trained alone with each seed (``root/solo0``, ``root/solo1``): one process trains all four, since the
+    interpreter's start-up is most of a smoke run."""
+    _run([sys.executable, "-c", _WITH_DROPOUT, str(config), str(root), *DROPOUT], root / "pop")
+    return root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The smoke DiffEqFormer's population with dropout and its two solo runs (``_train_with_dropout``), which the
+    tests below check, rerun and resume."""
+    return _train_with_dropout(SMOKE, tmp_path_factory.mktemp("population"))
 
 
 def _parameters_the_loss_depends_on(run_dir):
@@ -99,28 +99,31 @@ def _parameters_the_loss_depends_on(run_dir):
 
 
 @pytest.mark.parametrize("model", ["gpt2", "diffeqformer"])
-def test_with_dropout_each_member_trains_like_its_solo_run(model, tmp_path):
-    """With embedding and residual dropout, member k draws its masks from the keys its solo run draws them from
-    (``PopulationTrainer``): after 20 steps both members' parameters are their solo runs' up to float32 rounding,
-    and so are their losses. (Members whose keys were split from one key of the step ended 7e-2 apart.)"""
-    # one process trains the population and both solo runs: the interpreter's start-up is most of a smoke run
-    _run([sys.executable, "-c", _WITH_DROPOUT, str(paths.CONFIG / "smoke" / f"{model}.yaml"), str(tmp_path)],
-         tmp_path / "pop")
+def test_with_dropout_each_member_trains_like_its_solo_run(model, tmp_path, request):
+    """Member k of a population has its own initialisation, batches, Adam state and clipping, and with embedding and
+    residual dropout draws its masks from the keys its solo run draws them from (``PopulationTrainer``): after 20
+    steps both members' parameters are their solo runs' up to float32 rounding (the population's program sums and
+    fuses differently), and so are their losses. (Members whose keys were split from one key of the step ended 7e-2
+    apart.)"""
+    if model == "diffeqformer":
+        root = request.getfixturevalue("trained")
+    else:
+        root = _train_with_dropout(paths.CONFIG / "smoke" / f"{model}.yaml", tmp_path)
     for member, solo in (("pop", "solo0"), ("pop-seed1", "solo1")):
-        a, b = _parameters_the_loss_depends_on(tmp_path / member), _parameters_the_loss_depends_on(tmp_path / solo)
+        a, b = _parameters_the_loss_depends_on(root / member), _parameters_the_loss_depends_on(root / solo)
         # measured: 1.7e-07 (GPT-2), 3.5e-06 (DiffEqFormer) after 20 steps
-        _assert_follows_solo(a, b, tmp_path / member, tmp_path / solo, leaves=5)
+        _assert_follows_solo(a, b, root / member, root / solo, leaves=5)
 
 
 def test_members_end_as_ordinary_runs_of_their_own(trained):
-    first, second, solo = trained
+    first, second = trained / "pop", trained / "pop-seed1"
     summaries = [json.loads((d / "complete.json").read_text()) for d in (first, second)]
     assert [s["population"]["member"] for s in summaries] == [0, 1]
     assert all(s["population"]["seeds"] == [0, 1] for s in summaries)
     assert (first / "checkpoints").is_dir() and not (second / "checkpoints").exists()
     assert load_model(first).config.time_embed_dim == 4
     # the same config trained alone is another run: another hash
-    same = configs.load_config(SMOKE, ["--name", "smoke-diffeqformer-seed1", "--trainer.seed", "1"])
+    same = configs.load_config(SMOKE, [*DROPOUT, "--name", "smoke-diffeqformer-seed1", "--trainer.seed", "1"])
     assert summaries[1]["config_hash"] == configs.config_hash(same, population=[0, 1]) != configs.config_hash(same)
     # each member's own metrics: its own loss, not the population's sum
     assert not read_metrics(first)["train/loss"].equals(read_metrics(second)["train/loss"])
@@ -129,7 +132,7 @@ def test_members_end_as_ordinary_runs_of_their_own(trained):
 
 
 def test_a_complete_population_is_not_trained_again(trained):
-    first, second, _ = trained
+    first, second = trained / "pop", trained / "pop-seed1"
     before = [(d / "metrics.jsonl").read_text() for d in (first, second)]
     out = _run(_population_cmd(first), first)
     assert out.stderr.count("already complete") == 2
@@ -139,7 +142,7 @@ def test_a_complete_population_is_not_trained_again(trained):
 def test_population_resume_after_sigkill_equals_uninterrupted(trained, tmp_path):
     """Killed before its first checkpoint, while writing it, and between checkpoints, then rerun: every member's
     parameters bit for bit those of the population that was never interrupted."""
-    first, second, _ = trained
+    first, second = trained / "pop", trained / "pop-seed1"
     run_dir = tmp_path / "pop"
     seed = kill_seed()
     kills, stderr = run_with_kills(_population_cmd(run_dir), _env(run_dir), run_dir, seed)
