@@ -484,9 +484,7 @@ def write_jsonl(documents: Sequence[Document], layout: CorpusLayout) -> dict[tup
         for split in SPLITS:
             path = layout.jsonl(domain, split)
             path.parent.mkdir(parents=True, exist_ok=True)
-            paths.write_atomic(
-                path, "".join(json.dumps({"text": d.text}) + "\n" for d in select_documents(documents, domain, split))
-            )
+            paths.write_atomic(path, _jsonl_text(select_documents(documents, domain, split)))
             written[domain, split] = path
     manifest = {
         "rules": _rules(),
@@ -497,6 +495,11 @@ def write_jsonl(documents: Sequence[Document], layout: CorpusLayout) -> dict[tup
     }
     paths.write_atomic(layout.manifest, json.dumps(manifest, indent=1) + "\n")
     return written
+
+
+def _jsonl_text(documents: Sequence[Document]) -> str:
+    """What a JSONL file of ``documents`` holds: one ``{"text": ...}`` line per document."""
+    return "".join(json.dumps({"text": d.text}) + "\n" for d in documents)
 
 
 def _rules() -> dict:
@@ -699,12 +702,9 @@ def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, roo
             root, vocab_size=own).layout
         tokenizer_path = str(layout.tokenizer(vocab_size) if tokenizer is None else tokenizer)
         tokenizer_name = layout.tokenizer(vocab_size).name if tokenizer is None else _slug(str(tokenizer))
-        if tuning:
-            files, caches = _tuning_files(layout, domain), layout.levanter_cache(f"{domain}-tuning", tokenizer_name)
-        else:
-            files, caches = [layout.jsonl(domain, split) for split in SPLITS], layout.levanter_cache(domain,
-                                                                                                   tokenizer_name)
+        files = _tuning_files(layout, domain) if tuning else [layout.jsonl(domain, split) for split in SPLITS]
         source = UrlDatasetSourceConfig(train_urls=[str(files[0])], validation_urls=[str(files[1])])
+        caches = layout.levanter_cache(f"{domain}-tuning" if tuning else domain, tokenizer_name)
         return single_corpus_config("shakespeare", source, tokenizer=tokenizer_path, tags=[domain],
                                     cache_dir=cache_dir or caches)
     if domain != "all":
@@ -729,7 +729,7 @@ def _tuning_files(layout: CorpusLayout, domain: str) -> list[Path]:
     files = []
     for part in TUNING_PARTS:
         path = layout.tuning_jsonl(domain, part)
-        text = "".join(json.dumps({"text": d.text}) + "\n" for d in parts[part])
+        text = _jsonl_text(parts[part])
         if not (path.exists() and path.read_text() == text):
             path.parent.mkdir(parents=True, exist_ok=True)
             paths.write_atomic(path, text)
