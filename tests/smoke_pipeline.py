@@ -1,6 +1,6 @@
 """The smoke pipeline, run once per test session for the tests marked ``pipeline`` (end to end, browser).
 
-``make test`` runs those tests in one process after the unit tests, with ``DIFFEQFORMER_SMOKE_HOME`` pointing at a
+``make test`` runs those tests in one process beside the unit tests, with ``DIFFEQFORMER_SMOKE_HOME`` pointing at a
 git-ignored folder, so that a second ``make test`` with nothing changed reuses the trained smoke runs and executed
 notebooks; without it the pipeline runs from nothing in a temporary folder. Either way the corpus (``data/``) is the
 repository's, shared through a symbolic link.

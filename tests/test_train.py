@@ -4,7 +4,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import equinox as eqx
 import jax
@@ -24,8 +23,9 @@ def _train_cmd(run_dir):
 
 
 def _env(run_dir):
-    # Each run its own (empty) persistent compilation cache, beside it, as a fresh clone has.
-    return {**os.environ, "JAX_PLATFORMS": "cpu", "JAX_COMPILATION_CACHE_DIR": str(run_dir.parent / "jax-cache")}
+    # the test run's persistent compilation cache (conftest): the smoke run compiled the training step (its first
+    # process in a fresh clone), the runs below load it, so a resumed run is checked against one that compiled
+    return {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
 def _assert_same_parameters(run_dir, other_dir, err_msg=""):
@@ -46,15 +46,15 @@ def _run(run_dir):
 
 
 @pytest.fixture(scope="module")
-def full_run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("full") / "run"
-    start = time.perf_counter()
-    _run(run_dir)
-    return run_dir, time.perf_counter() - start
+def full_run(smoke_run):
+    """The smoke DiffEqFormer trained from the command line, never interrupted: the test run's shared smoke run
+    (conftest), which test_finetune fine-tunes; tests read it (and rerun it as a complete run, which writes
+    nothing)."""
+    return smoke_run
 
 
 def test_smoke_run_writes_metrics_and_summary(full_run):
-    run_dir, wall = full_run
+    run_dir = full_run
     summary = json.loads((run_dir / "complete.json").read_text())
     metrics = read_metrics(run_dir)
     assert metrics.index.max() == 19
@@ -67,13 +67,13 @@ def test_smoke_run_writes_metrics_and_summary(full_run):
     assert (run_dir / "config.yaml").read_text().startswith("# config_hash: " + summary["config_hash"])
     model = load_model(run_dir)
     assert model.config.time_embed_dim == 4
-    print(f"smoke run: {wall:.1f} s wall, final eval loss {evals.iloc[-1]:.3f}")
+    print(f"smoke run: {summary['wall_time_s']:.1f} s wall, final eval loss {evals.iloc[-1]:.3f}")
 
 
 def test_each_evaluation_runs_once(full_run):
     """The last step's evaluation is not repeated by the trainer's forced hooks at the end (train.once_per_step):
     every step has at most one eval/loss record, and the last step has one (20 steps, an evaluation every 10)."""
-    run_dir, _ = full_run
+    run_dir = full_run
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = [r["step"] for r in records if "eval/loss" in r]
     assert len(steps) == len(set(steps)), steps
@@ -81,7 +81,7 @@ def test_each_evaluation_runs_once(full_run):
 
 
 def test_complete_run_is_not_retrained(full_run):
-    run_dir, _ = full_run
+    run_dir = full_run
     before = (run_dir / "metrics.jsonl").read_text()
     out = _run(run_dir)
     assert "already complete" in out.stderr
@@ -91,7 +91,7 @@ def test_complete_run_is_not_retrained(full_run):
 def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     """Killed before its first checkpoint, while writing it, and between checkpoints, then rerun: the same
     parameters, bit for bit, as the run that was never interrupted."""
-    full_dir, _ = full_run
+    full_dir = full_run
     run_dir = tmp_path / "run"
     seed = kill_seed()
     kills, stderr = run_with_kills(_train_cmd(run_dir), _env(run_dir), run_dir, seed)
@@ -161,7 +161,7 @@ def test_finish_run_refuses_a_diverged_validation_loss(tmp_path):
 def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path):
     """diffeqformer.dispatch.Trainer calls the training step through FlatJit; the same run trained by Levanter's
     own Trainer (its named_jit step) ends with the same parameters, bit for bit, and the same train-loss series."""
-    full_dir, _ = full_run
+    full_dir = full_run
     run_dir = tmp_path / "run"
     script = ("import sys, levanter.trainer, diffeqformer.train as t; t.Trainer = levanter.trainer.Trainer; "
               "t.cli(sys.argv[1:])")
@@ -190,7 +190,7 @@ def test_train_state_is_filtered_for_checkpoints_only(full_run, tmp_path):
     """Our Trainer's checkpoint hook has Levanter's ``saveable_state`` computed when a checkpoint is written, not
     after every step (Levanter's own hook does, 20 times in this run); the run is the full run, bit for bit (and
     ``test_resume_after_sigkill_equals_uninterrupted_run`` resumes from such checkpoints)."""
-    full_dir, _ = full_run
+    full_dir = full_run
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-c", _COUNT_SAVEABLE, "--config", str(SMOKE), "--run_dir", str(run_dir),
            "--trainer.checkpointer.keep", '[{"every": 5}]']
