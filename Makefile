@@ -39,7 +39,7 @@ setup: $(STAMP)
 # The unit tests (two workers) and, beside them, the smoke pipeline end to end and the browser check of its book (one
 # process: one pipeline run serves both; its output goes to $(SMOKE_LOG) and is printed when the unit tests are done).
 # Side by side they keep both cores busy where either alone leaves one idle (the end of the unit tests, the book's
-# build, the browser): benchmarks/test_costs.py and the closing notes of issue 46 measure it. The smoke pipeline's runs,
+# build, the browser; measured: the Measurements page, `make test`). The smoke pipeline's runs,
 # cache and book stay in $(SMOKE_HOME), so a second `make test` with nothing changed re-uses them. pytest exits 5 when
 # it collected no test: a failure here. All share one JAX persistent compilation cache (tests/conftest.py,
 # _build/test-jax-cache): a program one of them compiled, the others load. Each prints its slowest tests at the end

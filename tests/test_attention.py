@@ -68,7 +68,9 @@ def test_routed_models_train_as_levanters(config, monkeypatch):
     example = hax.vmap(LmExample.causal, B)(tokens)
     key = jrandom.PRNGKey(2)  # the same dropout masks in both
     loss_and_grad = eqx.filter_value_and_grad(lambda m: m.compute_next_token_loss(example, key=key).scalar())
-    loss, grads = loss_and_grad(model)
+    # compiled (op by op the two took 98 CPU-s of CI, so 55 s), each call its own program: the route is taken when
+    # it is traced
+    loss, grads = eqx.filter_jit(lambda m: loss_and_grad(m))(model)
     routed = []
     xla = attention.jax_attention
     monkeypatch.setattr(attention.jax, "default_backend", lambda: "gpu")
@@ -76,7 +78,7 @@ def test_routed_models_train_as_levanters(config, monkeypatch):
     monkeypatch.setattr(attention, "jax_attention",
                         lambda *a, implementation, **k: routed.append(a[3].axes) or xla(*a, implementation=None, **k))
     attention.install()
-    loss_r, grads_r = loss_and_grad(model)
+    loss_r, grads_r = eqx.filter_jit(lambda m: loss_and_grad(m))(model)
     assert routed, "the model's attention did not take the route"
     np.testing.assert_allclose(loss_r, loss, rtol=1e-5)
     for g, g_r in zip(jax.tree_util.tree_leaves(grads), jax.tree_util.tree_leaves(grads_r)):
