@@ -23,8 +23,8 @@ def _train_cmd(run_dir):
 
 
 def _env(run_dir):
-    # the test run's persistent compilation cache (conftest): the smoke run compiled the training step (its first
-    # process in a fresh clone), the runs below load it, so a resumed run is checked against one that compiled
+    # the test run's persistent compilation cache (conftest): the first process of the test run (or of the smoke
+    # pipeline beside it) to need the training step compiles it, the others load it
     return {**os.environ, "JAX_PLATFORMS": "cpu"}
 
 
