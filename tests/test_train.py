@@ -22,7 +22,7 @@ def _train_cmd(run_dir):
     return [sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir", str(run_dir)]
 
 
-def _env(run_dir):
+def _env():
     # the test run's persistent compilation cache (conftest): the first process of the test run (or of the smoke
     # pipeline beside it) to need the training step compiles it, the others load it
     return {**os.environ, "JAX_PLATFORMS": "cpu"}
@@ -39,7 +39,7 @@ def _assert_same_parameters(run_dir, other_dir, err_msg=""):
 
 def _run(run_dir):
     # A subprocess, as a user runs it: Levanter's trainer sets global JAX and logging state.
-    env = _env(run_dir)
+    env = _env()
     out = subprocess.run(_train_cmd(run_dir), env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
@@ -94,7 +94,7 @@ def test_resume_after_sigkill_equals_uninterrupted_run(full_run, tmp_path):
     full_dir = full_run
     run_dir = tmp_path / "run"
     seed = kill_seed()
-    kills, stderr = run_with_kills(_train_cmd(run_dir), _env(run_dir), run_dir, seed)
+    kills, stderr = run_with_kills(_train_cmd(run_dir), _env(), run_dir, seed)
     check_kills(kills, stderr, seed)
     _assert_same_parameters(run_dir, full_dir, err_msg=f"kill seed {seed}: {kills}")
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
@@ -136,7 +136,7 @@ def test_a_loss_too_large_for_its_perplexity_ends_as_diverged(tmp_path):
     in math.exp (OverflowError) nor a finished run: the run ends diverged at its last step."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-c", _HUGE_LOSS, "--config", str(SMOKE), "--run_dir", str(run_dir)]
-    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     _assert_diverged(out, run_dir, step=19)
 
 
@@ -166,7 +166,7 @@ def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path
     script = ("import sys, levanter.trainer, diffeqformer.train as t; t.Trainer = levanter.trainer.Trainer; "
               "t.cli(sys.argv[1:])")
     cmd = [sys.executable, "-c", script, "--config", str(SMOKE), "--run_dir", str(run_dir)]
-    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     _assert_same_parameters(run_dir, full_dir)
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
@@ -194,7 +194,7 @@ def test_train_state_is_filtered_for_checkpoints_only(full_run, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-c", _COUNT_SAVEABLE, "--config", str(SMOKE), "--run_dir", str(run_dir),
            "--trainer.checkpointer.keep", '[{"every": 5}]']
-    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     saved = sorted(int(line.rsplit(" ", 1)[1].rstrip(".")) for line in out.stderr.splitlines()
                    if "Saving checkpoint at step" in line and " to " not in line)
@@ -236,7 +236,7 @@ def test_levanter_initializes_before_jax_starts_its_backend(module, tmp_path):
     # machine with mpi4py: "jax.distributed.initialize() must be called before any JAX calls that might initialise
     # the XLA backend".
     out = subprocess.run([sys.executable, "-c", _BEFORE_INITIALIZE, module, str(SMOKE), str(tmp_path / "run")],
-                         env=_env(tmp_path / "run"), capture_output=True, text=True, timeout=600)
+                         env=_env(), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "backend started before initialize: False" in out.stdout
 
