@@ -17,6 +17,13 @@ CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
 # training process compiled its steps anew. test_package_init and test_pipeline check that training processes take
 # the flag when the variable is unset; benchmarks/cpu_kernels.py measures both kernels and prints whether each caches.
 os.environ.setdefault("DIFFEQFORMER_ONEDNN", "0")
+# XLA compiles with little optimisation (JAX's jax_disable_most_optimizations: LLVM at level 0, its expensive passes
+# off), in the test processes and in every process they start: the tests' programs are small and run a few times, so
+# compiling them was most of their cost; optimised or not, they compute what they compute (the tests check values to
+# their tolerances, and bit for bit where two runs of the same compiled program are compared). Measured: a quarter
+# of the CPU time of the compile-heavy test files (Measurements page, "A fresh `make test`"). The one test of what an
+# optimisation level changes (test_levanter_trainer, a fresh state) turns it off for itself. `make book` is untouched.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import itertools  # noqa: E402
 
