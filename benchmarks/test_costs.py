@@ -45,6 +45,17 @@ def main(argv: list[str] | None = None) -> None:
     total = {k: sum(f[k] for f in files.values()) for k in ("cpu_s", "children_cpu_s", "compile_s", "wall_s")}
     print(f"{total['cpu_s'] + total['children_cpu_s']:8.1f} {total['cpu_s']:8.1f} {total['children_cpu_s']:9.1f} "
           f"{total['compile_s']:8.1f} {'':6s} {total['wall_s']:8.1f} {len(records):5d}  all")
+    # each test process's span: a process that ends long before the others left a core idle (the tail of a run)
+    spans: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if "worker" in r:
+            spans[r["worker"]] += [r["end"] - r["wall_s"], r["end"]]
+    if spans:
+        first = min(min(v) for v in spans.values())
+        print(f"\n{'from s':>8s} {'to s':>8s} {'busy s':>8s}  process")
+        for worker, v in sorted(spans.items()):
+            busy = sum(r["wall_s"] for r in records if r.get("worker") == worker)
+            print(f"{min(v) - first:8.1f} {max(v) - first:8.1f} {busy:8.1f}  {worker}")
     print(f"\nthe {args.top} costliest tests")
     print(f"{'CPU s':>8s} {'compile':>8s} {'#comp':>6s} {'wall s':>8s}  test")
     for r in sorted(records, key=lambda r: -cpu(r))[: args.top]:

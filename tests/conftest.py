@@ -92,7 +92,8 @@ def pytest_collection_modifyitems(config, items):
 # ------------------------------------------------------------------------------------------- what each test costs
 
 COSTS = os.environ.get("DIFFEQFORMER_TEST_COSTS")
-"""A file to append one JSON line per test to (``benchmarks/test_costs.py`` sums them by file): its wall seconds,
+"""A file to append one JSON line per test to (``benchmarks/test_costs.py`` sums them by file): the process that ran
+it (an xdist worker, or ``main``), when it ended (Unix time), its wall seconds,
 the CPU seconds of the test's process and of the processes it started and waited for, and the seconds XLA spent
 compiling in the test's process (JAX's compile events). Unset: nothing is recorded."""
 
@@ -119,7 +120,8 @@ if COSTS:
         before, start, compiled = os.times(), time.perf_counter(), dict(_compiled)
         yield
         after = os.times()
-        record = {"test": item.nodeid, "wall_s": time.perf_counter() - start,
+        record = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "end": time.time(),
+                  "wall_s": time.perf_counter() - start,
                   "cpu_s": after.user + after.system - before.user - before.system,
                   "children_cpu_s": (after.children_user + after.children_system
                                      - before.children_user - before.children_system),
