@@ -46,16 +46,17 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{total['cpu_s'] + total['children_cpu_s']:8.1f} {total['cpu_s']:8.1f} {total['children_cpu_s']:9.1f} "
           f"{total['compile_s']:8.1f} {'':6s} {total['wall_s']:8.1f} {len(records):5d}  all")
     # each test process's span: a process that ends long before the others left a core idle (the tail of a run)
-    spans: dict[str, list[float]] = defaultdict(list)
+    spans: dict[str, list[float]] = {}  # process -> [first start, last end, seconds in its tests]
     for r in records:
         if "worker" in r:
-            spans[r["worker"]] += [r["end"] - r["wall_s"], r["end"]]
+            start = r["end"] - r["wall_s"]
+            span = spans.setdefault(r["worker"], [start, r["end"], 0.0])
+            span[0], span[1], span[2] = min(span[0], start), max(span[1], r["end"]), span[2] + r["wall_s"]
     if spans:
-        first = min(min(v) for v in spans.values())
+        first = min(start for start, _, _ in spans.values())
         print(f"\n{'from s':>8s} {'to s':>8s} {'busy s':>8s}  process")
-        for worker, v in sorted(spans.items()):
-            busy = sum(r["wall_s"] for r in records if r.get("worker") == worker)
-            print(f"{min(v) - first:8.1f} {max(v) - first:8.1f} {busy:8.1f}  {worker}")
+        for worker, (start, end, busy) in sorted(spans.items()):
+            print(f"{start - first:8.1f} {end - first:8.1f} {busy:8.1f}  {worker}")
     print(f"\nthe {args.top} costliest tests")
     print(f"{'CPU s':>8s} {'compile':>8s} {'#comp':>6s} {'wall s':>8s}  test")
     for r in sorted(records, key=lambda r: -cpu(r))[: args.top]:

@@ -22,7 +22,8 @@ os.environ.setdefault("DIFFEQFORMER_ONEDNN", "0")
 # compiling them was most of their cost; optimised or not, they compute what they compute (the tests check values to
 # their tolerances, and bit for bit where two runs of the same compiled program are compared). Measured: a quarter
 # of the CPU time of the compile-heavy test files (Measurements page, "A fresh `make test`"). The one test of what an
-# optimisation level changes (test_levanter_trainer, a fresh state) turns it off for itself. `make book` is untouched.
+# optimisation level changes (test_levanter_trainer, a fresh state) turns the switch off for itself. `make book` is
+# untouched.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import itertools  # noqa: E402

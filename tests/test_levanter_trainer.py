@@ -6,7 +6,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax._src import compiler
 from diffeqformer.model.baselines import baseline_config
 from helpers import VOCAB, tiny
 from levanter.adaptor.lora import LoraConfig, lora_trainable_params_filter, loraize
@@ -96,7 +95,7 @@ def test_levanter_baselines_train_at_same_dims(tmp_path, kind):
 
 
 @pytest.mark.parametrize("kind", ["diffeqformer", "gpt2"])
-def test_a_fresh_state_is_levanters_own_bit_for_bit(tmp_path, kind, monkeypatch):
+def test_a_fresh_state_is_levanters_own_bit_for_bit(tmp_path, kind, request):
     """train.initial_state builds the model in a program of its own, compiled at a lower XLA optimisation level
     (a third of the start-up of a cpu population): the state it starts from is the one Levanter's own compiled
     initialisation gives, bit for bit."""
@@ -104,7 +103,9 @@ def test_a_fresh_state_is_levanters_own_bit_for_bit(tmp_path, kind, monkeypatch)
     model_init = lambda: config.build(VOCAB, key=jax.random.PRNGKey(1))  # noqa: E731
     # XLA's default optimisation for Levanter's own initialisation, as a training compiles it (conftest turns most
     # optimisation off for the tests; at level 0 the states differ from level 1's)
-    monkeypatch.setattr(compiler._DISABLE_MOST_OPTIMIZATIONS, "value", False)
+    switch = "jax_disable_most_optimizations"
+    request.addfinalizer(lambda value=jax.config.read(switch): jax.config.update(switch, value))
+    jax.config.update(switch, False)
     states = []
     for own in (True, False):
         with jax.numpy_dtype_promotion("standard"), _trainer(tmp_path / str(own)) as trainer:
