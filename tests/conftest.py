@@ -45,8 +45,9 @@ def smoke_run(tmp_path_factory, request):
     ``<folder>/pretrain.yaml`` (the fine-tunings name it as their pretraining). test_train checks the run itself and
     test_finetune fine-tunes it. The pytest workers share it (the first to ask trains it, under a file lock, in the
     folder above both workers' own); tests only read it."""
-    import subprocess
     import sys
+
+    import forked
 
     from filelock import FileLock
 
@@ -62,8 +63,7 @@ def smoke_run(tmp_path_factory, request):
             config = folder / "pretrain.yaml"
             config.write_text((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
             cmd = [sys.executable, "-m", "diffeqformer.train", "--config", str(config), "--run_dir", str(folder / "run")]
-            out = subprocess.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True,
-                                 timeout=900)
+            out = forked.run(cmd, {**os.environ, "JAX_PLATFORMS": "cpu"}, timeout=900)
             assert out.returncode == 0, out.stderr[-3000:]
     return folder / "run"
 
@@ -95,7 +95,8 @@ def pytest_collection_modifyitems(config, items):
 COSTS = os.environ.get("DIFFEQFORMER_TEST_COSTS")
 """A file to append one JSON line per test to (``benchmarks/test_costs.py`` sums them by file): the process that ran
 it (an xdist worker, or ``main``), when it ended (Unix time), its wall seconds,
-the CPU seconds of the test's process and of the processes it started and waited for, and the seconds XLA spent
+the CPU seconds of the test's process and of the processes it started and waited for (the commands it forked,
+``forked``, included), and the seconds XLA spent
 compiling in the test's process (JAX's compile events). Unset: nothing is recorded."""
 
 if COSTS:
@@ -116,16 +117,19 @@ if COSTS:
 
     monitoring.register_event_duration_secs_listener(_on_duration)
 
+    import forked  # noqa: E402
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(item, nextitem):
-        before, start, compiled = os.times(), time.perf_counter(), dict(_compiled)
+        before, start, compiled, forked_s = os.times(), time.perf_counter(), dict(_compiled), forked.CHILD_CPU_S[0]
         yield
         after = os.times()
         record = {"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER", "main"), "end": time.time(),
                   "wall_s": time.perf_counter() - start,
                   "cpu_s": after.user + after.system - before.user - before.system,
                   "children_cpu_s": (after.children_user + after.children_system
-                                     - before.children_user - before.children_system),
+                                     - before.children_user - before.children_system
+                                     + forked.CHILD_CPU_S[0] - forked_s),
                   "compile_s": _compiled["s"] - compiled["s"], "compiles": _compiled["n"] - compiled["n"],
                   "trace_s": _compiled["trace_s"] - compiled["trace_s"]}
         with open(COSTS, "a") as f:

@@ -8,10 +8,11 @@ import json
 import os
 import random
 import signal
-import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import forked
 
 
 def kill_seed() -> int:
@@ -66,20 +67,23 @@ def run_with_kills(cmd: list[str], env: dict, run_dir: Path, seed: int, *, check
 
     def attempt(ready, describe):
         offset = metrics.stat().st_size if metrics.exists() else 0
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        deadline = time.time() + timeout
-        while not ready(offset):
-            if proc.poll() is not None:
-                raise AssertionError(f"(kill seed {seed}) the run ended before {describe} "
-                                     f"(exit {proc.returncode}):\n{proc.stderr.read()[-3000:]}")
-            if time.time() > deadline:
-                proc.kill()
-                raise AssertionError(f"(kill seed {seed}) not at {describe} within {timeout} s")
-            time.sleep(0.001)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        proc.stderr.close()
+        proc = forked.start(cmd, env)
+        try:
+            deadline = time.time() + timeout
+            while not ready(offset):
+                if proc.poll() is not None:
+                    raise AssertionError(f"(kill seed {seed}) the run ended before {describe} "
+                                         f"(exit {proc.returncode}):\n{proc.stderr()[-3000:]}")
+                if time.time() > deadline:
+                    proc.kill()
+                    proc.wait()
+                    raise AssertionError(f"(kill seed {seed}) not at {describe} within {timeout} s")
+                time.sleep(0.001)
+            time.sleep(delay)
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+        finally:
+            proc.close()
         kills.append(Kill(describe, _committed(checkpoint)))
         assert not (run_dir / "complete.json").exists(), f"(kill seed {seed}) complete.json after a kill"
 
@@ -89,7 +93,7 @@ def run_with_kills(cmd: list[str], env: dict, run_dir: Path, seed: int, *, check
             f"the step-{checkpoint_step} checkpoint being written")
     attempt(lambda off: max(_logged_steps(metrics, off), default=-1) >= between and _committed(checkpoint),
             f"step {between}, after the step-{checkpoint_step} checkpoint")
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    out = forked.run(cmd, env, timeout=timeout)
     assert out.returncode == 0, f"(kill seed {seed}) the last rerun failed:\n{out.stderr[-3000:]}"
     return kills, out.stderr
 

@@ -1,9 +1,9 @@
 """Every YAML file in config/ parses into its dataclass; bad input is rejected before any compute."""
 
 import re
-import subprocess
 import sys
 
+import forked
 import pytest
 from levanter.models.gpt2 import Gpt2Config
 from levanter.models.llama import LlamaConfig
@@ -169,9 +169,8 @@ def test_no_config_file_is_the_usage(monkeypatch):
 
 def test_bad_input_ends_without_a_traceback(tmp_path):
     """As a user sees it: the process prints one line and exits with status 1."""
-    out = subprocess.run([sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir",
-                          str(tmp_path / "run"), "--trainer.max_eval_batches", "0"],
-                         capture_output=True, text=True, timeout=300)
+    out = forked.run([sys.executable, "-m", "diffeqformer.train", "--config", str(SMOKE), "--run_dir",
+                      str(tmp_path / "run"), "--trainer.max_eval_batches", "0"], timeout=300)
     assert out.returncode == 1
     assert out.stderr.strip().splitlines() == ["error: trainer.max_eval_batches (or null for the whole validation "
                                                "split) must be a positive integer, got 0"]

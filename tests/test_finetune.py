@@ -3,7 +3,6 @@ after SIGKILL equals an uninterrupted run, bad input is rejected before anything
 
 import json
 import os
-import subprocess
 import sys
 import time
 
@@ -11,6 +10,7 @@ import equinox as eqx
 import haliax as hax
 import jax
 import numpy as np
+import forked
 import pytest
 from helpers import VOCAB, assert_close, random_ids, tiny
 from interrupt import kill_seed, run_with_kills
@@ -43,7 +43,7 @@ def env():
 
 def _run(module, config, run_dir, env, *extra):
     cmd = [sys.executable, "-m", module, "--config", str(config), "--run_dir", str(run_dir), *map(str, extra)]
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    out = forked.run(cmd, env, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 

@@ -4,12 +4,12 @@ refused; a member of a population of LoRA fine-tunings fine-tunes like its solo 
 
 import json
 import os
-import subprocess
 import sys
 
 import equinox as eqx
 import jax
 import numpy as np
+import forked
 import pytest
 from levanter.models.gpt2 import Gpt2LMHeadModel
 
@@ -33,7 +33,7 @@ def _population_cmd(run_dir, seeds=2):
 
 
 def _run(cmd, run_dir):
-    out = subprocess.run(cmd, env=_env(run_dir), capture_output=True, text=True, timeout=600)
+    out = forked.run(cmd, _env(run_dir))
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 

@@ -2,12 +2,12 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import equinox as eqx
 import jax
 import numpy as np
+import forked
 import pytest
 from interrupt import check_kills, kill_seed, run_with_kills
 
@@ -40,7 +40,7 @@ def _assert_same_parameters(run_dir, other_dir, err_msg=""):
 def _run(run_dir):
     # A subprocess, as a user runs it: Levanter's trainer sets global JAX and logging state.
     env = _env()
-    out = subprocess.run(_train_cmd(run_dir), env=env, capture_output=True, text=True, timeout=600)
+    out = forked.run(_train_cmd(run_dir), env)
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -117,7 +117,7 @@ def _assert_diverged(out, run_dir, step):
 def test_non_finite_loss_stops_with_a_message(tmp_path):
     run_dir = tmp_path / "run"
     cmd = _train_cmd(run_dir) + ["--optimizer.learning_rate", "1e30", "--optimizer.warmup", "0"]
-    out = subprocess.run(cmd, env={**os.environ, "JAX_PLATFORMS": "cpu"}, capture_output=True, text=True, timeout=600)
+    out = forked.run(cmd, {**os.environ, "JAX_PLATFORMS": "cpu"})
     _assert_diverged(out, run_dir, step=1)  # update 0 makes the parameters non-finite; update 1's loss shows it
     assert not list((run_dir / runs.CHECKPOINTS).glob("step-*"))  # no checkpoint of a diverged state
 
@@ -136,7 +136,7 @@ def test_a_loss_too_large_for_its_perplexity_ends_as_diverged(tmp_path):
     in math.exp (OverflowError) nor a finished run: the run ends diverged at its last step."""
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-c", _HUGE_LOSS, "--config", str(SMOKE), "--run_dir", str(run_dir)]
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    out = forked.run(cmd, _env())
     _assert_diverged(out, run_dir, step=19)
 
 
@@ -166,7 +166,7 @@ def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path
     script = ("import sys, levanter.trainer, diffeqformer.train as t; t.Trainer = levanter.trainer.Trainer; "
               "t.cli(sys.argv[1:])")
     cmd = [sys.executable, "-c", script, "--config", str(SMOKE), "--run_dir", str(run_dir)]
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    out = forked.run(cmd, _env())
     assert out.returncode == 0, out.stderr[-3000:]
     _assert_same_parameters(run_dir, full_dir)
     assert read_metrics(run_dir)["train/loss"].equals(read_metrics(full_dir)["train/loss"])
@@ -194,7 +194,7 @@ def test_train_state_is_filtered_for_checkpoints_only(full_run, tmp_path):
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-c", _COUNT_SAVEABLE, "--config", str(SMOKE), "--run_dir", str(run_dir),
            "--trainer.checkpointer.keep", '[{"every": 5}]']
-    out = subprocess.run(cmd, env=_env(), capture_output=True, text=True, timeout=600)
+    out = forked.run(cmd, _env())
     assert out.returncode == 0, out.stderr[-3000:]
     saved = sorted(int(line.rsplit(" ", 1)[1].rstrip(".")) for line in out.stderr.splitlines()
                    if "Saving checkpoint at step" in line and " to " not in line)
@@ -235,8 +235,7 @@ def test_levanter_initializes_before_jax_starts_its_backend(module, tmp_path):
     # building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts it. Seen on an H200
     # machine with mpi4py: "jax.distributed.initialize() must be called before any JAX calls that might initialise
     # the XLA backend".
-    out = subprocess.run([sys.executable, "-c", _BEFORE_INITIALIZE, module, str(SMOKE), str(tmp_path / "run")],
-                         env=_env(), capture_output=True, text=True, timeout=600)
+    out = forked.run([sys.executable, "-c", _BEFORE_INITIALIZE, module, str(SMOKE), str(tmp_path / "run")], _env())
     assert out.returncode == 0, out.stderr[-3000:]
     assert "backend started before initialize: False" in out.stdout
 

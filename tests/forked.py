@@ -1,0 +1,198 @@
+"""The tests' training commands, started from a process that has imported JAX, Levanter and the package once.
+
+A test that trains runs the command a user types (``python -m diffeqformer.train ...``) in a process of its own, so
+that a kill, an exit code and standard error are a process's. Python's start and its imports (JAX, Levanter and,
+through it, transformers, wandb and pyarrow: some 4,300 modules) were about half of such a process's CPU time (4.2 of
+8.4 s for a smoke training whose steps come from the compilation cache). So each test process starts a fork server
+(``multiprocessing``'s ``forkserver``) that imports what the training modules import (``PRELOAD``), once; a command is
+a process forked from it that runs the module (``runpy``, as ``python -m`` does) or the script (as ``python -c``), with
+the command's arguments, its own standard output, standard error and exit code (a negative signal number when killed,
+as ``subprocess`` reports it), and can be killed like any process.
+
+What the server imported was imported with the server's environment, so a command whose environment or working
+directory differ from those (``PYTEST_CURRENT_TEST`` aside), or that is not ``python -m``/``-c``, runs as an ordinary
+subprocess. The training modules themselves are not preloaded: ``python -m`` runs them as ``__main__``, which in a
+process that had imported them already would register their config classes twice."""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import resource
+import runpy
+import subprocess
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+PRELOAD = ("forked", "equinox", "optax", "haliax", "levanter.adaptor.lora", "levanter.callbacks",
+           "levanter.data.dataset", "levanter.eval", "levanter.models.gpt2", "levanter.models.lm_model",
+           "levanter.optim.config", "levanter.tracker", "levanter.trainer", "diffeqformer.config",
+           "diffeqformer.data.corpora", "diffeqformer.devices", "diffeqformer.dispatch",
+           "diffeqformer.model.transformer", "diffeqformer.runs")
+"""What the fork server imports: what ``diffeqformer.train``, ``finetune`` and ``population`` import, not themselves."""
+
+UNSHARED = frozenset({"PYTEST_CURRENT_TEST"})
+"""Environment variables that may differ between the server and a forked command (none that a module reads at import)."""
+
+_server: dict = {}
+"""The fork server of this process, once started: its ``context``, ``env`` and ``cwd``."""
+
+CHILD_CPU_S = [0.0]
+"""CPU seconds of the commands this process forked, ended or killed (conftest's cost records add them: a forked
+command is the server's child, not this process's, so the operating system does not count it here)."""
+
+
+def _context():
+    if not _server:
+        context = multiprocessing.get_context("forkserver")
+        context.set_forkserver_preload(list(PRELOAD))
+        # the server starts with this process's environment and folder (multiprocessing passes both on)
+        env = {k: v for k, v in os.environ.items() if k not in UNSHARED}
+        _server.update(context=context, env=env, cwd=os.getcwd())
+    return _server["context"]
+
+
+def _forkable(cmd: list[str], env: dict | None) -> bool:
+    if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] not in ("-m", "-c"):
+        return False
+    _context()
+    env = dict(os.environ if env is None else env)
+    return ({k: v for k, v in env.items() if k not in UNSHARED} == _server["env"]
+            and os.getcwd() == _server["cwd"])
+
+
+def _child(cmd: list[str], env: dict, out: str, err: str, cpu: str) -> None:
+    """In the forked process: standard output and error to ``out`` and ``err``, the command's environment and
+    arguments, then the module or script, then the exit handlers a fresh interpreter runs at its end; its CPU seconds
+    to ``cpu``. An exit code or uncaught exception ends it as multiprocessing ends a process (code 1 and the
+    traceback on standard error for an exception)."""
+    from jax._src import xla_bridge
+
+    if xla_bridge.backends_are_initialized():  # XLA's threads and devices do not survive a fork
+        raise RuntimeError("the fork server started JAX's backend while importing PRELOAD: forked commands are unsafe")
+    for fd, path in ((1, out), (2, err)):
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+    os.environ.clear()
+    os.environ.update(env)
+    try:
+        if cmd[1] == "-m":
+            sys.argv = [cmd[2], *cmd[3:]]  # runpy puts the module's path first
+            runpy.run_module(cmd[2], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = ["-c", *cmd[3:]]
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(cmd[2], "<string>", "exec"), main.__dict__)
+    finally:
+        atexit._run_exitfuncs()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        Path(cpu).write_text(str(usage.ru_utime + usage.ru_stime))
+
+
+def _proc_cpu_s(pid: int) -> float:
+    """CPU seconds so far of the running process ``pid`` (user + system, from /proc), 0 where unreadable."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+class Forked:
+    """A started command, forked (``start``) or a subprocess: ``pid``, ``poll()``, ``wait(timeout)``,
+    ``send_signal(sig)``, ``kill()``, ``returncode``, and once it has ended its ``stdout()`` and ``stderr()``."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None):
+        self._dir = tempfile.TemporaryDirectory(prefix="forked-")
+        folder = Path(self._dir.name)
+        self._out, self._err, self._cpu = folder / "out", folder / "err", folder / "cpu"
+        self._counted = False
+        env = dict(os.environ if env is None else env)
+        if _forkable(cmd, env):
+            self._proc = _context().Process(target=_child, args=(cmd, env, str(self._out), str(self._err),
+                                                                  str(self._cpu)))
+            self._proc.start()
+            self._sub = None
+        else:
+            with self._out.open("w") as out, self._err.open("w") as err:
+                self._sub = subprocess.Popen(cmd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err)
+            self._proc = None
+        self.pid = self._proc.pid if self._proc else self._sub.pid
+
+    @property
+    def forked(self) -> bool:
+        return self._proc is not None
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.exitcode if self._proc else self._sub.returncode
+
+    def poll(self) -> int | None:
+        if self._sub:
+            return self._sub.poll()
+        self._proc.join(0)
+        self._count()
+        return self._proc.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self._sub:
+            return self._sub.wait(timeout)
+        self._proc.join(timeout)
+        if self._proc.exitcode is None:
+            raise subprocess.TimeoutExpired(self._proc.name, timeout)
+        self._count()
+        return self._proc.exitcode
+
+    def send_signal(self, sig: int) -> None:
+        if self._proc and self._proc.exitcode is None and not self._counted:
+            CHILD_CPU_S[0] += _proc_cpu_s(self.pid)  # what it used before the signal ends it
+            self._counted = True
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        import signal
+
+        self.send_signal(signal.SIGKILL)
+
+    def _count(self) -> None:
+        if self._proc.exitcode is not None and not self._counted:
+            self._counted = True
+            try:
+                CHILD_CPU_S[0] += float(self._cpu.read_text())
+            except (OSError, ValueError):
+                pass
+
+    def stdout(self) -> str:
+        return self._out.read_text(errors="replace")
+
+    def stderr(self) -> str:
+        return self._err.read_text(errors="replace")
+
+    def close(self) -> None:
+        self._dir.cleanup()
+
+
+def start(cmd: list[str], env: dict | None = None) -> Forked:
+    """Start ``cmd`` (``[sys.executable, "-m" or "-c", ...]``) with ``env`` (default: this process's)."""
+    return Forked(cmd, env)
+
+
+def run(cmd: list[str], env: dict | None = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
+    """Run ``cmd`` to its end, as ``subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)``
+    does; killed and ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
+    proc = start(cmd, env)
+    try:
+        try:
+            code = proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        return subprocess.CompletedProcess(cmd, code, proc.stdout(), proc.stderr())
+    finally:
+        proc.close()
