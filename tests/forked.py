@@ -105,12 +105,15 @@ def _proc_cpu_s(pid: int) -> float:
 
 class Forked:
     """A started command, forked (``start``) or a subprocess: ``pid``, ``poll()``, ``wait(timeout)``,
-    ``send_signal(sig)``, ``kill()``, ``returncode``, and once it has ended its ``stdout()`` and ``stderr()``."""
+    ``send_signal(sig)``, ``kill()``, ``returncode``, what it has written to ``stdout()`` and ``stderr()`` so far,
+    and ``close()`` (or a ``with`` block), which kills it if it still runs."""
 
     def __init__(self, cmd: list[str], env: dict | None = None):
         self._dir = tempfile.TemporaryDirectory(prefix="forked-")
         folder = Path(self._dir.name)
         self._out, self._err, self._cpu = folder / "out", folder / "err", folder / "cpu"
+        self._out.touch()
+        self._err.touch()
         self._counted = False
         env = dict(os.environ if env is None else env)
         if _forkable(cmd, env):
@@ -174,7 +177,17 @@ class Forked:
         return self._err.read_text(errors="replace")
 
     def close(self) -> None:
+        """Kill the command if it still runs (a test that failed midway), then remove its output files."""
+        if self.poll() is None:
+            self.kill()
+            self.wait()
         self._dir.cleanup()
+
+    def __enter__(self) -> "Forked":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def start(cmd: list[str], env: dict | None = None) -> Forked:
@@ -185,14 +198,6 @@ def start(cmd: list[str], env: dict | None = None) -> Forked:
 def run(cmd: list[str], env: dict | None = None, timeout: float = 600.0) -> subprocess.CompletedProcess:
     """Run ``cmd`` to its end, as ``subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)``
     does; killed and ``subprocess.TimeoutExpired`` after ``timeout`` seconds."""
-    proc = start(cmd, env)
-    try:
-        try:
-            code = proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-            raise
+    with start(cmd, env) as proc:  # past the timeout, wait raises and leaving kills it
+        code = proc.wait(timeout)
         return subprocess.CompletedProcess(cmd, code, proc.stdout(), proc.stderr())
-    finally:
-        proc.close()

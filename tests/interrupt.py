@@ -67,23 +67,18 @@ def run_with_kills(cmd: list[str], env: dict, run_dir: Path, seed: int, *, check
 
     def attempt(ready, describe):
         offset = metrics.stat().st_size if metrics.exists() else 0
-        proc = forked.start(cmd, env)
-        try:
+        with forked.start(cmd, env) as proc:  # killed on leaving, if a check below fails
             deadline = time.time() + timeout
             while not ready(offset):
                 if proc.poll() is not None:
                     raise AssertionError(f"(kill seed {seed}) the run ended before {describe} "
                                          f"(exit {proc.returncode}):\n{proc.stderr()[-3000:]}")
                 if time.time() > deadline:
-                    proc.kill()
-                    proc.wait()
                     raise AssertionError(f"(kill seed {seed}) not at {describe} within {timeout} s")
                 time.sleep(0.001)
             time.sleep(delay)
             proc.send_signal(signal.SIGKILL)
             proc.wait()
-        finally:
-            proc.close()
         kills.append(Kill(describe, _committed(checkpoint)))
         assert not (run_dir / "complete.json").exists(), f"(kill seed {seed}) complete.json after a kill"
 
