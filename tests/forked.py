@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import types
+import warnings
 from pathlib import Path
 
 PRELOAD = ("forked", "equinox", "optax", "haliax", "levanter.adaptor.lora", "levanter.callbacks",
@@ -34,8 +35,13 @@ PRELOAD = ("forked", "equinox", "optax", "haliax", "levanter.adaptor.lora", "lev
            "diffeqformer.model.transformer", "diffeqformer.runs")
 """What the fork server imports: what ``diffeqformer.train``, ``finetune`` and ``population`` import, not themselves."""
 
-UNSHARED = frozenset({"PYTEST_CURRENT_TEST"})
-"""Environment variables that may differ between the server and a forked command (none that a module reads at import)."""
+UNSHARED = frozenset({"PYTEST_CURRENT_TEST", "TRANSFORMERS_VERBOSITY", "_RJEM_MALLOC_CONF"})
+"""Environment variables that may differ between the server and a forked command, which has them as asked: pytest's
+name of the running test, and two that a process sets in its own environment as it runs, so that a test process has
+them once a test in it has trained in-process, a fresh training process sets them itself, and the server may not have
+them: ``TRANSFORMERS_VERBOSITY`` (Levanter's trainer sets it to ``error`` when it starts; a server without it imported
+transformers at its default verbosity, so a forked training can print a transformers warning that a fresh one would
+not) and ``_RJEM_MALLOC_CONF`` (polars' import sets its allocator's settings)."""
 
 _server: dict = {}
 """The fork server of this process, once started: its ``context``, ``env`` and ``cwd``."""
@@ -55,13 +61,18 @@ def _context():
     return _server["context"]
 
 
-def _forkable(cmd: list[str], env: dict | None) -> bool:
+def _not_forkable(cmd: list[str], env: dict) -> str | None:
+    """Why ``cmd`` with ``env`` cannot be forked from this process's server (None: it can)."""
     if len(cmd) < 3 or cmd[0] != sys.executable or cmd[1] not in ("-m", "-c"):
-        return False
+        return "not python -m or -c"
     _context()
-    env = dict(os.environ if env is None else env)
-    return ({k: v for k, v in env.items() if k not in UNSHARED} == _server["env"]
-            and os.getcwd() == _server["cwd"])
+    mine = {k: v for k, v in env.items() if k not in UNSHARED}
+    changed = sorted(k for k in mine.keys() | _server["env"].keys() if mine.get(k) != _server["env"].get(k))
+    if changed:
+        return f"its environment differs from the fork server's in {', '.join(changed)}"
+    if os.getcwd() != _server["cwd"]:
+        return "it runs in another folder than the fork server"
+    return None
 
 
 def _child(cmd: list[str], env: dict, out: str, err: str, cpu: str) -> None:
@@ -116,7 +127,11 @@ class Forked:
         self._err.touch()
         self._counted = False
         env = dict(os.environ if env is None else env)
-        if _forkable(cmd, env):
+        self.not_forked = _not_forkable(cmd, env)
+        """Why the command runs as a subprocess (None: it was forked)."""
+        if self.not_forked and "environment" in self.not_forked:  # slower: shows in pytest's warnings summary
+            warnings.warn(f"{' '.join(cmd[1:3])[:60]}: a subprocess, not forked: {self.not_forked}", RuntimeWarning)
+        if self.not_forked is None:
             self._proc = _context().Process(target=_child, args=(cmd, env, str(self._out), str(self._err),
                                                                   str(self._cpu)))
             self._proc.start()
