@@ -35,13 +35,17 @@ PRELOAD = ("forked", "equinox", "optax", "haliax", "levanter.adaptor.lora", "lev
            "diffeqformer.model.transformer", "diffeqformer.runs")
 """What the fork server imports: what ``diffeqformer.train``, ``finetune`` and ``population`` import, not themselves."""
 
-UNSHARED = frozenset({"PYTEST_CURRENT_TEST", "TRANSFORMERS_VERBOSITY", "_RJEM_MALLOC_CONF"})
+UNSHARED = frozenset({"PYTEST_CURRENT_TEST", "TRANSFORMERS_VERBOSITY", "_RJEM_MALLOC_CONF", "KMP_DUPLICATE_LIB_OK",
+                      "HF_XET_HIGH_PERFORMANCE"})
 """Environment variables that may differ between the server and a forked command, which has them as asked: pytest's
-name of the running test, and two that a process sets in its own environment as it runs, so that a test process has
-them once a test in it has trained in-process, a fresh training process sets them itself, and the server may not have
-them: ``TRANSFORMERS_VERBOSITY`` (Levanter's trainer sets it to ``error`` when it starts; a server without it imported
-transformers at its default verbosity, so a forked training can print a transformers warning that a fresh one would
-not) and ``_RJEM_MALLOC_CONF`` (polars' import sets its allocator's settings)."""
+name of the running test, and those that a process sets in its own environment as it runs, so that a test process
+has them once a test in it has trained in-process or imported a library late, a fresh process sets them itself, and
+the server may not have them: ``TRANSFORMERS_VERBOSITY`` (Levanter's trainer sets it to ``error`` when it starts; a
+server without it imported transformers at its default verbosity, so a forked training can print a transformers
+warning that a fresh one would not), ``_RJEM_MALLOC_CONF`` (polars' import: its allocator's settings),
+``KMP_DUPLICATE_LIB_OK`` (scikit-learn's import, for Intel's OpenMP library, which nothing here loads) and
+``HF_XET_HIGH_PERFORMANCE`` (lm-eval's import: the Hugging Face hub's download speed). Any other difference sends the
+command to a subprocess, with a warning: slower, never another result."""
 
 _server: dict = {}
 """The fork server of this process, once started: its ``context``, ``env`` and ``cwd``."""
