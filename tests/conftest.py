@@ -68,6 +68,21 @@ def smoke_run(tmp_path_factory, request):
     return folder / "run"
 
 
+@pytest.fixture(autouse=True)
+def _environment_as_it_was():
+    """Every test leaves ``os.environ`` as it found it. Code that a test runs in-process sets variables for itself and
+    the processes it starts (the pipeline's GLIBC_TUNABLES and XLA_PYTHON_CLIENT_PREALLOCATE, train's
+    LEVANTER_CE_XLA_FAST_BWD on a GPU), and these stayed in the worker for every later test and every process those
+    started."""
+    before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    yield
+    now = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    if now != before:
+        for k in now.keys() - before.keys():
+            del os.environ[k]
+        os.environ.update(before)
+
+
 @pytest.fixture
 def getkey():
     """Call getkey() for a fresh PRNG key; the sequence is the same in every run."""
