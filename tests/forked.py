@@ -10,7 +10,7 @@ the command's arguments, its own standard output, standard error and exit code (
 as ``subprocess`` reports it), and can be killed like any process.
 
 What the server imported was imported with the server's environment, so a command whose environment or working
-directory differ from those (``PYTEST_CURRENT_TEST`` aside), or that is not ``python -m``/``-c``, runs as an ordinary
+directory differ from those (``UNSHARED`` aside), or that is not ``python -m``/``-c``, runs as an ordinary
 subprocess. The training modules themselves are not preloaded: ``python -m`` runs them as ``__main__``, which in a
 process that had imported them already would register their config classes twice."""
 
@@ -21,6 +21,7 @@ import multiprocessing
 import os
 import resource
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -72,8 +73,10 @@ def _not_forkable(cmd: list[str], env: dict) -> str | None:
     _context()
     mine = {k: v for k, v in env.items() if k not in UNSHARED}
     changed = sorted(k for k in mine.keys() | _server["env"].keys() if mine.get(k) != _server["env"].get(k))
-    if changed:
-        return f"its environment differs from the fork server's in {', '.join(changed)}"
+    if changed:  # slower, so it shows in pytest's warnings summary
+        why = f"its environment differs from the fork server's in {', '.join(changed)}"
+        warnings.warn(f"{' '.join(cmd[1:3])[:60]}: a subprocess, not forked: {why}", RuntimeWarning)
+        return why
     if os.getcwd() != _server["cwd"]:
         return "it runs in another folder than the fork server"
     return None
@@ -133,8 +136,6 @@ class Forked:
         env = dict(os.environ if env is None else env)
         self.not_forked = _not_forkable(cmd, env)
         """Why the command runs as a subprocess (None: it was forked)."""
-        if self.not_forked and "environment" in self.not_forked:  # slower: shows in pytest's warnings summary
-            warnings.warn(f"{' '.join(cmd[1:3])[:60]}: a subprocess, not forked: {self.not_forked}", RuntimeWarning)
         if self.not_forked is None:
             self._proc = _context().Process(target=_child, args=(cmd, env, str(self._out), str(self._err),
                                                                   str(self._cpu)))
@@ -177,8 +178,6 @@ class Forked:
         os.kill(self.pid, sig)
 
     def kill(self) -> None:
-        import signal
-
         self.send_signal(signal.SIGKILL)
 
     def _count(self) -> None:

@@ -244,10 +244,7 @@ def test_levanter_initializes_before_jax_starts_its_backend(module, tmp_path):
 def test_fast_loss_backward_only_on_a_gpu(monkeypatch, platform):
     """Levanter's faster cross-entropy backward is turned on for a GPU and never on a CPU (the cpu preset's
     gradients stay bit for bit); a value the user set wins."""
-    # set, then removed: monkeypatch restores the variable as it was (absent) when the test ends, the value
-    # use_fast_loss_backward sets included (it leaked into the worker's later tests and training commands)
-    monkeypatch.setenv(train.FAST_LOSS_BACKWARD, "unset")
-    monkeypatch.delenv(train.FAST_LOSS_BACKWARD)
+    monkeypatch.delenv(train.FAST_LOSS_BACKWARD, raising=False)
     monkeypatch.setattr(train.jax, "default_backend", lambda: platform)
     assert train.use_fast_loss_backward() == (platform == "gpu")
     assert (train.FAST_LOSS_BACKWARD in os.environ) == (platform == "gpu")
