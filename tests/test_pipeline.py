@@ -159,6 +159,7 @@ def _notebook(path, name):
     params = nbformat.v4.new_code_cell('preset: str = "x"\nx: int = 1  # must be positive')
     params.metadata["tags"] = ["parameters"]
     body = nbformat.v4.new_code_cell(
+        "import sys\nprint('preloaded:', 'diffeqformer.report.figures' in sys.modules)\n"  # forked from the server
         "import matplotlib.pyplot as plt\nfrom diffeqformer.report import figures\n"
         f"figures.start({name!r}, dict(preset=preset, x=x))\n"
         "fig, ax = plt.subplots()\nax.plot([0, x])\n"
@@ -185,6 +186,10 @@ def tiny(tmp_path, monkeypatch):
     # The source a notebook imports is part of its key; fixed here, so that an edit elsewhere in the package (in a
     # shared work tree) cannot make this test re-execute what it expects cached.
     monkeypatch.setattr(pipeline.planning, "notebook_sources_hash", lambda path: "fixed")
+    # the notebooks' processes forked from a server that imports what these notebooks import (pipeline.forks)
+    monkeypatch.setattr(pipeline.forks, "PRELOAD", ("papermill", "nbclient", "jupyter_client.manager",
+                                                    "ipykernel.ipkernel", "ipykernel.zmqshell", "matplotlib.pyplot",
+                                                    "diffeqformer.report.figures"))
     registry = {"tiny": {"nb_a": dict(x=1), "nb_b": dict(x=2)}}
 
     def run(overrides=None):
@@ -195,15 +200,24 @@ def tiny(tmp_path, monkeypatch):
     return run, home
 
 
-def test_cache_reexecutes_only_what_changed(tiny):
+def _printed(name: str) -> str:
+    """What the cached executed notebook ``name`` printed."""
+    executed = next(pipeline.cache_dir().glob(f"{name}-*")) / "notebook.ipynb"
+    return "".join(o.get("text", "") for c in nbformat.read(executed, as_version=4).cells for o in c.get("outputs", []))
+
+
+def test_cache_reexecutes_only_what_changed(tiny, monkeypatch):
     run, home = tiny
     first = run()
     assert first.count("(cached)") == 0
+    assert "preloaded: True" in _printed("nb_a") and "preloaded: True" in _printed("nb_b")  # forked kernels
     assert sorted(p.name for p in (home / "figures").iterdir()) == [
         "nb_a_fig.json", "nb_a_fig.png", "nb_a_fig.svg", "nb_b_fig.json", "nb_b_fig.png", "nb_b_fig.svg"]
     second = run()
     assert second.count("(cached)") == 2  # both notebooks
+    monkeypatch.setenv(pipeline.notebooks.FORKS_OFF, "0")  # and with the fork server off, fresh ones
     third = run({"nb_b": {"x": 3}})
+    assert "preloaded: False" in _printed("nb_b")
     assert "execute nb_a" in third and third.split("execute nb_b")[0].count("(cached)") == 1
     assert third.split("execute nb_b")[1].split("\n")[1].endswith(tuple("0123456789"))  # nb_b ran again
     record = json.loads((home / "figures" / "nb_b_fig.json").read_text())

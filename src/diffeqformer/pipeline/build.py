@@ -16,7 +16,7 @@ from .. import paths
 from ..report import book
 from . import cluster, edition
 from .lanes import TRAIN_LANES, load_state, runs_alone, save_state, train_runs, train_worker, training_units
-from .notebooks import check_figures, execute_notebook
+from .notebooks import check_figures, execute_notebook, fork_server
 from .pages import generated_pages
 from .planning import PipelineError, Plan, cache_dir, html_dir, parse_overrides, plan, work_dir
 from .processes import keep_heap, share_device
@@ -143,11 +143,15 @@ def _train_and_execute(result: Plan, preset: str, progress: Progress, state: dic
                                                                    f"execute {job.name}"), "(cached)")
     seconds: dict[str, float] = {}
     notebook_log = work / "logs" / f"notebooks-{preset}.log"
+    # the notebooks' processes are forked from one that imports their libraries while the runs train (forks)
+    forks = fork_server(notebook_log) if to_execute else None
     try:
         train_runs(result.trainings, progress, 0, work / "logs" / f"train-{preset}.log", lanes,
-                   notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log),
+                   notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log, forks),
                    seconds=seconds, alone=runs_alone(preset), costs=costs)
     finally:  # what was measured, even if a run or a notebook failed
+        if forks is not None:
+            forks.close()
         state["seconds"].update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
         save_state(state)
     for t in result.trainings:

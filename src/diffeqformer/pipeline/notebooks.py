@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 from .. import paths
+from .forks import ADDRESS, ForkServer
 from .planning import NotebookJob, PipelineError, cache_dir, work_dir
 from .processes import child_env
 
@@ -20,7 +21,7 @@ def _strip_ansi(text: str) -> str:
     return re.sub(r"\x1b\[[0-9;]*m", "", text)
 
 
-_CHILDREN: set[subprocess.Popen] = set()
+_CHILDREN: set = set()
 """The notebook executions running now (``execute_notebook``), for ``stop_notebooks``."""
 
 
@@ -31,25 +32,47 @@ def stop_notebooks() -> None:
             proc.terminate()
 
 
-def execute_notebook(job: NotebookJob, staging: Path, log: Path) -> float:
+def notebook_env(figures: Path | None = None) -> dict[str, str]:
+    """The environment of a notebook's Papermill child (and so of its kernel): this process's, with its figures
+    folder (``figures``), the child's parent (``processes.child_env``) and unbuffered output."""
+    env = {**child_env(os.environ), "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTHONUNBUFFERED": "1"}
+    return env if figures is None else {**env, "DIFFEQFORMER_FIGURES": str(figures)}
+
+
+FORKS_OFF = "DIFFEQFORMER_NOTEBOOK_FORKS"
+"""Environment variable: ``0`` starts every notebook's processes afresh (``forks`` off)."""
+
+
+def fork_server(log: Path) -> ForkServer | None:
+    """A ``forks.ForkServer`` for this pipeline's notebooks, with their environment (``notebook_env``), its
+    output to ``log``; None where ``FORKS_OFF`` is ``0``."""
+    return None if os.environ.get(FORKS_OFF) == "0" else ForkServer(notebook_env(), log)
+
+
+def execute_notebook(job: NotebookJob, staging: Path, log: Path, forks: ForkServer | None = None) -> float:
     """Run one notebook with Papermill into ``staging``, then move the result into its cache entry. Returns the
     seconds it took. Papermill runs in a child process (``processes.execute_notebook_child``) with the notebook's own
-    environment (its figures folder), so that two lanes can execute notebooks at once; its standard error, and the kernel's,
-    goes to ``log``. On error, keeps the executed copy in ``_build/pipeline/failed/`` and raises ``PipelineError``
+    environment (its figures folder), so that two lanes can execute notebooks at once; its standard error, and the
+    kernel's, goes to ``log``. With ``forks``, that process and the kernel are forked from it (``forks``), else
+    started afresh. On error, keeps the executed copy in ``_build/pipeline/failed/`` and raises ``PipelineError``
     with the notebook's own exception and the end of its traceback."""
     work = staging / "execute" / job.name
     shutil.rmtree(work, ignore_errors=True)
     (work / "figures").mkdir(parents=True)
     output = work / "notebook.ipynb"
-    env = {**child_env(os.environ), "DIFFEQFORMER_FIGURES": str(work / "figures"),
-           "PYDEVD_DISABLE_FILE_VALIDATION": "1", "PYTHONUNBUFFERED": "1"}
+    env = notebook_env(work / "figures")
+    if forks is not None:
+        env[ADDRESS] = forks.address
     spec = {"input": str(job.path), "output": str(output), "parameters": job.parameters,
             "error": str(work / "error.json")}
+    argv = ["-m", "diffeqformer.pipeline.processes", json.dumps(spec)]
     log.parent.mkdir(parents=True, exist_ok=True)
     start = time.time()
-    with log.open("a") as err_log:
-        proc = subprocess.Popen([sys.executable, "-m", "diffeqformer.pipeline.processes", json.dumps(spec)],
-                                stdin=subprocess.DEVNULL, stdout=err_log, stderr=err_log, env=env, cwd=paths.REPO)
+    with log.open("a") as err_log, open(os.devnull) as devnull:
+        proc = forks and forks.start(argv, env, paths.REPO, (devnull.fileno(), err_log.fileno(), err_log.fileno()))
+        if proc is None:
+            proc = subprocess.Popen([sys.executable, *argv], stdin=subprocess.DEVNULL, stdout=err_log,
+                                    stderr=err_log, env=env, cwd=paths.REPO)
         _CHILDREN.add(proc)
         try:
             rc = proc.wait()

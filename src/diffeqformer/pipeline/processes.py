@@ -130,13 +130,15 @@ def execute_notebook_child(spec: Mapping[str, Any]) -> None:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
+    from .forks import forked_kernel_manager
+
     exit_with_parent()
     try:
         with tempfile.TemporaryDirectory(prefix="diffeqformer-kernel-") as sockets:
             papermill.execute_notebook(spec["input"], spec["output"], parameters=spec["parameters"],
                                        kernel_name="python3", progress_bar=False, log_output=False,
                                        cwd=str(paths.HOME), config=kernel_over_unix_sockets(sockets),
-                                       iopub_timeout=IOPUB_TIMEOUT_S)
+                                       iopub_timeout=IOPUB_TIMEOUT_S, kernel_manager_class=forked_kernel_manager())
     except PapermillExecutionError as err:
         Path(spec["error"]).write_text(json.dumps({"exec_count": err.exec_count, "ename": err.ename,
                                                    "evalue": err.evalue, "traceback": list(err.traceback)}))
