@@ -9,6 +9,8 @@ import math
 import pytest
 import yaml
 
+from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
+
 from diffeqformer import paths
 from diffeqformer.analysis import ablations, seeds
 
@@ -342,34 +344,74 @@ def test_hypernetwork_headline(tmp_path):
     assert ablations.hypernetwork_verdicts(table.iloc[:1])["f10_hypernet"].word == seeds.UNTESTED
 
 
-def test_a_training_step_is_measured_in_a_fresh_process(tmp_path, monkeypatch):
-    monkeypatch.delenv("DIFFEQFORMER_ONEDNN", raising=False)  # oneDNN's kernels, as F9 measures in the pipeline
-    smoke = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
-    run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
-    wide = {**smoke["model"], "time_embed_dim": 4 * smoke["model"]["time_embed_dim"]}
-    wider = fake_run(tmp_path, "wider", model=wide, losses={0: 8.0, 1: 7.0})
-    # two runs: compiled side by side, started side by side, timed one after the other; each result is its own run's
-    result, other = ablations.measure_training_steps([run, wider], batch=4, steps=3)
-    assert (result["run"], other["run"]) == (run, wider)
-    assert result["timed_from"] < result["timed_to"] < other["timed_from"] < other["timed_to"]
-    assert other["xla_planned_mib"] > result["xla_planned_mib"]  # the larger time embedding's parameters
-    assert result["backend"] == "cpu" and result["batch"] == 4 and result["steps"] == 3
-    assert result["tokens_per_second"] == pytest.approx(4 * 64 / result["step_s"]) and result["step_s"] > 0
-    assert result["rss_peak_mib"] >= result["rss_baseline_mib"] > 0
-    assert result["training_mib"] == pytest.approx(result["rss_peak_mib"] - result["rss_baseline_mib"])
-    assert result["training_mib"] > 0 and result["xla_planned_mib"] > 0 and result["device_peak_mib"] is None
-    # the step donates its parameters and Adam's state, as training does: its outputs are written into them
-    for r in (result, other):  # every argument but the tokens (4 x 64 int32) is donated and written into
-        assert (r["xla_arguments_mib"] - r["xla_aliased_mib"]) * 2**20 == 4 * 64 * 4
-    assert result["xla_planned_mib"] == pytest.approx(result["xla_arguments_mib"] + result["xla_outputs_mib"]
-                                                      - result["xla_aliased_mib"] + result["xla_temporaries_mib"])
+@pytest.mark.pipeline
+def test_f9_measures_each_runs_training_step_in_a_process_of_its_own(smoke_book):  # noqa: F811
+    """F9's measurement in the smoke pipeline (``measure_training_steps`` on its two runs of different d_t, batch 4,
+    3 steps; the notebook saves what it returned as ``f9_measured.csv``): compiled side by side, timed one after the
+    other, each result its own run's; memory measured and XLA's plan of the step consistent; the measuring process
+    loaded the step its compiling process compiled."""
+    import pandas as pd
+
+    measured = smoke_book.home / "figures" / "f9_measured.csv"
+    assert measured.exists(), smoke_book.first.explain()
+    rows = pd.read_csv(measured, index_col=0).to_dict("records")
+    parameters = json.loads(measured.with_suffix(".json").read_text())["parameters"]
+    assert [r["run"] for r in rows] == [seeds.as_list(run)[0] for run in parameters["runs"]]
+    result, other = sorted(rows, key=lambda r: r["params"])  # the smaller model first
+    first, second = rows
+    assert first["timed_from"] < first["timed_to"] < second["timed_from"] < second["timed_to"]
+    assert other["xla_planned_mib"] > result["xla_planned_mib"]  # the larger model's parameters
+    seq = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())["model"]["max_seq_len"]
+    for r in rows:
+        assert r["backend"] == "cpu" and r["batch"] == 4 and r["steps"] == 3
+        assert r["tokens_per_second"] == pytest.approx(4 * seq / r["step_s"]) and r["step_s"] > 0
+        assert r["rss_peak_mib"] >= r["rss_baseline_mib"] > 0
+        assert r["training_mib"] == pytest.approx(r["rss_peak_mib"] - r["rss_baseline_mib"])
+        assert r["training_mib"] > 0 and r["xla_planned_mib"] > 0 and math.isnan(r["device_peak_mib"])
+        # the step donates its parameters and Adam's state, as training does: every argument but the tokens
+        # (4 x seq int32) is donated and written into
+        assert (r["xla_arguments_mib"] - r["xla_aliased_mib"]) * 2**20 == pytest.approx(4 * seq * 4, abs=1e-6)
+        assert r["xla_planned_mib"] == pytest.approx(r["xla_arguments_mib"] + r["xla_outputs_mib"]
+                                                     - r["xla_aliased_mib"] + r["xla_temporaries_mib"])
+        # the measuring process loaded the step the compiling one compiled (so its peak is the training's, not
+        # the compiler's); how much faster that is, is wall-clock: benchmarks/step_measure.py prints it
+        assert r["step_from_cache"] is True
+        assert r["compile_mib"] > 0 and r["compile_s"] > 0 and r["first_compile_s"] > 0
     # what an added parameter holds among the arguments: itself and Adam's two moments, float32, 12 bytes
     added = (other["xla_arguments_mib"] - result["xla_arguments_mib"]) * 2**20 / (other["params"] - result["params"])
     assert added == pytest.approx(12.0, abs=1e-6) and other["params"] > result["params"] > 0
-    # the second process loaded the step the first compiled (so its peak is the training's, not the compiler's);
-    # how much faster that is, is wall-clock: benchmarks/step_measure.py prints compile_s, first_compile_s, their ratio
-    assert result["step_from_cache"] and other["step_from_cache"]
-    assert result["compile_mib"] > 0 and result["compile_s"] > 0 and result["first_compile_s"] > 0
+
+
+_TWICE = """
+import json, sys
+import jax
+from diffeqformer import use_onednn
+use_onednn(cacheable=True)  # as F9's measuring processes (ablations._main)
+jax.config.update("jax_compilation_cache_dir", sys.argv[2])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+from diffeqformer.analysis import ablations
+first = ablations._measure(sys.argv[1], 4, 1)
+jax.clear_caches()  # the second compilation asks the persistent cache, as a second process would
+second = ablations._measure(sys.argv[1], 4, 1)
+print(json.dumps([first["step_from_cache"], second["step_from_cache"]]))
+"""
+
+
+def test_a_training_step_with_f9s_onednn_kernels_is_kept_by_the_compilation_cache(tmp_path, monkeypatch):
+    """F9 measures with oneDNN as XLA's library (``ONEDNN_CACHEABLE_FLAG``, as ``make book`` does; the tests' own
+    processes use XLA's kernels) so that its measuring process can load the step its compiling process compiled:
+    the smoke model's step compiled so is stored by the persistent cache and found there."""
+    import subprocess
+    import sys
+
+    monkeypatch.delenv("DIFFEQFORMER_ONEDNN", raising=False)
+    smoke = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
+    run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
+    out = subprocess.run([sys.executable, "-c", _TWICE, run, str(tmp_path / "cache")], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, True]
 
 
 def test_measure_training_step_rejects_bad_input(tmp_path):

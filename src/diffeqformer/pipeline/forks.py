@@ -59,7 +59,7 @@ MAY_DIFFER = frozenset({"DIFFEQFORMER_FIGURES", "JPY_PARENT_PID", "JPY_SESSION_N
                         "PYTEST_CURRENT_TEST", "TRANSFORMERS_VERBOSITY", "_RJEM_MALLOC_CONF", "KMP_DUPLICATE_LIB_OK",
                         "HF_XET_HIGH_PERFORMANCE", "DIFFEQFORMER_PIPELINE_PID"})
 """Environment variables in which a forked process may differ from the server, which has them as asked: read when
-used, never at an import (a notebook's figures folder, Jupyter's names of a kernel's parent and session, pytest's
+used, never at an import (a notebook's figures folder, Jupyter's names of a kernel's parent and notebook, pytest's
 name of the running test, the pipeline's pid for ``processes.exit_with_parent``), or set by a process in its own
 environment as it imports a library, so that one process has them and another not yet: transformers' verbosity
 (the package's ``__init__``), polars' allocator (``_RJEM_MALLOC_CONF``), scikit-learn's OpenMP switch, the Hugging
@@ -198,8 +198,8 @@ def _not_forkable(request: Mapping, env: Mapping[str, str], streams: int) -> str
 
 
 def _child(request: Mapping, fds: Sequence[int], conn: socket.socket, closing: tuple) -> None:
-    """In the forked process: the asker's standard streams, environment, folder and arguments, its own session (as
-    Jupyter starts a kernel), then ``python -m`` on the module; ends the process with its exit code."""
+    """In the forked process: the asker's standard streams, environment, folder and arguments, a process group of
+    its own (as Jupyter starts a kernel), then ``python -m`` on the module; ends the process with its exit code."""
     code = 1
     try:
         signal.set_wakeup_fd(-1)

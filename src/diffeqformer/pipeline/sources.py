@@ -45,7 +45,7 @@ LAYERS = [
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution"],
-    ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
+    ["pipeline.forks"], ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
     ["pipeline.notebooks"], ["pipeline.progress"], ["pipeline.lanes"], ["pipeline.cluster", "pipeline.cost"],
     ["pipeline.edition"], ["pipeline.pages"],
     ["pipeline.build"], ["pipeline", "pipeline.__main__"],
