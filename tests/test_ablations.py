@@ -383,10 +383,10 @@ def test_f9_measures_each_runs_training_step_in_a_process_of_its_own(smoke_book)
 
 
 _TWICE = """
-import json, sys
+import json, os, sys
 import jax
-from diffeqformer import use_onednn
-use_onednn(cacheable=True)  # as F9's measuring processes (ablations._main)
+import diffeqformer
+os.environ["XLA_FLAGS"] = diffeqformer.ONEDNN_CACHEABLE_FLAG  # what F9's measuring processes add (ablations._main)
 jax.config.update("jax_compilation_cache_dir", sys.argv[2])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
@@ -398,18 +398,17 @@ print(json.dumps([first["step_from_cache"], second["step_from_cache"]]))
 """
 
 
-def test_a_training_step_with_f9s_onednn_kernels_is_kept_by_the_compilation_cache(tmp_path, monkeypatch):
+def test_a_training_step_with_f9s_onednn_kernels_is_kept_by_the_compilation_cache(tmp_path):
     """F9 measures with oneDNN as XLA's library (``ONEDNN_CACHEABLE_FLAG``, as ``make book`` does; the tests' own
     processes use XLA's kernels) so that its measuring process can load the step its compiling process compiled:
     the smoke model's step compiled so is stored by the persistent cache and found there."""
-    import subprocess
     import sys
 
-    monkeypatch.delenv("DIFFEQFORMER_ONEDNN", raising=False)
+    import forked
+
     smoke = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
     run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
-    out = subprocess.run([sys.executable, "-c", _TWICE, run, str(tmp_path / "cache")], capture_output=True,
-                         text=True, timeout=600)
+    out = forked.run([sys.executable, "-c", _TWICE, run, str(tmp_path / "cache")])
     assert out.returncode == 0, out.stderr[-3000:]
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [False, True]
 

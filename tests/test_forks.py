@@ -1,4 +1,4 @@
-"""The pipeline's fork server (``pipeline.forks``): a forked command behaves as the same command started afresh, ends
+"""The fork server (``diffeqformer.forks``): a forked command behaves as the same command started afresh, ends
 with whoever asked for it, and a request it cannot serve faithfully is declined (and then started afresh)."""
 
 import os
@@ -6,11 +6,12 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
 
-from diffeqformer.pipeline import forks
+from diffeqformer import forks
 
 PROGRAM = """import os, sys
 print("out", sys.argv[1:], os.environ.get("DIFFEQFORMER_FIGURES"), flush=True)
@@ -19,6 +20,8 @@ if sys.argv[1:2] == ["sleep"]:
     open("pid", "w").write(str(os.getpid()))
     import time
     time.sleep(60)
+if sys.argv[1:2] == ["echo"]:
+    print(sys.stdin.readline().strip().upper(), flush=True)
 if sys.argv[1:2] == ["fail"]:
     raise ValueError("failed as asked")
 sys.exit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else None)
@@ -91,7 +94,7 @@ def test_a_forked_command_is_killed_with_its_launcher_and_takes_its_signals(serv
     """The launcher (Jupyter's kernel command) stands in for the forked process: its exit code is the process's,
     SIGTERM is passed on, and a launcher killed (SIGKILL, which it cannot pass on) takes the process with it."""
     s, folder = server
-    launch = [sys.executable, "-m", "diffeqformer.pipeline.forks", "launch", "-m", "prog"]
+    launch = [sys.executable, "-m", "diffeqformer.forks", "launch", "-m", "prog"]
     done = subprocess.run([*launch, "3"], env=s.env, cwd=folder, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and done.stdout.startswith("out ['3']") and "not forked" not in done.stderr
 
@@ -108,13 +111,29 @@ def test_a_forked_command_is_killed_with_its_launcher_and_takes_its_signals(serv
 def test_without_a_server_the_launcher_starts_the_command_afresh(tmp_path):
     (tmp_path / "prog.py").write_text(PROGRAM)
     env = {k: v for k, v in os.environ.items() if k != forks.ADDRESS}
-    done = subprocess.run([sys.executable, "-m", "diffeqformer.pipeline.forks", "launch", "-m", "prog", "3"],
+    done = subprocess.run([sys.executable, "-m", "diffeqformer.forks", "launch", "-m", "prog", "3"],
                           env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and done.stdout.startswith("out ['3']") and done.stderr == "err\n"
     gone = {**env, forks.ADDRESS: str(tmp_path / "no-server")}  # named, but not there: said, then afresh
-    done = subprocess.run([sys.executable, "-m", "diffeqformer.pipeline.forks", "launch", "-m", "prog", "3"],
+    done = subprocess.run([sys.executable, "-m", "diffeqformer.forks", "launch", "-m", "prog", "3"],
                           env=gone, cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and "started afresh, not forked: the fork server did not answer" in done.stderr
+
+
+def test_popen_forks_with_pipes_where_a_server_is_named_and_else_starts_a_subprocess(server):
+    """``forks.popen`` as F9's measurement uses it: standard input and output as pipes, standard error to a file."""
+    s, folder = server
+    for env, kind in ((s.env, forks.Forked), ({**s.env, "JAX_PLATFORMS": "gpu"}, subprocess.Popen),
+                      ({k: v for k, v in s.env.items() if k != forks.ADDRESS}, subprocess.Popen)):
+        with (folder / "err").open("w") as err, warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            proc = forks.popen(["-m", "prog", "echo"], err, env, folder)
+        assert isinstance(proc, kind)
+        out, _ = proc.communicate("hello\n")
+        assert proc.returncode == 0 and out.splitlines()[-1] == "HELLO" and (folder / "err").read_text() == "err\n"
+        assert [str(w.message) for w in said] == (
+            ["-m prog: started afresh, not forked: its environment differs from the fork server's in JAX_PLATFORMS"]
+            if env.get("JAX_PLATFORMS") == "gpu" else [])
 
 
 def test_closing_the_server_ends_what_it_forked(server):

@@ -18,7 +18,7 @@ import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import config as configs
-from diffeqformer import paths, pipeline, runs
+from diffeqformer import forks, paths, pipeline, runs
 from diffeqformer.pipeline import PipelineError, Run
 from diffeqformer.report import book
 
@@ -186,8 +186,8 @@ def tiny(tmp_path, monkeypatch):
     # The source a notebook imports is part of its key; fixed here, so that an edit elsewhere in the package (in a
     # shared work tree) cannot make this test re-execute what it expects cached.
     monkeypatch.setattr(pipeline.planning, "notebook_sources_hash", lambda path: "fixed")
-    # the notebooks' processes forked from a server that imports what these notebooks import (pipeline.forks)
-    monkeypatch.setattr(pipeline.forks, "PRELOAD", ("papermill", "nbclient", "jupyter_client.manager",
+    # the notebooks' processes forked from a server that imports what these notebooks import (diffeqformer.forks)
+    monkeypatch.setattr(forks, "PRELOAD", ("papermill", "nbclient", "jupyter_client.manager",
                                                     "ipykernel.ipkernel", "ipykernel.zmqshell", "matplotlib.pyplot",
                                                     "diffeqformer.report.figures"))
     registry = {"tiny": {"nb_a": dict(x=1), "nb_b": dict(x=2)}}

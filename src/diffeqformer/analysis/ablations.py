@@ -3,8 +3,9 @@ hypernetwork design, Fig. 18), read from finished runs.
 
 Every function takes run directories (absolute, or relative to ``DIFFEQFORMER_HOME``) and reads what the runs wrote:
 ``config.yaml``, ``metrics.jsonl``, ``complete.json`` and, for a fine-tuning, ``pretrain_config.yaml``. The only
-measurement made here is the time and peak memory of a training step (``measure_training_step``), in a fresh
-process per run, because a process's high-water mark cannot be reset.
+measurement made here is the time and peak memory of a training step (``measure_training_step``), in a process of
+its own per run that has not started JAX's runtime before (a fresh one, or one forked from the pipeline's fork server,
+``diffeqformer.forks``), because a process's high-water mark cannot be reset everywhere.
 
     python -m diffeqformer.analysis.ablations --measure runs/cpu-diffeqformer --batch 16 --steps 10
 """
@@ -16,14 +17,13 @@ import json
 import math
 import resource
 import statistics
-import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .. import use_onednn
+from .. import forks, use_onednn
 from ..config import config_field
 from ..report.figures import log_perplexity_axis
 from ..runs import config as run_config
@@ -792,7 +792,7 @@ CACHE_EVENTS = ("/jax/compilation_cache/compile_requests_use_cache", "/jax/compi
 
 
 def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
-    """In this process (which must be fresh): the run's model built from its config, ``steps`` AdamW steps on random
+    """In this process (which must not have started JAX's runtime before): the run's model built from its config, ``steps`` AdamW steps on random
     tokens, the memory that took and the time per step. ``wait_turn``: after the compilation and one step, print
     ``READY`` and time the steps only once a line arrives on standard input (``measure_training_steps`` starts the
     processes of several runs side by side and lets them time their steps one after the other)."""
@@ -856,8 +856,8 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
       the imports' own transient peak does not hide a small model): the model's parameters, AdamW state, the
       compiled step and its activations for ``batch`` sequences. XLA's compiler needs several times that while it
       compiles, and outside Linux a process's high-water mark cannot be reset, so the step is compiled in a first
-      fresh process (``compile_mib``: that process's peak) into a private persistent compilation cache, and measured
-      in a second one that loads it (``step_from_cache``; on the CPU both run oneDNN as XLA's library,
+      process of its own (``compile_mib``: that process's peak) into a private persistent compilation cache, and
+      measured in a second one that loads it (``step_from_cache``; on the CPU both run oneDNN as XLA's library,
       ``ONEDNN_CACHEABLE_FLAG``, since the training's custom calls make programs the cache cannot keep: with them the
       second process compiled again and its peak was the compiler's);
     * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
@@ -878,7 +878,6 @@ def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, 
     input, so that no two timed steps share the machine. ``progress``: a progress bar over the runs' timed
     measurements. F9's times in a fresh ``make book`` with this schedule, and with each measuring process started
     only after the previous one had finished: measurements page."""
-    import os
     import tempfile
 
     from tqdm.auto import tqdm
@@ -888,18 +887,16 @@ def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, 
     for run in runs:
         require_complete(run)
 
-    def start(run, n: int, cache: str, *extra: str) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "diffeqformer.analysis.ablations", "--measure", str(run_path(run)),
-               "--batch", str(batch), "--steps", str(n), *extra]
-        env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": cache, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-               "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0"}
+    def start(run, n: int, cache: str, *extra: str):
+        argv = ["-m", "diffeqformer.analysis.ablations", "--measure", str(run_path(run)), "--batch", str(batch),
+                "--steps", str(n), "--cache", cache, *extra]
         # standard error to a file: a pipe nobody reads while the process waits for its turn could fill and block it
         with Path(f"{cache}-{'measure' if extra else 'compile'}.err").open("w") as err:
-            p = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, env=env)
+            p = forks.popen(argv, err)  # forked from the pipeline's fork server where one runs
         p.err_path = err.name
         return p
 
-    def result(run, p: subprocess.Popen, stdin: str | None = None) -> dict:
+    def result(run, p, stdin: str | None = None) -> dict:
         stdout, _ = p.communicate(stdin)
         if p.returncode != 0:
             stderr = Path(p.err_path).read_text(errors="replace")
@@ -908,7 +905,7 @@ def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, 
 
     with tempfile.TemporaryDirectory(prefix="diffeqformer-measure-") as tmp:
         caches = [str(Path(tmp) / f"cache-{i}") for i in range(len(runs))]  # one private cache per run
-        procs: list[subprocess.Popen] = []
+        procs: list = []
         try:  # a failed run stops the others
             procs = [start(run, 1, cache) for run, cache in zip(runs, caches)]
             compiled = [result(run, p) for run, p in zip(runs, procs)]
@@ -1044,9 +1041,18 @@ def _main(argv: list[str] | None = None) -> None:
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--wait-turn", action="store_true",
                         help=f"after compiling and one step, print '{READY}' and time once a line comes on stdin")
+    parser.add_argument("--cache", metavar="DIR", help="JAX's persistent compilation cache for this process, which "
+                        "keeps every program (set here rather than in the environment, which a forked process "
+                        "shares with its server)")
     args = parser.parse_args(argv)
     if args.batch < 1 or args.steps < 1:
         raise SystemExit(f"error: --batch and --steps must be positive, got {args.batch} and {args.steps}")
+    if args.cache:
+        import jax
+
+        jax.config.update("jax_compilation_cache_dir", args.cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
     print(json.dumps(_measure(args.measure, args.batch, args.steps, wait_turn=args.wait_turn)))
 
 

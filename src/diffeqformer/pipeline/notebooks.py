@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from .. import paths
-from .forks import ADDRESS, ForkServer
+from ..forks import ADDRESS, ForkServer
 from .planning import NotebookJob, PipelineError, cache_dir, work_dir
 from .processes import child_env
 

@@ -130,7 +130,7 @@ def execute_notebook_child(spec: Mapping[str, Any]) -> None:
     import papermill
     from papermill.exceptions import PapermillExecutionError
 
-    from .forks import forked_kernel_manager
+    from ..forks import forked_kernel_manager
 
     exit_with_parent()
     try:

@@ -21,7 +21,7 @@ LIBRARIES = ("jax", "jaxlib", "marin-levanter", "marin-haliax", "equinox", "diff
 
 
 LAYERS = [
-    ["paths", "numerics", "_autodoc", "dispatch", "devices"],
+    ["paths", "numerics", "_autodoc", "dispatch", "devices", "forks"],
     # diffeqformer.model: the model core, bottom up
     ["model.time_embedding", "model.temporal", "model.attention"],
     ["model.vector_field"],
@@ -45,7 +45,7 @@ LAYERS = [
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution"],
-    ["pipeline.forks"], ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
+    ["pipeline.processes"], ["pipeline.registry"], ["pipeline.sources"], ["pipeline.planning"],
     ["pipeline.notebooks"], ["pipeline.progress"], ["pipeline.lanes"], ["pipeline.cluster", "pipeline.cost"],
     ["pipeline.edition"], ["pipeline.pages"],
     ["pipeline.build"], ["pipeline", "pipeline.__main__"],

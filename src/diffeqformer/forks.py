@@ -1,18 +1,21 @@
-"""The notebooks' processes, forked from one process that has imported what they import.
+"""Processes forked from one process that has imported what they import.
 
-Each notebook the pipeline executes takes two processes: Papermill's (``processes.execute_notebook_child``) and the
-notebook's kernel. Started afresh, each imports its libraries again: the kernel JAX, Levanter (and through it
-transformers, wandb and pyarrow), matplotlib, seaborn and the package's analysis modules; Papermill's process
-Papermill and Jupyter's client. For a notebook that only reads its runs' results that was most of its CPU time
-(measurements page). So the pipeline starts one ``ForkServer``, which imports these once (``PRELOAD``), and both
-processes of each notebook are forked from it: Papermill's by the pipeline (``ForkServer.start``), the kernel by
-Papermill, through a launcher (``forked_kernel_manager``: a small process that asks the server for a fork and stands
-in for it, so that Jupyter's client signals, waits for and kills it as it does a kernel it started itself).
+Each notebook the pipeline executes takes two processes: Papermill's (``pipeline.processes.execute_notebook_child``)
+and the notebook's kernel; F9's notebook starts more, which measure training steps (``analysis.ablations``). Started
+afresh, each imported its libraries again: JAX, Levanter (and through it transformers, wandb and pyarrow),
+matplotlib, seaborn and the package's analysis modules, Papermill and Jupyter's client. For a notebook that only reads
+its runs' results that was most of its CPU time (measurements page). So the pipeline starts one ``ForkServer``, which
+imports these once (``PRELOAD``), and these processes are forked from it: Papermill's by the pipeline
+(``ForkServer.start``), the kernel by Papermill, through a launcher (``forked_kernel_manager``: a small process that
+asks the server for a fork and stands in for it, so that Jupyter's client signals, waits for and kills it as it does
+a kernel it started itself), F9's by the kernel (``popen``, which the server's address reaches through the
+environment, ``ADDRESS``).
 
 A forked process has its own arguments (``python -m`` semantics), environment, working folder, standard streams and
 exit code, and is killed when whoever asked for it goes away (the server watches the request's connection) or the
-server's parent ends. What the server imported, it imported with its environment: a request whose environment
-differs from the server's beyond ``MAY_DIFFER`` is not forked, and its command runs as a fresh process instead."""
+server's parent ends. It starts with no JAX backend (the server never starts one) and no compiled program. What the
+server imported, it imported with its environment: a request whose environment differs from the server's beyond
+``MAY_DIFFER`` is not forked, and its command runs as a fresh process instead."""
 
 from __future__ import annotations
 
@@ -55,12 +58,14 @@ INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 """The matplotlib backend a kernel chooses (ipykernel sets ``MPLBACKEND`` at its start when unset; matplotlib reads it
 at its import, which in a forked kernel happened in the server)."""
 
-MAY_DIFFER = frozenset({"DIFFEQFORMER_FIGURES", "JPY_PARENT_PID", "JPY_SESSION_NAME", "MPLBACKEND",
+MAY_DIFFER = frozenset({"DIFFEQFORMER_FIGURES", "JPY_PARENT_PID", "JPY_SESSION_NAME", "MPLBACKEND", "CLICOLOR",
+                        "CLICOLOR_FORCE", "FORCE_COLOR", "GIT_PAGER", "PAGER", "TERM", "PYDEVD_USE_FRAME_EVAL",
                         "PYTEST_CURRENT_TEST", "TRANSFORMERS_VERBOSITY", "_RJEM_MALLOC_CONF", "KMP_DUPLICATE_LIB_OK",
                         "HF_XET_HIGH_PERFORMANCE", "DIFFEQFORMER_PIPELINE_PID"})
 """Environment variables in which a forked process may differ from the server, which has them as asked: read when
-used, never at an import (a notebook's figures folder, Jupyter's names of a kernel's parent and notebook, pytest's
-name of the running test, the pipeline's pid for ``processes.exit_with_parent``), or set by a process in its own
+used, never at an import (a notebook's figures folder, Jupyter's names of a kernel's parent and notebook, what a
+kernel sets for the programs it runs: colours, pager, terminal, its debugger's mode; pytest's name of the running
+test, the pipeline's pid for ``processes.exit_with_parent``), or set by a process in its own
 environment as it imports a library, so that one process has them and another not yet: transformers' verbosity
 (the package's ``__init__``), polars' allocator (``_RJEM_MALLOC_CONF``), scikit-learn's OpenMP switch, the Hugging
 Face hub's download speed (lm-eval's import)."""
@@ -73,7 +78,7 @@ PARENT_PID = "DIFFEQFORMER_PIPELINE_PID"
 
 
 def serve(address: str, preload: Sequence[str]) -> None:
-    """The server (``python -m diffeqformer.pipeline.forks serve ADDRESS MODULE...``): import ``preload``, listen on the Unix
+    """The server (``python -m diffeqformer.forks serve ADDRESS MODULE...``): import ``preload``, listen on the Unix
     socket ``address``, print ``ready``, then fork a process for each request until the process that started it
     ends (its children are killed then). Single-threaded: a process with threads must not fork."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C is the pipeline's to handle: it ends us
@@ -116,10 +121,14 @@ def serve(address: str, preload: Sequence[str]) -> None:
 
 
 def _kill(pid: int) -> None:
+    """SIGKILL a forked process and what it started (its process group, ``_child``'s ``setsid``)."""
     try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # not yet a group of its own
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _reap(children: dict[int, socket.socket], selector: selectors.BaseSelector) -> None:
@@ -267,6 +276,21 @@ class Forked:
         self._buffer = buffer
         self.pid = pid
         self.returncode: int | None = None
+        self.stdin = self.stdout = None
+        """Pipes to its standard input and from its standard output, where ``popen`` made them (text)."""
+
+    def communicate(self, input: str | None = None) -> tuple[str | None, None]:
+        """As ``subprocess.Popen.communicate`` with pipes: ``input`` written, standard input closed, standard output
+        read to its end, then the exit awaited."""
+        if self.stdin is not None:
+            if input:
+                self.stdin.write(input)
+            self.stdin.close()
+        out = self.stdout.read() if self.stdout is not None else None
+        if self.stdout is not None:
+            self.stdout.close()
+        self.wait()
+        return out, None
 
     def wait(self, timeout: float | None = None) -> int:
         while self.returncode is None:
@@ -328,8 +352,33 @@ def fork(address: str, argv: Sequence[str], env: Mapping[str, str], cwd: str | P
     return Forked(conn, int(answer.split()[1]), rest.encode())
 
 
+def popen(argv: Sequence[str], stderr, env: Mapping[str, str] | None = None, cwd: str | Path | None = None):
+    """``python *argv`` with pipes to its standard input and from its standard output (text) and its standard error
+    to the open file ``stderr``, as ``subprocess.Popen`` starts it: forked from the server that ``ADDRESS`` in
+    ``env`` (default: this process's environment) names, where one runs and accepts it (``Forked``), else a
+    subprocess (with a warning that says why, where a server was named)."""
+    env = dict(os.environ if env is None else env)
+    cwd = os.getcwd() if cwd is None else cwd
+    if env.get(ADDRESS):
+        in_r, in_w = os.pipe()
+        out_r, out_w = os.pipe()
+        try:
+            proc = fork(env[ADDRESS], argv, env, cwd, (in_r, out_w, stderr.fileno()))
+        finally:
+            os.close(in_r)
+            os.close(out_w)
+        if isinstance(proc, Forked):
+            proc.stdin, proc.stdout = os.fdopen(in_w, "w"), os.fdopen(out_r, "r")
+            return proc
+        os.close(in_w)
+        os.close(out_r)
+        warnings.warn(f"{' '.join(argv[:2])}: started afresh, not forked: {proc}", RuntimeWarning, stacklevel=2)
+    return subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+                            text=True, env=env, cwd=cwd)
+
+
 class ForkServer:
-    """The server, started by the pipeline (``python -m diffeqformer.pipeline.forks serve``) with ``env`` as every
+    """The server, started by the pipeline (``python -m diffeqformer.forks serve``) with ``env`` as every
     process it forks will have it, importing ``preload`` (default ``PRELOAD``); ``start`` forks a command from it,
     ``address`` names it to the processes the pipeline starts (``ADDRESS``), ``close`` ends it and every process it
     forked. Started in the background: the first ``start`` waits for its imports."""
@@ -378,7 +427,7 @@ class ForkServer:
 
 
 def launch(argv: Sequence[str]) -> None:
-    """``python -m diffeqformer.pipeline.forks launch -m MODULE ARGS...``: run ``python -m MODULE ARGS`` forked from
+    """``python -m diffeqformer.forks launch -m MODULE ARGS...``: run ``python -m MODULE ARGS`` forked from
     the server that ``ADDRESS`` names, standing in for it (its exit code; SIGINT and SIGTERM passed on to it; this
     process killed, the server kills it); without a server, or where the server declines, exec it afresh."""
     address = os.environ.get(ADDRESS)
@@ -414,4 +463,4 @@ if __name__ == "__main__":
     elif sys.argv[1:2] == ["launch"]:
         launch(sys.argv[2:])
     else:
-        raise SystemExit("usage: python -m diffeqformer.pipeline.forks serve ADDRESS | launch -m MODULE ARGS...")
+        raise SystemExit("usage: python -m diffeqformer.forks serve ADDRESS | launch -m MODULE ARGS...")
