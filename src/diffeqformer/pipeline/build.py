@@ -8,11 +8,13 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .. import paths
+from ..forks import ForkServer
 from ..report import book
 from . import cluster, edition
 from .lanes import TRAIN_LANES, load_state, runs_alone, save_state, train_runs, train_worker, training_units
@@ -48,12 +50,21 @@ def _tree_hash(root: Path) -> str:
     return sha(*parts)
 
 
-def build_book(src: Path, out: Path) -> None:
-    """``jupyter-book build`` with warnings as errors, nitpicky, into ``out``; the notebooks are not executed."""
-    exe = Path(sys.executable).with_name("jupyter-book")
-    cmd = [str(exe) if exe.exists() else "jupyter-book", "build", str(src), "--path-output", str(out),
-           "--warningiserror", "--nitpick", "--keep-going", "--quiet"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=src)
+JUPYTER_BOOK = "--jupyter-book"
+"""``python -m diffeqformer.pipeline --jupyter-book ARGS``: Jupyter Book's command line (``jupyter-book ARGS``), as a
+module that the fork server can run (``build_book``)."""
+
+
+def build_book(src: Path, out: Path, forks: ForkServer | None = None) -> None:
+    """``jupyter-book build`` with warnings as errors, nitpicky, into ``out``; the notebooks are not executed. With
+    ``forks``, forked from it (Sphinx's API pages import the package's modules, which it has imported), else started
+    afresh."""
+    args = ["build", str(src), "--path-output", str(out), "--warningiserror", "--nitpick", "--keep-going", "--quiet"]
+    proc = forks and _forked_book_build(forks, args, src)
+    if proc is None:
+        exe = Path(sys.executable).with_name("jupyter-book")
+        proc = subprocess.run([str(exe) if exe.exists() else "jupyter-book", *args], capture_output=True, text=True,
+                              cwd=src)
     if proc.returncode != 0:
         text = (proc.stdout + proc.stderr).strip().splitlines()
         # each warning with the lines that explain it (an autodoc import error's exception and traceback follow it)
@@ -65,6 +76,18 @@ def build_book(src: Path, out: Path) -> None:
             # a long traceback: its head and its last lines, which name the exception
             shown += block if len(block) <= 25 else block[:20] + ["    ..."] + block[-5:]
         raise PipelineError("the book build failed:\n" + "\n".join((shown or text)[-80:]))
+
+
+def _forked_book_build(forks: ForkServer, args: list[str], src: Path) -> subprocess.CompletedProcess | None:
+    """``build_book``'s command forked from ``forks`` (None where it declines): its output gathered in a file."""
+    with tempfile.TemporaryFile("w+") as output, open(os.devnull) as devnull:
+        proc = forks.start(["-m", "diffeqformer.pipeline", JUPYTER_BOOK, *args], forks.env, src,
+                           (devnull.fileno(), output.fileno(), output.fileno()))
+        if proc is None:
+            return None
+        code = proc.wait()
+        output.seek(0)
+        return subprocess.CompletedProcess(args, code, output.read(), "")
 
 
 def _swap_in(new: Path, dest: Path) -> None:
@@ -130,7 +153,7 @@ def _set_aside_stale_runs(result: Plan, stream) -> None:
 
 
 def _train_and_execute(result: Plan, preset: str, progress: Progress, state: dict, staging: Path,
-                       to_execute: list, lanes: int, force: bool, costs: Costs) -> None:
+                       to_execute: list, lanes: int, force: bool, costs: Costs, forks: ForkServer | None) -> None:
     """Step 1: the trainings, and each notebook as soon as the runs it reads are complete; what was measured enters
     ``state`` even if a run or a notebook failed."""
     work = work_dir()
@@ -143,15 +166,11 @@ def _train_and_execute(result: Plan, preset: str, progress: Progress, state: dic
                                                                    f"execute {job.name}"), "(cached)")
     seconds: dict[str, float] = {}
     notebook_log = work / "logs" / f"notebooks-{preset}.log"
-    # the notebooks' processes are forked from one that imports their libraries while the runs train (forks)
-    forks = fork_server(notebook_log) if to_execute else None
     try:
         train_runs(result.trainings, progress, 0, work / "logs" / f"train-{preset}.log", lanes,
                    notebooks=to_execute, execute=lambda job: execute_notebook(job, staging, notebook_log, forks),
                    seconds=seconds, alone=runs_alone(preset), costs=costs)
     finally:  # what was measured, even if a run or a notebook failed
-        if forks is not None:
-            forks.close()
         state["seconds"].update({k if k.startswith("notebook:") else f"train:{k}": v for k, v in seconds.items()})
         save_state(state)
     for t in result.trainings:
@@ -188,7 +207,7 @@ def _stage(result: Plan, state: dict, staging: Path, toc: Path | None) -> tuple[
 
 
 def _build_step(src: Path, staging: Path, state: dict, progress: Progress, step: int, build: bool,
-                force: bool, costs: Costs | None = None) -> str | None:
+                force: bool, costs: Costs | None = None, forks: ForkServer | None = None) -> str | None:
     """Step 4: the book, unless ``--no-book`` or nothing it shows has changed; returns its key if it was rebuilt."""
     started = progress.begin(step, "build the book (jupyter-book, warnings as errors)")
     book_key = sha(_tree_hash(src), package_hash())
@@ -197,7 +216,7 @@ def _build_step(src: Path, staging: Path, state: dict, progress: Progress, step:
     elif not force and state.get("html_key") == book_key and (html_dir() / "index.html").exists():
         progress.end(step, started, "(cached: nothing it shows has changed)")
     else:
-        build_book(src, staging / "out")
+        build_book(src, staging / "out", forks)
         state["seconds"]["book"] = progress.end(step, started)
         if costs is not None:
             costs.book_done(state["seconds"]["book"])
@@ -251,14 +270,19 @@ def run(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *
     staging = work_dir() / f"staging-{os.getpid()}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
+    # the notebooks' processes (and the book's build) are forked from one process that imports their libraries
+    # while the runs train (diffeqformer.forks)
+    forks = fork_server(work_dir() / "logs" / f"notebooks-{preset}.log") if to_execute else None
     try:
         _set_aside_stale_runs(result, stream)
-        _train_and_execute(result, preset, progress, state, staging, to_execute, lanes, force, costs)
+        _train_and_execute(result, preset, progress, state, staging, to_execute, lanes, force, costs, forks)
         _check_figures_unique(result)
         src, figures_new = _stage(result, state, staging, plan_options.get("toc"))
-        book_key = _build_step(src, staging, state, progress, len(steps) - 1, build, force, costs)
+        book_key = _build_step(src, staging, state, progress, len(steps) - 1, build, force, costs, forks)
         _move_into_place(result, state, preset, staging, figures_new, book_key, t0)
     finally:
+        if forks is not None:
+            forks.close()
         shutil.rmtree(staging, ignore_errors=True)
     print(f"pipeline --preset {preset}: finished in {Progress.fmt(time.time() - t0)}; figures in {paths.FIGURES}"
           + (f", book in {html_dir() / 'index.html'}" if build else ""), file=stream, flush=True)
@@ -293,6 +317,11 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["--train-worker"]:
         train_worker()
+        return
+    if argv[:1] == [JUPYTER_BOOK]:
+        from jupyter_book.cli.main import main as jupyter_book
+
+        jupyter_book(argv[1:], prog_name="jupyter-book")
         return
     description = sys.modules[__package__].__doc__.split("\n\n")[1]
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline", description=description,
