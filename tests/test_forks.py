@@ -28,14 +28,21 @@ sys.exit(int(sys.argv[1]) if sys.argv[1:] and sys.argv[1].isdigit() else None)
 """
 
 
-@pytest.fixture
-def server(tmp_path):
-    """A server with a small preload, its log, and a folder holding ``prog.py`` (``PROGRAM``)."""
-    (tmp_path / "prog.py").write_text(PROGRAM)
+def _server(folder: Path) -> forks.ForkServer:
+    """A server with a small preload, its log in ``folder``, which gets ``prog.py`` (``PROGRAM``)."""
+    (folder / "prog.py").write_text(PROGRAM)
     env = {k: v for k, v in os.environ.items() if k not in forks.MAY_DIFFER}
-    s = forks.ForkServer(env, tmp_path / "forks.log", preload=("json",))
-    assert s.ready(), (tmp_path / "forks.log").read_text()
-    yield s, tmp_path
+    s = forks.ForkServer(env, folder / "forks.log", preload=("json",))
+    assert s.ready(), (folder / "forks.log").read_text()
+    return s
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """One ``_server`` for this module's tests, and its folder."""
+    folder = tmp_path_factory.mktemp("forks")
+    s = _server(folder)
+    yield s, folder
     s.close()
 
 
@@ -136,8 +143,8 @@ def test_popen_forks_with_pipes_where_a_server_is_named_and_else_starts_a_subpro
             if env.get("JAX_PLATFORMS") == "gpu" else [])
 
 
-def test_closing_the_server_ends_what_it_forked(server):
-    s, folder = server
+def test_closing_the_server_ends_what_it_forked(tmp_path):
+    s, folder = _server(tmp_path), tmp_path
     proc = _run(s, folder, ["sleep"])
     pid = _pid(folder)
     s.close()
