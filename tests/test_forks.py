@@ -13,8 +13,8 @@ import pytest
 
 from diffeqformer import forks
 
-PROGRAM = """import os, sys
-print("out", sys.argv[1:], os.environ.get("DIFFEQFORMER_FIGURES"), flush=True)
+PROGRAM = """import os, sys, warnings
+print("out", sys.argv[1:], os.environ.get("DIFFEQFORMER_FIGURES"), len(warnings.filters), flush=True)
 print("err", file=sys.stderr, flush=True)
 if sys.argv[1:2] == ["sleep"]:
     open("pid", "w").write(str(os.getpid()))
@@ -64,7 +64,7 @@ def test_a_forked_command_exits_and_prints_as_a_fresh_one(server, args):
     fresh = subprocess.run([sys.executable, "-m", "prog", *args], env=env, cwd=folder, capture_output=True,
                            text=True, timeout=60)
     assert code == fresh.returncode == {"3": 3, "fail": 1}.get(args[0] if args else "", 0)
-    assert forked[0] == fresh.stdout and f"out {args} {folder / 'figures'}" in forked[0]
+    assert forked[0] == fresh.stdout and f"out {args} {folder / 'figures'}" in forked[0]  # the same warning filters
     # a traceback names the interpreter's own frames differently (runpy's); its last line is the same
     assert forked[1].strip().splitlines()[-1] == fresh.stderr.strip().splitlines()[-1]
 

@@ -76,6 +76,9 @@ PARENT_PID = "DIFFEQFORMER_PIPELINE_PID"
 
 # -------------------------------------------------------------------------------------------------- the server
 
+_FILTERS: list = []
+"""The server's warning filters before it silenced Python's warning about forking a process with threads."""
+
 
 def serve(address: str, preload: Sequence[str]) -> None:
     """The server (``python -m diffeqformer.forks serve ADDRESS MODULE...``): import ``preload``, listen on the Unix
@@ -86,6 +89,7 @@ def serve(address: str, preload: Sequence[str]) -> None:
     # Python warns at each fork of a process with threads other than its own: here no Python thread but the
     # libraries' native ones, which prepare for a fork (jemalloc's background threads, OpenBLAS's workers: both
     # re-initialise in the child through their at-fork handlers; polars' spill cleaner, which nothing forked uses)
+    _FILTERS.extend(warnings.filters)  # a forked process gets them back (_child)
     warnings.filterwarnings("ignore", message=r"This process .* is multi-threaded", category=DeprecationWarning)
     parent = os.getppid()
     os.environ.setdefault("MPLBACKEND", INLINE_BACKEND)
@@ -215,6 +219,8 @@ def _child(request: Mapping, fds: Sequence[int], conn: socket.socket, closing: t
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
+        warnings.filters[:] = _FILTERS
+        warnings._filters_mutated()  # as warnings.filterwarnings does after it changes the list
         server = os.getppid()
         conn.close()
         for thing in closing:
@@ -398,11 +404,15 @@ class ForkServer:
         self._ready: bool | None = None
         self._lock = threading.Lock()
 
-    def ready(self) -> bool:
-        """Whether the server is up (waits for its imports the first time); False if it died."""
+    def ready(self, timeout: float = 600.0) -> bool:
+        """Whether the server is up (waits for its imports the first time, at most ``timeout`` seconds); False if it
+        died or did not get there (then it is ended)."""
         with self._lock:
             if self._ready is None:
-                self._ready = self._proc.stdout.readline().strip() == "ready"
+                up = select.select([self._proc.stdout], [], [], timeout)[0]
+                self._ready = bool(up) and self._proc.stdout.readline().strip() == "ready"
+                if not self._ready:
+                    self.close()
             return self._ready and self._proc.poll() is None
 
     def start(self, argv: Sequence[str], env: Mapping[str, str], cwd: str | Path,

@@ -45,8 +45,11 @@ FORKS_OFF = "DIFFEQFORMER_NOTEBOOK_FORKS"
 
 def fork_server(log: Path) -> ForkServer | None:
     """A ``forks.ForkServer`` for this pipeline's notebooks, with their environment (``notebook_env``), its
-    output to ``log``; None where ``FORKS_OFF`` is ``0``."""
-    return None if os.environ.get(FORKS_OFF) == "0" else ForkServer(notebook_env(), log)
+    output to ``log``; None where ``FORKS_OFF`` is ``0``, and outside Linux (where forking a process that has
+    imported these libraries is not known to be safe: macOS's system libraries, for one, refuse some after a fork)."""
+    if os.environ.get(FORKS_OFF) == "0" or not sys.platform.startswith("linux"):
+        return None
+    return ForkServer(notebook_env(), log)
 
 
 def execute_notebook(job: NotebookJob, staging: Path, log: Path, forks: ForkServer | None = None) -> float:
