@@ -45,13 +45,16 @@ setup: $(STAMP)
 # _build/test-jax-cache): a program one of them compiled, the others load. Each prints its slowest tests at the end
 # (DURATIONS), so that a slow new test shows in CI's log.
 SMOKE_HOME := $(CURDIR)/_build/smoke-home
+# The test files that hold tests marked `pipeline`: the smoke process collects only these (the others' imports, some
+# 3 CPU-seconds, bought it nothing).
+PIPELINE_TESTS = $(shell grep -l "mark.pipeline" tests/test_*.py)
 SMOKE_LOG := _build/smoke-test.log
 DURATIONS := --durations=25 --durations-min=5
 test: setup
 	@mkdir -p _build; status=0; \
 	echo "the smoke pipeline and the browser check run beside the unit tests: $(SMOKE_LOG) (printed at the end)"; \
 	DIFFEQFORMER_SMOKE_HOME=$(SMOKE_HOME) $(PY) -m pytest -m pipeline -s -p no:cacheprovider $(DURATIONS) \
-		>$(SMOKE_LOG) 2>&1 & smoke=$$!; \
+		$(PIPELINE_TESTS) >$(SMOKE_LOG) 2>&1 & smoke=$$!; \
 	trap 'kill $$smoke 2>/dev/null' INT TERM; \
 	$(PY) -m pytest -m "not slow and not pipeline" -n 2 --dist loadfile --no-loadscope-reorder $(DURATIONS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no unit tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
