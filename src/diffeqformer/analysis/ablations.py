@@ -792,10 +792,11 @@ CACHE_EVENTS = ("/jax/compilation_cache/compile_requests_use_cache", "/jax/compi
 
 
 def _measure(run, batch: int, steps: int, wait_turn: bool = False) -> dict:
-    """In this process (which must not have started JAX's runtime before): the run's model built from its config, ``steps`` AdamW steps on random
-    tokens, the memory that took and the time per step. ``wait_turn``: after the compilation and one step, print
-    ``READY`` and time the steps only once a line arrives on standard input (``measure_training_steps`` starts the
-    processes of several runs side by side and lets them time their steps one after the other)."""
+    """In this process (which must not have started JAX's runtime before): the run's model built from its config,
+    ``steps`` AdamW steps on random tokens, the memory that took and the time per step. ``wait_turn``: after the
+    compilation and one step, print ``READY`` and time the steps only once a line arrives on standard input
+    (``measure_training_steps`` starts the processes of several runs side by side and lets them time their steps one
+    after the other)."""
     import statistics
     import time
 
