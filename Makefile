@@ -17,8 +17,8 @@ PYTEST_ARGS ?=
 .PHONY: setup test test-slow book clean-book help
 
 help:
-	@echo "make book       set up, run the default (cpu) pipeline, build the Jupyter Book"
-	@echo "make test       set up, run the unit tests and, beside them, the smoke pipeline and a browser check of its book"
+	@echo "make book       set up, run the default (cpu) workflow, build the Jupyter Book (PRESET=smoke|gpu|paper: another)"
+	@echo "make test       set up, run the unit tests and, beside them, the smoke workflow and a browser check of its book"
 	@echo "make test-slow  the tests marked slow"
 
 # The virtual environment: pinned versions from requirements.lock (pip constraints), the project in editable mode,
@@ -36,10 +36,10 @@ $(STAMP): pyproject.toml requirements.lock
 
 setup: $(STAMP)
 
-# The unit tests (two workers) and, beside them, the smoke pipeline end to end and the browser check of its book (one
-# process: one pipeline run serves both; its output goes to $(SMOKE_LOG) and is printed when the unit tests are done).
+# The unit tests (two workers) and, beside them, the smoke workflow end to end and the browser check of its book (one
+# process: one workflow run serves both; its output goes to $(SMOKE_LOG) and is printed when the unit tests are done).
 # Side by side they keep both cores busy where either alone leaves one idle (the end of the unit tests, the book's
-# build, the browser; measured: the Measurements page, `make test`). The smoke pipeline's runs,
+# build, the browser; measured: the Measurements page, `make test`). The smoke workflow's runs,
 # cache and book stay in $(SMOKE_HOME), so a second `make test` with nothing changed re-uses them. pytest exits 5 when
 # it collected no test: a failure here. All share one JAX persistent compilation cache (tests/conftest.py,
 # _build/test-jax-cache): a program one of them compiled, the others load. Each prints its slowest tests at the end
@@ -52,23 +52,27 @@ SMOKE_LOG := _build/smoke-test.log
 DURATIONS := --durations=25 --durations-min=5
 test: setup
 	@mkdir -p _build; status=0; \
-	echo "the smoke pipeline and the browser check run beside the unit tests: $(SMOKE_LOG) (printed at the end)"; \
+	echo "the smoke workflow and the browser check run beside the unit tests: $(SMOKE_LOG) (printed at the end)"; \
 	DIFFEQFORMER_SMOKE_HOME=$(SMOKE_HOME) $(PY) -m pytest -m pipeline -s -p no:cacheprovider $(DURATIONS) \
 		$(PIPELINE_TESTS) >$(SMOKE_LOG) 2>&1 & smoke=$$!; \
 	trap 'kill $$smoke 2>/dev/null' INT TERM; \
 	$(PY) -m pytest -m "not slow and not pipeline" -n 2 --dist loadfile --no-loadscope-reorder $(DURATIONS) $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no unit tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
 	wait $$smoke; rc=$$?; cat $(SMOKE_LOG); \
-	if [ $$rc -eq 5 ]; then echo "error: no pipeline tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
+	if [ $$rc -eq 5 ]; then echo "error: no smoke-workflow tests were collected" >&2; rc=1; fi; [ $$rc -eq 0 ] || status=$$rc; \
 	exit $$status
 
 test-slow: setup
 	@$(PY) -m pytest -m slow $(PYTEST_ARGS); rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "error: no slow tests were collected" >&2; exit 1; fi; exit $$rc
 
-# The cpu preset: trains what is missing, executes the notebooks whose inputs changed, builds _build/html.
+# The workflow (workflow/Snakefile) on every core: trains what is missing, executes the notebooks whose inputs changed,
+# builds the book and points _build/html and figures/ at it. PRESET=smoke, gpu or paper chooses another preset.
+PRESET ?= cpu
+SNAKEMAKE = $(VENV)/bin/snakemake -s workflow/Snakefile --cores all --rerun-incomplete \
+	--quiet rules --config preset=$(PRESET)
 book: setup
-	$(PY) -m diffeqformer.pipeline --preset cpu
+	$(SNAKEMAKE)
 
 clean-book:
-	rm -rf _build/html _build/pipeline _build/smoke-home
+	rm -rf _build/html _build/workflow _build/published.json _build/smoke-home figures .snakemake

@@ -23,8 +23,8 @@ compilation cache entry"); its steps are slower than the custom calls' and faste
 def use_onednn(env=None, *, cacheable: bool = False) -> None:
     """Add ``ONEDNN_FLAG`` (``cacheable``: ``ONEDNN_CACHEABLE_FLAG``) to ``XLA_FLAGS`` of ``env`` (default: this
     process's environment, which must be done before JAX starts its CPU backend) unless ``DIFFEQFORMER_ONEDNN=0`` or
-    the flags already choose: called by the processes that train (``train.cli``, the pipeline's training workers), so
-    that a run trained by hand and one trained by the pipeline compute alike, and by F9's measured training steps."""
+    the flags already choose: called by the processes that train (``train.cli``, which the workflow's training jobs run),
+    so that a run trained by hand and one trained by the workflow compute alike, and by F9's measured training steps."""
     env = _os.environ if env is None else env
     flags = env.get("XLA_FLAGS", "")
     chosen = "xla_cpu_experimental_onednn_custom_call" in flags or "xla_cpu_use_onednn" in flags
@@ -49,7 +49,7 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    """The model's public names, imported on first use (PEP 562): importing ``diffeqformer.paths`` or the pipeline's
+    """The model's public names, imported on first use (PEP 562): importing ``diffeqformer.paths`` or the workflow's
     Papermill child does not load JAX, Levanter and the model (7 s here)."""
     if name in __all__:
         from . import model

@@ -42,7 +42,7 @@ def _attribute_documenter():
         own ``__annotations__``: after the API page documents ``DiffEqFormerConfig``, it holds draccus's
         ``'ClassVar[Dict[str, Any]]'``, which ``typing.get_type_hints`` cannot resolve in
         ``diffeqformer.model.transformer``, so decoding any config later in the same build fails (``NameError: name 'ClassVar' is not defined``) and with it
-        the import of ``diffeqformer.pipeline.registry``, which reads configs. The copies only serve type hints, which
+        the import of ``diffeqformer.workflow.presets``, which reads configs. The copies only serve type hints, which
         the book does not show (``autodoc_typehints: none``)."""
 
         def update_annotations(self, parent) -> None:

@@ -469,7 +469,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: ty
 
     This is what ``draccus.parse`` does (the file's values, the overrides merged over them, decoded into ``cls``)
     without building its command-line parser, which reads the docstring of every field of every registered Levanter
-    config class at every call (measurements page), while the pipeline loads about 70 configs before it trains
+    config class at every call (measurements page), while the workflow's plan loads about 70 configs before it trains
     anything. An override naming no field is refused by the decoder, by name."""
     import mergedeep
     from draccus import cfgparsing
@@ -563,7 +563,7 @@ def pretraining_hash(config: FinetuneConfig) -> str:
 
 
 def seed_member(config: Config, k: int) -> Config:
-    """Seed k of ``config`` as ``pipeline.seeded`` and ``population.members_of`` name it: ``trainer.seed`` + k, named
+    """Seed k of ``config`` as ``workflow.presets.seeded`` and ``population.members_of`` name it: ``trainer.seed`` + k, named
     ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` where the config sets ``run_dir``); ``config`` itself for k = 0."""
     if k == 0:
         return config

@@ -197,7 +197,7 @@ class GridRun:
 
 
 def _pretrainings(path: Path, n: int) -> list[GridRun]:
-    """The pretraining of ``path`` with ``n`` seeds, one population (named and seeded as ``pipeline.seeded`` names and
+    """The pretraining of ``path`` with ``n`` seeds, one population (named and seeded as ``workflow.presets.seeded`` names and
     seeds them), or alone where ``n`` is 1."""
     members = [seed_member(load_config(path), k) for k in range(n)]
     population = tuple(m.trainer.seed for m in members) if n > 1 else ()

@@ -1,7 +1,7 @@
 """Seed copies of one configuration trained together: one vmapped population under one Levanter trainer.
 
 Every comparison of F5, F6 and F8-F10 is judged over seeds (``seeds.RULE``), so the cpu preset trains each compared
-setting several times, the copies differing only in ``trainer.seed`` (``pipeline.seeded``). Trained one after the
+setting several times, the copies differing only in ``trainer.seed`` (``workflow.presets.seeded``). Trained one after the
 other, each copy pays its own start-up and runs a program too small to keep two cores busy. Here the copies train as
 one model whose every weight has a leading ``seed`` axis (``haliax.vmap``):
 
@@ -504,7 +504,7 @@ def stacked(models: Sequence[Any], Seed: Axis):
 
 
 def members_of(config: Config, n: int) -> list[Config]:
-    """``config`` and ``n - 1`` copies with the next ``trainer.seed`` values, named as ``pipeline.seeded`` names
+    """``config`` and ``n - 1`` copies with the next ``trainer.seed`` values, named as ``workflow.presets.seeded`` names
     them: ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` when the config sets ``run_dir``: ``config.seed_member``).
     A fine-tuning of a pretraining trained as a population (``pretrain.population`` > 1) starts its member k from the
     pretraining's member ``pretrain.member`` + k: each fine-tuning seed from its own pretraining seed."""

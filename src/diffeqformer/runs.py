@@ -57,8 +57,8 @@ CHECKPOINTS = "checkpoints"
 LOCK = ".lock"
 """The lock a process holds while it trains the run (``lock``)."""
 
-RETRAIN = ("delete {run_dir} and train it again (the same command, or python -m diffeqformer.pipeline --preset "
-           "<preset>, which retrains what is missing)")
+RETRAIN = ("delete {run_dir} and train it again (the same command, or the workflow, "
+           "snakemake -s workflow/Snakefile --cores all, which retrains what is missing)")
 """What to do about a corrupt file of a run directory."""
 
 
@@ -92,7 +92,7 @@ def require_complete(run, label: str = "run") -> Path:
     else:
         return path
     raise FileNotFoundError(f"{label} {run}: no finished run there ({missing}); train it first, e.g. "
-                            f"python -m diffeqformer.pipeline --preset <preset>")
+                            f"snakemake -s workflow/Snakefile --cores all --config preset=<preset>")
 
 
 def summary(run) -> dict:
@@ -307,7 +307,7 @@ def pretraining(config: "FinetuneConfig") -> Pretraining:
 @contextlib.contextmanager
 def lock(run_dir: Path):
     """Hold an exclusive lock on ``run_dir`` (``run_dir/.lock``) while training it: a second process that would
-    train the same run (a pipeline rerun while the killed one's worker is still ending, two pipelines at once) waits
+    train the same run (a workflow rerun while the killed one's job is still ending, two workflows at once) waits
     for the first instead of writing the same checkpoints and metrics file.
 
     In a run of several processes only process 0 locks (``devices.is_primary``), once they have all started

@@ -316,7 +316,7 @@ def use_compilation_cache(directory: str | Path | None = None) -> Path:
     ``DIFFEQFORMER_HOME/_build/jax-cache`` unless ``JAX_COMPILATION_CACHE_DIR`` names another place.
 
     A run whose shapes another run already compiled (the same model fine-tuned in both directions, a rerun, the
-    pipeline's next run) loads its train and eval steps instead of compiling them. Every program is stored, however
+    workflow's next run) loads its train and eval steps instead of compiling them. Every program is stored, however
     fast it compiles: a small run compiles some thirty small programs besides its train step (measurements page)."""
     directory = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or directory or paths.HOME / "_build" / "jax-cache")
     directory.mkdir(parents=True, exist_ok=True)

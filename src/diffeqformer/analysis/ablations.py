@@ -4,8 +4,7 @@ hypernetwork design, Fig. 18), read from finished runs.
 Every function takes run directories (absolute, or relative to ``DIFFEQFORMER_HOME``) and reads what the runs wrote:
 ``config.yaml``, ``metrics.jsonl``, ``complete.json`` and, for a fine-tuning, ``pretrain_config.yaml``. The only
 measurement made here is the time and peak memory of a training step (``measure_training_step``), in a process of
-its own per run that has not started JAX's runtime before (a fresh one, or one forked from the pipeline's fork server,
-``diffeqformer.forks``), because a process's high-water mark cannot be reset everywhere.
+its own per run, because a process's high-water mark cannot be reset everywhere.
 
     python -m diffeqformer.analysis.ablations --measure runs/cpu-diffeqformer --batch 16 --steps 10
 """
@@ -17,13 +16,14 @@ import json
 import math
 import resource
 import statistics
+import subprocess
 import sys
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from .. import forks, use_onednn
+from .. import use_onednn
 from ..config import config_field
 from ..report.figures import log_perplexity_axis
 from ..runs import config as run_config
@@ -439,8 +439,8 @@ def plot_ablation_curves(table, label, *, log: bool = True, ax=None, styles: Map
 
 def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
     """Final validation log-perplexities of two settings over seeds compared by ``seeds.RULE``: the difference is
-    the log of the ratio of perplexities. Seeds are matched by their place in the lists: the pipeline trains every
-    setting as seeds 0..n-1 (``pipeline.seeded``), and seed k of two settings reads the training sequences in the
+    the log of the ratio of perplexities. Seeds are matched by their place in the lists: the workflow trains every
+    setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of two settings reads the training sequences in the
     same order, so the first n seeds of both (n the fewer) are compared by the paired t-test."""
     n = min(len(a), len(b))
     return compare(a[:n], b[:n], paired=True)
@@ -893,7 +893,8 @@ def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, 
                 "--steps", str(n), "--cache", cache, *extra]
         # standard error to a file: a pipe nobody reads while the process waits for its turn could fill and block it
         with Path(f"{cache}-{'measure' if extra else 'compile'}.err").open("w") as err:
-            p = forks.popen(argv, err)  # forked from the pipeline's fork server where one runs
+            p = subprocess.Popen([sys.executable, *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 stderr=err, text=True)
         p.err_path = err.name
         return p
 

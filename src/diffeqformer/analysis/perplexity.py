@@ -153,7 +153,7 @@ def overfitting(frame) -> dict[str, dict[str, list[float]]]:
 
 def _pair(values: Mapping[str, Sequence[float]], a: str, b: str) -> Comparison:
     """Row ``a``'s seed values against row ``b``'s (``seeds.RULE``), on the seeds both rows have. Seeds are matched
-    by their place in the rows' lists: the pipeline trains every row as seeds 0..n-1 (``pipeline.seeded``), and seed
+    by their place in the rows' lists: the workflow trains every row as seeds 0..n-1 (``workflow.presets.seeded``), and seed
     k of two rows reads the training sequences in the same order, so the first n seeds of both rows are compared by
     the paired t-test (n the fewer of the two rows' seeds)."""
     n = min(len(values[a]), len(values[b]))

@@ -1,8 +1,8 @@
 """Verdicts that say what the evidence can support: a test of the paper's claim over seeds ends in one of four words.
 
 A *seed* of a run is the same configuration trained with another ``trainer.seed``: another initialisation, another
-order of the training sequences and other dropout masks. The pipeline trains a comparison's runs with several seeds
-(``pipeline.seeded``: seeds 0..n-1 of each setting, named ``<name>``, ``<name>-seed1``, ...); the analyses take a run
+order of the training sequences and other dropout masks. The workflow trains a comparison's runs with several seeds
+(``workflow.presets.seeded``: seeds 0..n-1 of each setting, named ``<name>``, ``<name>-seed1``, ...); the analyses take a run
 or a list of seed runs wherever they took a run.
 
 The rule (``RULE``), in code once (``compare``, ``mcnemar``, ``trend``, ``equivalence``, ``Judged.word``):

@@ -963,7 +963,7 @@ def model_verdicts(ours, reference, at: float = 1.0, threshold: float = 0.999) -
     """DiffEqFormer's heads against a reference model's (the weight-shared one) at the saved time nearest ``at``: the
     fraction of clustered pairs and the mean pairwise distance, each the mean over heads of one trained seed
     (``model_final``), compared over the trained seeds by ``seeds.compare``: paired where both have the same number of
-    seeds (seed k of both shares its data order: ``pipeline.seeded``), else Welch. Returns a DataFrame with
+    seeds (seed k of both shares its data order: ``workflow.presets.seeded``), else Welch. Returns a DataFrame with
     ``VERDICT_COLUMNS`` (``mean a``: ``ours``)."""
     ours, reference = list(ours), list(reference)
     paired = len(ours) == len(reference)

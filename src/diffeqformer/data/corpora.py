@@ -634,7 +634,7 @@ _DOCUMENTS: dict[tuple, tuple[Document, ...]] = {}
 
 
 def _documents_of(archive: Path) -> tuple[Document, ...]:
-    """``corpus_documents(archive)``, read once per process and archive file: a pipeline worker prepares the corpus
+    """``corpus_documents(archive)``, read once per process and archive file: a token-cache job prepares the corpus
     for every run it trains, and reading the archive each time adds up (measurements page)."""
     stat = archive.stat()
     key = (str(archive.resolve()), stat.st_size, stat.st_mtime_ns)

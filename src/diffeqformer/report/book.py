@@ -1,7 +1,7 @@
 """The book as its readers see it: notebook pages that open with their question, then the figures and the verdict;
 the Colab cell's clone URL; formulas typeset offline.
 
-**Reader-first pages.** ``reader_view`` is what the pipeline does to every executed notebook before Jupyter Book
+**Reader-first pages.** ``reader_view`` is what the book job does to every executed notebook before Jupyter Book
 renders it: every code cell's source goes behind a "Show code cell source" toggle (MyST-NB's ``hide-input`` tag;
 its outputs stay), so that a page reads as its question (the first Markdown cell), its figures with their captions
 and its verdict ("What it shows"). Only the copy the book is built from changes: the notebooks keep their code open.
@@ -9,7 +9,7 @@ and its verdict ("What it shows"). Only the copy the book is built from changes:
 **The Colab cell.** Every notebook's first code cell, on Colab only, clones the repository and installs it. Colab
 opens the notebook file alone, so the clone URL is written in the cell; it must be ``_config.yml``'s
 ``repository.url`` (which also makes the book's Colab buttons): ``check_colab_cell`` holds every notebook to it (the
-pipeline calls it before it runs anything) and ``python -m diffeqformer.report.book`` writes it into every notebook
+workflow's plan calls it before anything runs) and ``python -m diffeqformer.report.book`` writes it into every notebook
 after a change of that URL. The cell is tagged ``remove-cell``: it stays in the notebook, where Colab needs it, and is
 not on the page.
 

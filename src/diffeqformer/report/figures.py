@@ -7,7 +7,7 @@ per table) and ``glue`` per number quoted in the book's prose::
     figures.save_figure(fig, "f2_qk_vs_t", caption="QK eigenvalues against t.", paper="radius grows with t")
     figures.glue("f2_spearman_qk", rho, "{:.2f}")
 
-Figures go to ``$DIFFEQFORMER_FIGURES`` (the pipeline points it at a temporary folder and moves the folder into
+Figures go to ``$DIFFEQFORMER_FIGURES`` (a notebook job points it at a temporary folder and moves the folder into
 place only when every notebook has succeeded), else ``figures/`` below ``DIFFEQFORMER_HOME``. Each ``<name>.json``
 records the notebook, its parameter values, the git commit, the configuration hash of every run the figure uses
 (by its directory relative to ``DIFFEQFORMER_HOME``), the date and the scale; the caption shown in the book states
@@ -94,13 +94,13 @@ def _common_scale(runs) -> str:
 
 
 def _model_name(run_dir) -> str:
-    """A run's name without the ``-seed<k>`` of its seed copies (``pipeline.seeded``): the model it trains."""
+    """A run's name without the ``-seed<k>`` of its seed copies (``workflow.presets.seeded``): the model it trains."""
     return re.sub(r"-seed\d+$", "", run_path(run_dir).name)
 
 
 def _models_and_seeds(runs, scales) -> str:
     """``5 runs of 3 models (gpt2, 2 seeds; diffeqformer; diffeqformer, 2 seeds)``: the seed copies of a run
-    (``<name>-seed<k>``, ``pipeline.seeded``) count as one model."""
+    (``<name>-seed<k>``, ``workflow.presets.seeded``) count as one model."""
     models: dict[str, list] = {}
     for r, sc in zip(runs, scales):
         entry = models.setdefault(_model_name(r), [sc.split(", ", 1)[0], 0])

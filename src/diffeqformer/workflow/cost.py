@@ -18,8 +18,8 @@ from pathlib import Path
 
 from .. import config as configs
 from .. import paths
-from .planning import collect_runs
-from .registry import presets
+from .plan import collect_runs
+from . import presets as registry
 
 RESULTS = paths.REPO / "benchmarks" / "results"
 """The accelerator measurements (``benchmarks/gpu/measure.py`` writes them)."""
@@ -119,8 +119,7 @@ def _rate(rates: dict, kind: str, shape: tuple[int, int]) -> Rate:
 def trainings(preset: str = "paper", rates: dict | None = None) -> list[Training]:
     """The cost of each training ``preset``'s notebooks read, in the registry's order."""
     rates = measured_rates() if rates is None else rates
-    found: list = []
-    collect_runs(list(presets()[preset].values()), found)
+    found = collect_runs(list(registry.preset(preset).values()))
     out = []
     for run in {r.key: r for r in found}.values():
         config = run.load()

@@ -1,4 +1,4 @@
-"""The registry: per preset, which notebooks the pipeline runs with which parameter values (``PRESETS``, built on
+"""The registry: per preset, which notebooks the workflow runs with which parameter values (``PRESETS``, built on
 first use: importing this module reads no file), and the ``Run`` values that stand for training runs in it."""
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from ..finetune import finetune_grid
 
 @dataclass(frozen=True)
 class Run:
-    """The training run of ``config/<config>.yaml`` as a notebook parameter: the pipeline trains it (if needed) and
+    """The training run of ``config/<config>.yaml`` as a notebook parameter: the workflow trains it (if needed) and
     passes the notebook its run directory.
 
     ``overrides`` are command-line overrides of the file (a variant of it: ``variant`` builds one, with its own run
-    name); ``module`` is ``"train"`` or ``"finetune"`` (``diffeqformer.finetune``; the pipeline trains a fine-tuning's
+    name); ``module`` is ``"train"`` or ``"finetune"`` (``diffeqformer.finetune``; the workflow trains a fine-tuning's
     pretraining first when the registry lists it before the fine-tuning, as ``finetune_runs`` does)."""
 
     config: str
@@ -31,7 +31,7 @@ class Run:
     module: str = "train"
     population: tuple[int, ...] = ()
     """The trainer seeds of the population this run is a member of (``seeded(..., population=True)``): the
-    pipeline trains the members together, as one vmapped model (``diffeqformer.population``)."""
+    workflow trains the members together, as one vmapped model (``diffeqformer.population``)."""
 
     @property
     def path(self) -> Path:
@@ -39,7 +39,7 @@ class Run:
 
     @property
     def key(self) -> str:
-        """How the pipeline's records and messages name the run: the config, then its overrides (and the population
+        """How the plan's messages name the run: the config, then its overrides (and the population
         it is trained in)."""
         key = " ".join((self.config, *self.overrides))
         return key + f" [population of seeds {', '.join(map(str, self.population))}]" if self.population else key
@@ -262,32 +262,38 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+BUILDERS = {
+    # CI: seconds of training per run; checks that every notebook executes and the book builds.
+    "smoke": lambda: _smoke(),
+    # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The ablations
+    # vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five. F11: one example of 30 tokens
+    # and the query fill the models' 64.
+    "cpu": lambda: single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
+    # One GPU (an H100 or H200, or Colab's): the cpu preset's runs, notebooks and seeds at 8 times its width (512-d, 6
+    # steps or layers, seq 256, 32 sequences a step) and 10 times its tokens per model (F1-F6, F8-F11: 320 steps, 2.6M
+    # tokens, 1.3 epochs; F7: pretrainings 200 steps, 1.6M tokens, fine-tunings 40 steps, 0.33M tokens), in bfloat16
+    # (trainer.mp of config/gpu/), on the offline corpus; DIFFEQFORMER_GPU_CORPUS=wikitext103 trains the language
+    # models of F1-F6 and F8-F11 on WikiText-103 instead (gpu_corpus). F5's synthetic model is the cpu preset's. F7
+    # fine-tunes with N = 9, 12, 18 and 24 (finetune.discretisations). d_t: the paper's GPT-small value 20, and a
+    # factor of 4 either side of it. F11: zero- and five-shot as in the paper; online, the paper's tasks too.
+    "gpu": lambda: gpu_corpus(single_gpu_or_cpu("gpu", GPU_SEEDS, base_dt=20, dts=(5, 20, 80), measure_batch=32,
+                                                shots=[0, 5]), GPU_CORPUS),
+    # The paper's configurations (Tables 1-2): multi-GPU/TPU.
+    "paper": lambda: _paper(),
+}
+"""preset -> what builds its entries (``preset``)."""
+
+
 @functools.cache
+def preset(name: str) -> dict[str, dict[str, Any]]:
+    """The entries of preset ``name``: notebook (file stem in ``notebooks/``, in execution order) -> parameter values.
+    Built once, on first use: ``seeded`` and ``finetune_runs`` read the preset's config files."""
+    return BUILDERS[name]()
+
+
 def presets() -> dict[str, dict[str, dict[str, Any]]]:
-    """preset -> notebook (file stem in ``notebooks/``, in execution order) -> parameter values: ``PRESETS``. Built
-    once, on first use: ``seeded`` and ``finetune_runs`` read the preset's config files."""
-    return {
-        # CI: seconds of training per run; checks that every notebook executes and the book builds.
-        "smoke": _smoke(),
-        # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The
-        # ablations vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five, to keep the
-        # whole build within 40 minutes.
-        # F11: one example of 30 tokens and the query fill the models' 64.
-        "cpu": single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
-        # One GPU (an H100 or H200, or Colab's): the cpu preset's runs, notebooks and seeds at 8 times its width
-        # (512-d, 6 steps or layers, seq 256, 32 sequences a step) and 10 times its tokens per model (F1-F6, F8-F11: 320
-        # steps, 2.6M tokens, 1.3 epochs; F7: pretrainings 200 steps, 1.6M tokens, fine-tunings 40 steps, 0.33M tokens),
-        # in bfloat16 (trainer.mp of config/gpu/), on the offline corpus; DIFFEQFORMER_GPU_CORPUS=wikitext103 trains the
-        # language models of F1-F6 and F8-F11 on WikiText-103 instead (gpu_corpus). F5's synthetic model is the cpu
-        # preset's. F7 fine-tunes with N = 9, 12, 18 and 24 (finetune.discretisations). Its sizing is on the reproducing
-        # page ("The gpu preset"). d_t: the paper's GPT-small value 20, and a factor of 4 either side of it, as the cpu
-        # preset's 2, 8, 32. F11: zero- and five-shot as in the paper (five examples of 40 tokens and the query fill the
-        # models' 256); online, the paper's tasks too (gpu_corpus).
-        "gpu": gpu_corpus(single_gpu_or_cpu("gpu", GPU_SEEDS, base_dt=20, dts=(5, 20, 80), measure_batch=32,
-                                            shots=[0, 5]), GPU_CORPUS),
-        # The paper's configurations (Tables 1-2): multi-GPU/TPU.
-        "paper": _paper(),
-    }
+    """Every preset's entries (``preset``): ``PRESETS``."""
+    return {name: preset(name) for name in BUILDERS}
 
 
 def _smoke() -> dict[str, dict[str, Any]]:

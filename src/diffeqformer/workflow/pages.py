@@ -1,4 +1,4 @@
-"""The pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
+"""The pages the book job writes into the book (below ``book/_generated/``): measured timings, the presets'
 contents, the accelerator measurements, the GPU edition's first page and the API reference's module list
 (``build.run`` writes them, then builds the book)."""
 
@@ -14,29 +14,60 @@ from typing import Any, Mapping
 from .. import paths
 from ..config import FinetuneConfig
 from ..runs import is_complete, summary
-from . import cost, edition
-from .progress import Progress
-from .planning import Plan, cache_dir, collect_runs, join_populations
-from . import registry
-from .registry import Run
-from .sources import LAYERS, module_files
+from . import cost, edition, presets as registry
+from .edition import clock
+from .plan import collect_runs, folder, join_populations, module_files
+from .presets import Run
+
+LAYERS = [
+    ["paths", "numerics", "_autodoc", "dispatch", "devices"],
+    # diffeqformer.model: the model core, bottom up
+    ["model.time_embedding", "model.temporal", "model.attention"],
+    ["model.vector_field"],
+    ["model.transformer"],
+    ["model.baselines", "model.solve", "model"],
+    # diffeqformer.data: the synthetic language (its data, no analysis), then the corpora, which serve it to Levanter
+    ["data", "data.synthetic"],
+    ["data.corpora"],
+    ["data.tasks"],  # F11's downstream tasks from the corpus's held-out documents
+    ["data.__main__"],
+    ["config"],  # the typed configurations: load, parse overrides, validate, hash, dump
+    ["runs"],  # the run directory: its files, lock and lifecycle; a finished run's summary, config, metrics, model
+    ["train"],
+    ["finetune"],
+    ["population"],  # trains populations of training runs and of fine-tunings
+    # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
+    ["report", "report.figures", "report.book"],
+    # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
+    ["analysis", "analysis.seeds"],
+    ["analysis.claims"],  # the headline claims, each with its one primary test, and their verdicts
+    ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
+     "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
+    ["analysis.attribution"],
+    # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition
+    ["workflow", "workflow.presets"], ["workflow.plan"], ["workflow.jobs", "workflow.edition", "workflow.cost"],
+    ["workflow.pages"], ["workflow.build"],
+]
+"""The package's modules (below ``diffeqformer.``) in the order data flows through them, from the bottom up: a
+module imports only modules of lower layers (``tests/test_layers.py`` checks it, and that every module is placed
+here); the book's API page lists the modules in this order."""
 
 
-def generated_pages(result: Plan, state: dict) -> dict[str, str]:
-    """Pages the pipeline writes into the book (below ``book/_generated/``): measured timings, the presets'
+def generated_pages(plan: Mapping[str, Any]) -> dict[str, str]:
+    """Pages the book job writes into the book (below ``book/_generated/``): measured timings, the presets'
     contents, the accelerator measurements, the GPU edition's first page, the API reference's module list, the
-    paper preset's cost on a cluster (``cost.cost_markdown``). Only
-    numbers that stay the same when nothing is re-run enter them, so a cached run rebuilds nothing."""
-    return {"timings.md": timings_markdown(result, state), "presets.md": presets_markdown(),
+    paper preset's cost on a cluster (``cost.cost_markdown``). Only numbers that stay the same when nothing is
+    re-run enter them, so that a book with nothing new to show is not rebuilt."""
+    return {"timings.md": timings_markdown(plan), "presets.md": presets_markdown(),
             "api.md": api_markdown(), "gpu.md": gpu_markdown(), "gpu_edition.md": gpu_edition_markdown(),
-            "verdicts.md": verdicts_markdown(result), "claims.md": claims_markdown(),
+            "verdicts.md": verdicts_markdown(plan), "claims.md": claims_markdown(),
             "cluster.md": cost.cost_markdown()}
 
 
 NO_GPU_VERDICT = "no GPU edition yet"
 
 
-def verdicts_markdown(result: Plan, folder: Path | None = None) -> str:
+def verdicts_markdown(plan: Mapping[str, Any], gpu_folder: Path | None = None) -> str:
     """The book's headline verdicts as one table: per claim (``claims.CLAIMS``, its page linked), the paper's number
     where the paper gives one, the verdict of this build's preset (the notebooks just executed) and the GPU
     edition's (``edition.EDITION``, or ``NO_GPU_VERDICT``), each with its effect and 95% interval in the claim's
@@ -45,23 +76,25 @@ def verdicts_markdown(result: Plan, folder: Path | None = None) -> str:
     from ..analysis import claims, seeds
     from ..report.book import glued
 
-    folder = Path(folder or edition.EDITION)
-    here = {job.name: glued(json.loads((job.cache_dir / "notebook.ipynb").read_text())) for job in result.notebooks}
+    gpu_folder = Path(gpu_folder or edition.EDITION)
+    executed = folder(plan["preset"]) / "notebooks"
+    here = {job["name"]: glued(json.loads((executed / f"{job['name']}.ipynb").read_text()))
+            for job in plan["notebooks"]}
     gpu = None
-    if edition.load(folder) is not None:
-        gpu = {nb: glued(json.loads((folder / "notebooks" / f"{nb}.ipynb").read_text()))
-               for nb in edition.edition_notebooks(folder)}
+    if edition.load(gpu_folder) is not None:
+        gpu = {nb: glued(json.loads((gpu_folder / "notebooks" / f"{nb}.ipynb").read_text()))
+               for nb in edition.edition_notebooks(gpu_folder)}
     ours = holm_verdicts(here)
     theirs = holm_verdicts(gpu) if gpu is not None else {}
     tested = sum(v is not None and v[1] is not None for v in ours.values())
     out = [f"Each headline claim of the paper, judged by one primary test named before the numbers (listed under the "
-           f"table), at the `{result.preset}` preset this book was built with and in the GPU edition (`gpu` preset). "
+           f"table), at the `{plan["preset"]}` preset this book was built with and in the GPU edition (`gpu` preset). "
            f"The verdicts: *reproduced* (significant in the paper's direction), *contradicted* (significant against "
            f"it), *inconclusive* (not significant: the interval and the smallest effect the design detects 80% of the "
            f"time say how much it could have missed), *untested*. The {tested} claims tested here are adjusted "
            f"together by Holm's method: a verdict is significant only when its adjusted p is below 0.05 (the "
            f"figure's page gives the unadjusted p). The rule: {seeds.RULE}.", "",
-           f"| claim | the paper | `{result.preset}` preset | GPU edition |", "|---|---|---|---|"]
+           f"| claim | the paper | `{plan["preset"]}` preset | GPU edition |", "|---|---|---|---|"]
     for claim in claims.CLAIMS.values():
         gpu_page = (f", {{doc}}`GPU </{edition.STAGED}/{claim.notebook}>`"
                     if gpu and claim.notebook in gpu else "")
@@ -126,8 +159,8 @@ need into an output folder (at most eight files of at most 16 MiB, no model weig
 
 ```bash
 pip install -e ".[gpu]" -c requirements.lock
-python -m diffeqformer.pipeline --preset gpu --no-book
-python -m diffeqformer.pipeline.edition pack --out <output folder>
+snakemake -s workflow/Snakefile --cores all notebooks --config preset=gpu
+python -m diffeqformer.workflow.edition pack --out <output folder>
 ```
 
 On a GPU machine without network that has Python 3.12 and JAX 0.11.2, the wheels it lacks travel with the working
@@ -141,7 +174,7 @@ DIFFEQFORMER_COMMIT=<sha> DIFFEQFORMER_EDITION=<output folder> bash benchmarks/g
 Back here, with the output folder:
 
 ```bash
-python -m diffeqformer.pipeline.edition import <output folder>   # checks it, installs it in book/gpu/
+python -m diffeqformer.workflow.edition import <output folder>   # checks it, installs it in book/gpu/
 make book
 ```
 
@@ -160,12 +193,12 @@ def gpu_edition_markdown(folder: Path | None = None) -> str:
     if manifest is None:
         return NO_EDITION
     out = [edition.banner(manifest), f"{len(manifest['files'])} files, installed by `python -m "
-           "diffeqformer.pipeline.edition import` from what the GPU machine packed (`manifest.json` of "
+           "diffeqformer.workflow.edition import` from what the GPU machine packed (`manifest.json` of "
            f"`{folder.relative_to(paths.REPO) if folder.is_relative_to(paths.REPO) else folder}` lists them with "
            "their SHA-256).", "", "| page | executed in |", "|---|---|"]
     for nb in edition.edition_notebooks(folder):
         record = folder / "records" / f"{nb}.json"
-        took = edition.clock(json.loads(record.read_text())["seconds"]) if record.exists() else "not recorded"
+        took = clock(json.loads(record.read_text())["seconds"]) if record.exists() else "not recorded"
         out.append(f"| {{doc}}`/{edition.STAGED}/{nb}` | {took} |")
     out += ["", "| run | steps | validation perplexity | tokens/s | in the trainer | JAX on |",
             "|---|---|---|---|---|---|"]
@@ -174,7 +207,7 @@ def gpu_edition_markdown(folder: Path | None = None) -> str:
         ppl = done.get("final_eval_perplexity")
         speed = done.get("tokens_per_second")
         out.append(f"| `{complete.parent.name}` | {done.get('steps')} | {f'{ppl:.2f}' if ppl else 'n/a'} "
-                   f"| {f'{speed:,.0f}' if speed else 'n/a'} | {edition.clock(done.get('wall_time_s') or 0)} "
+                   f"| {f'{speed:,.0f}' if speed else 'n/a'} | {clock(done.get('wall_time_s') or 0)} "
                    f"| {done.get('jax_backend', '?')} |")
     return "\n".join(out) + "\n"
 
@@ -270,32 +303,28 @@ def gpu_summary(r: Mapping[str, Any]) -> str:
     return text + "."
 
 
-def timings_markdown(result: Plan, state: dict) -> str:
-    """A table of the times measured in this DIFFEQFORMER_HOME, for every preset built here: each training step of
-    the pipeline (with the process start-up it paid) beside the trainer's own time (``complete.json``: compilation
-    and training), and each notebook's execution. Only times that change when work is redone enter it, so a cached
-    run produces the same page."""
-    lines = ["| preset | step | pipeline step | of which in the trainer | measured on |", "|---|---|---|---|---|"]
+def timings_markdown(plan: Mapping[str, Any]) -> str:
+    """A table of the times measured in this DIFFEQFORMER_HOME for ``plan``'s preset: each training job (Snakemake's
+    benchmark of it, with the process start-up it paid) beside the trainer's own time (``complete.json``:
+    compilation and training), and each notebook's execution (its record)."""
+    lines = ["| step | job | of which in the trainer | measured on |", "|---|---|---|---|"]
     machine = f"{platform.machine()}, {os.cpu_count()} cores"
-    seconds = state.get("seconds", {})
-    presets = dict(state.get("presets", {}))
-    presets[result.preset] = {"trainings": {t.config: str(t.run_dir) for t in result.trainings},
-                              "notebooks": {j.name: j.key for j in result.notebooks}}
-    for preset in [p for p in registry.presets() if p in presets]:
-        entry = presets[preset]
-        for config, run_dir in entry.get("trainings", {}).items():
-            if is_complete(run_dir):
-                done = summary(run_dir)
-                step = seconds.get(f"train:{config}")
-                lines.append(f"| {preset} | train `{config}` ({done.get('steps')} steps) | "
-                             f"{Progress.fmt(step) if step else '(trained outside the pipeline)'} | "
-                             f"{Progress.fmt(done['wall_time_s'])} | "
-                             f"{machine}, JAX on {done.get('jax_backend', '?')} |")
-        for nb, key in entry.get("notebooks", {}).items():
-            record = cache_dir() / f"{nb}-{key}" / "record.json"
-            if record.exists():
-                took = json.loads(record.read_text())["seconds"]
-                lines.append(f"| {preset} | execute `{nb}` | {Progress.fmt(took)} | | {machine} |")
+    work = folder(plan["preset"])
+    for unit in plan["trainings"]:
+        bench = work / "benchmarks" / f"train-{unit['name']}.tsv"
+        first = paths.HOME / unit["runs"][0]
+        if not bench.exists() or not is_complete(first):
+            continue
+        took = float(bench.read_text().splitlines()[1].split("\t")[0])
+        done = summary(first)
+        together = f", {len(unit['runs'])} seeds together" if len(unit["runs"]) > 1 else ""
+        lines.append(f"| train `{unit['name']}` ({done.get('steps')} steps{together}) | {clock(took)} | "
+                     f"{clock(done['wall_time_s'])} | {machine}, JAX on {done.get('jax_backend', '?')} |")
+    for job in plan["notebooks"]:
+        record = work / "records" / f"{job['name']}.json"
+        if record.exists():
+            lines.append(f"| execute `{job['name']}` | {clock(json.loads(record.read_text())['seconds'])} | | "
+                         f"{machine} |")
     return "\n".join(lines) + "\n"
 
 
@@ -307,8 +336,7 @@ def presets_markdown() -> str:
     lines = ["| preset | training configs | scale |", "|---|---|---|"]
     executing: dict[tuple[str, ...], list[str]] = {}  # notebook list -> the presets that execute it
     for preset, entries in registry.presets().items():
-        trained: list[Run] = []  # as the pipeline trains them: a run that is a population's member counts once
-        collect_runs(list(join_populations(entries).values()), trained)
+        trained = collect_runs(list(join_populations(entries).values()))  # a population's member counts once
         configs: dict[str, str] = {}  # config file -> the module that trains it
         for r in trained:
             configs.setdefault(r.config, r.module)

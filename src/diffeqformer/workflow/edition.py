@@ -1,18 +1,17 @@
-"""The GPU edition of the book: what ``python -m diffeqformer.pipeline --preset gpu`` made on a GPU machine,
+"""The GPU edition of the book: what the ``gpu`` preset's workflow made on a GPU machine,
 packed there, checked and installed here into ``book/gpu/`` (committed), and shown as the book's part "GPU edition"
 without executing anything again::
 
-    python -m diffeqformer.pipeline.edition pack --out DIR   # on the GPU machine, after the gpu pipeline
-    python -m diffeqformer.pipeline.edition import DIR       # here: check the pack, then install it into book/gpu/
+    python -m diffeqformer.workflow.edition pack --out DIR   # on the GPU machine, after the gpu workflow
+    python -m diffeqformer.workflow.edition import DIR       # here: check the pack, then install it into book/gpu/
 
-**Pack** reads the pipeline's state (``lanes.load_state``: the preset's notebooks and their cache keys, its runs,
-its wall time) and its cache (``planning.cache_dir``: each executed notebook with its figures and record), and
-writes ``manifest.json`` and at most seven zip parts beside it, each at most 16 MiB: the executed notebooks (their
+**Pack** reads the preset's workflow folder (``plan.folder``: each executed notebook with its figures and record,
+the trainings' benchmarks) and its runs, and writes ``manifest.json`` and at most seven zip parts beside it, each at most 16 MiB: the executed notebooks (their
 figures are the PNGs embedded in their outputs), each notebook's figure data and tables (the figures' JSON
 provenance, CSV tables; not their PNG and SVG files), the records of the executions, each run's resolved
-``config.yaml``, ``complete.json`` and ``metrics.jsonl`` (no model weights, no checkpoint) and the pipeline's
+``config.yaml``, ``complete.json`` and ``metrics.jsonl`` (no model weights, no checkpoint) and the jobs'
 timings. The manifest says the preset, the device as JAX reports it, the date, the commit of the code, the
-pipeline's wall time, every file with its size, part and SHA-256, and the SHA-256 of every file of the code
+workflow's wall time, every file with its size, part and SHA-256, and the SHA-256 of every file of the code
 (``CODE``), by which a page tells whether the code has changed since.
 
 **Import** refuses, in one line naming the problem, a pack of another preset, a part whose size or SHA-256 is not
@@ -46,7 +45,6 @@ from typing import Any, Mapping
 from .. import paths, runs
 from ..numerics import file_sha256
 from ..report import book
-from .progress import clock
 
 EDITION = paths.BOOK / "gpu"
 """The committed GPU edition: ``manifest.json``, ``notebooks/``, ``figures/``, ``records/``, ``runs/``,
@@ -71,6 +69,13 @@ RUN_FILES = (runs.CONFIG, runs.COMPLETE, runs.METRICS)
 """What a pack keeps of each run: no weights, no checkpoint."""
 SKIPPED_FIGURE_FILES = (".png", ".svg")
 """A figure's image files stay out of a pack: the executed notebook holds its PNG."""
+
+
+def clock(seconds: float) -> str:
+    """``7:42``, or ``1:02:03`` from an hour on."""
+    seconds = int(round(seconds))
+    return f"{seconds // 60}:{seconds % 60:02d}" if seconds < 3600 else \
+        f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 class EditionError(Exception):
@@ -127,67 +132,48 @@ def jax_device() -> str:
 
 
 def collect(preset: str) -> tuple[dict[str, Path | bytes], dict[str, Any]]:
-    """What a pack holds of the preset's last finished pipeline in this ``DIFFEQFORMER_HOME``: path in the pack ->
-    file or bytes, and what the manifest says of the run (notebooks, date, wall time, the runs' JAX backends)."""
-    from .lanes import load_state
-    from .planning import cache_dir, work_dir
+    """What a pack holds of the preset's workflow in this ``DIFFEQFORMER_HOME`` (every notebook executed): path in
+    the pack -> file or bytes, and what the manifest says of it (notebooks, date, wall time, the runs' backends)."""
+    from .plan import folder, load
 
-    state = load_state()
-    entry = state.get("presets", {}).get(preset)
-    if not entry:
-        raise EditionError(f"no finished {preset} pipeline in {work_dir()}: run python -m diffeqformer.pipeline "
-                           f"--preset {preset} first")
+    made, work = load(preset), folder(preset)
     files: dict[str, Path | bytes] = {}
-    for nb, key in entry["notebooks"].items():
-        folder = cache_dir() / f"{nb}-{key}"
-        if not (folder / "notebook.ipynb").exists():
-            raise EditionError(f"the executed notebook {nb} is not in the pipeline's cache ({folder}): run python -m "
-                               f"diffeqformer.pipeline --preset {preset} again")
-        files[f"notebooks/{nb}.ipynb"] = folder / "notebook.ipynb"
-        files[f"records/{nb}.json"] = folder / "record.json"
-        for f in sorted((folder / "figures").glob("*")):
+    spans, seconds = [], {}
+    for job in made["notebooks"]:
+        nb = job["name"]
+        executed, record = work / "notebooks" / f"{nb}.ipynb", work / "records" / f"{nb}.json"
+        if not executed.exists() or not record.exists():
+            raise EditionError(f"the notebook {nb} has not been executed in {work}: run the {preset} workflow's "
+                               f"notebooks first (snakemake -s workflow/Snakefile --cores all notebooks --config "
+                               f"preset={preset})")
+        if json.loads(record.read_text()).get("parameters") != job["parameters"]:
+            raise EditionError(f"the notebook {nb} in {work} was executed with other parameters than the plan's "
+                               f"(a workflow cut short?): run the {preset} workflow's notebooks again")
+        files[f"notebooks/{nb}.ipynb"], files[f"records/{nb}.json"] = executed, record
+        for f in sorted((work / "notebook-figures" / nb).glob("*")):
             if f.is_file() and f.suffix not in SKIPPED_FIGURE_FILES:
                 files[f"figures/{f.name}"] = f
+        seconds[f"notebook:{nb}"] = took = json.loads(record.read_text())["seconds"]
+        spans.append((record.stat().st_mtime - took, record.stat().st_mtime))
     backends = set()
-    for run_dir in _run_dirs(entry):
-        for name in RUN_FILES:
-            if (run_dir / name).exists():
-                files[f"runs/{run_dir.name}/{name}"] = run_dir / name
-        if runs.is_complete(run_dir):
-            backends.add(runs.read_complete(run_dir).get("jax_backend", "unknown"))
-    seconds = {k: v for k, v in state.get("seconds", {}).items()
-               if k.removeprefix("notebook:") in entry["notebooks"] or k.removeprefix("train:") in entry["trainings"]}
-    files["timings.json"] = (json.dumps({"wall_s": entry.get("wall_s"), "finished": entry.get("finished"),
-                                         "seconds": seconds}, indent=1, sort_keys=True) + "\n").encode()
-    about = {"notebooks": list(entry["notebooks"]), "date": entry.get("finished"), "wall_s": entry.get("wall_s"),
-             "runs": len(entry["trainings"]), "backends": sorted(backends)}
+    for unit in made["trainings"]:
+        bench = work / "benchmarks" / f"train-{unit['name']}.tsv"
+        if bench.exists():
+            seconds[f"train:{unit['name']}"] = took = float(bench.read_text().splitlines()[1].split("\t")[0])
+            spans.append((bench.stat().st_mtime - took, bench.stat().st_mtime))
+        for run_dir in (paths.HOME / r for r in unit["runs"]):
+            for name in RUN_FILES:
+                if (run_dir / name).exists():
+                    files[f"runs/{run_dir.name}/{name}"] = run_dir / name
+            if runs.is_complete(run_dir):
+                backends.add(runs.read_complete(run_dir).get("jax_backend", "unknown"))
+    wall = max(e for _, e in spans) - min(b for b, _ in spans) if spans else None
+    finished = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(max(e for _, e in spans))) if spans else None
+    files["timings.json"] = (json.dumps({"wall_s": wall, "finished": finished, "seconds": seconds}, indent=1,
+                                        sort_keys=True) + "\n").encode()
+    about = {"notebooks": [job["name"] for job in made["notebooks"]], "date": finished, "wall_s": wall,
+             "runs": sum(len(u["runs"]) for u in made["trainings"]), "backends": sorted(backends)}
     return files, about
-
-
-def _run_dirs(entry: Mapping[str, Any]) -> list[Path]:
-    """The run directories of a preset's pipeline: those it trained (a population's by its first member) and every
-    one a notebook read (each member of a population), from the records of the notebooks' executions."""
-    from .planning import cache_dir
-
-    found = {Path(d): None for d in entry["trainings"].values()}
-
-    def walk(value):
-        if isinstance(value, str):
-            path = paths.HOME / value
-            if runs.is_complete(path):
-                found.setdefault(path.resolve(), None)
-        elif isinstance(value, dict):
-            for v in value.values():
-                walk(v)
-        elif isinstance(value, list):
-            for v in value:
-                walk(v)
-
-    for nb, key in entry["notebooks"].items():
-        record = cache_dir() / f"{nb}-{key}" / "record.json"
-        if record.exists():
-            walk(json.loads(record.read_text()).get("parameters", {}))
-    return sorted(dict.fromkeys(p.resolve() for p in found))
 
 
 def _write_parts(files: Mapping[str, Path | bytes], out: Path) -> tuple[list[dict], list[dict]]:
@@ -223,7 +209,7 @@ def _write_parts(files: Mapping[str, Path | bytes], out: Path) -> tuple[list[dic
 
 
 def pack(out: Path, *, preset: str = PRESET, device: str | None = None, commit: str | None = None) -> dict:
-    """Pack the preset's last finished pipeline of this ``DIFFEQFORMER_HOME`` into ``out`` (emptied first; a folder
+    """Pack the preset's workflow of this ``DIFFEQFORMER_HOME`` into ``out`` (emptied first; a folder
     that holds anything but a pack is refused): ``manifest.json`` and the zip parts (module docstring). ``device``
     defaults to JAX's (``jax_device``), ``commit`` to ``DIFFEQFORMER_COMMIT``, else git's. Refuses, naming the file,
     a pack of more than ``MAX_FILES`` files or a file over ``MAX_FILE_BYTES``. Returns the manifest."""
@@ -261,7 +247,7 @@ def pack(out: Path, *, preset: str = PRESET, device: str | None = None, commit: 
 def _read_manifest(folder: Path) -> dict:
     path = folder / MANIFEST
     if not path.exists():
-        raise EditionError(f"{folder} has no {MANIFEST}: not a pack (python -m diffeqformer.pipeline.edition pack "
+        raise EditionError(f"{folder} has no {MANIFEST}: not a pack (python -m diffeqformer.workflow.edition pack "
                            "makes one)")
     try:
         manifest = json.loads(path.read_text())
@@ -275,7 +261,7 @@ def _read_manifest(folder: Path) -> dict:
 def check_manifest(manifest: Mapping[str, Any], folder: Path) -> None:
     """The pack's preset is ``PRESET``, its runs trained on an accelerator, every part has the size and SHA-256 the
     manifest gives it, and every notebook of ``_toc.yml`` is in it; else ``EditionError``."""
-    from .planning import toc_notebooks
+    from .plan import toc_notebooks
 
     if manifest.get("preset") != PRESET:
         raise EditionError(f"{folder} is an edition of preset {manifest.get('preset')!r}, not {PRESET!r}: only a "
@@ -430,7 +416,7 @@ def staleness(manifest: Mapping[str, Any], repo: Path = paths.REPO) -> str:
 
 
 def banner(manifest: Mapping[str, Any], repo: Path = paths.REPO) -> str:
-    """A MyST admonition for a page's first screen: device, date, commit, preset, the pipeline's wall time, and
+    """A MyST admonition for a page's first screen: device, date, commit, preset, the workflow's wall time, and
     ``staleness``."""
     wall = clock(manifest["wall_s"]) if manifest.get("wall_s") is not None else "not recorded"
     commit = f"`{manifest.get('commit', 'unknown')[:12]}`"
@@ -441,7 +427,7 @@ def banner(manifest: Mapping[str, Any], repo: Path = paths.REPO) -> str:
     return "\n".join([
         "```{admonition} GPU edition: executed on a GPU, not by the build of this book", f":class: {kind}", "",
         f"Device **{manifest.get('device', 'unknown')}**, date {manifest.get('date') or 'unknown'}, commit {commit}, "
-        f"preset `{manifest.get('preset')}`, pipeline wall time {wall}.", "", line, "```", ""])
+        f"preset `{manifest.get('preset')}`, workflow wall time {wall}.", "", line, "```", ""])
 
 
 def render_notebook(nb: dict, manifest: Mapping[str, Any], repo: Path = paths.REPO) -> dict:
@@ -461,7 +447,7 @@ def render_notebook(nb: dict, manifest: Mapping[str, Any], repo: Path = paths.RE
 
 def edition_notebooks(folder: Path | None = None) -> list[str]:
     """The notebooks of the edition, in ``_toc.yml``'s order (then any other it has)."""
-    from .planning import toc_notebooks
+    from .plan import toc_notebooks
 
     folder = Path(folder or EDITION)
     have = {p.stem for p in (folder / "notebooks").glob("*.ipynb")}
@@ -505,12 +491,12 @@ def stage(src: Path, folder: Path | None = None, repo: Path = paths.REPO) -> lis
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m diffeqformer.pipeline.edition",
+    parser = argparse.ArgumentParser(prog="python -m diffeqformer.workflow.edition",
                                      description=__doc__.split("\n\n")[0].replace("``", ""))
     verbs = parser.add_subparsers(dest="verb", required=True)
-    p = verbs.add_parser("pack", help="on the GPU machine, after the gpu pipeline: pack its results into DIR")
+    p = verbs.add_parser("pack", help="on the GPU machine, after the gpu workflow's notebooks: pack its results into DIR")
     p.add_argument("--out", required=True, type=Path, help="the folder to write (emptied first)")
-    p.add_argument("--preset", default=PRESET, help=f"the preset whose last pipeline to pack (default {PRESET})")
+    p.add_argument("--preset", default=PRESET, help=f"the preset whose workflow to pack (default {PRESET})")
     p.add_argument("--commit", help="the commit of the code (default: $DIFFEQFORMER_COMMIT, else git's)")
     i = verbs.add_parser("import", help="check a pack and install it into book/gpu/")
     i.add_argument("source", type=Path, help="the pack: its folder, its manifest, or an archive of it")
@@ -519,7 +505,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.verb == "pack":
             m = pack(args.out, preset=args.preset, commit=args.commit)
-            print(f"packed the {m['preset']} pipeline of {m['date']} on {m['device']}, commit {m['commit'][:12]}: "
+            print(f"packed the {m['preset']} workflow of {m['date']} on {m['device']}, commit {m['commit'][:12]}: "
                   f"{len(m['files'])} files in {len(m['parts'])} part(s), "
                   f"{sum(p['bytes'] for p in m['parts']) / 2**20:.1f} MiB, into {args.out}")
         else:

@@ -1,5 +1,0 @@
-"""``python -m diffeqformer.pipeline``."""
-
-from .build import main
-
-main()

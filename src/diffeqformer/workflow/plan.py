@@ -1,0 +1,362 @@
+"""A preset's jobs as data for ``workflow/Snakefile``: the registry entry (``presets``) checked against the
+notebooks, ``_toc.yml`` and the training configs, and resolved into token caches, trainings and notebook executions.
+
+Nothing here runs anything: Snakemake schedules the jobs (``jobs`` runs each). The plan is kept in
+``_build/workflow/<preset>/plan.json`` with the SHA-256 of everything it was made from (the configs, the package's
+sources, the notebooks, ``_toc.yml``), so that a workflow with nothing to do reads it instead of loading Levanter's
+configs again."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import typing
+from pathlib import Path
+from typing import Any, Mapping
+
+from .. import paths
+
+TOC = paths.REPO / "_toc.yml"
+PACKAGE = paths.REPO / "src" / "diffeqformer"
+RUNS_ALONE = frozenset({"f9_time_embedding"})
+"""Notebooks that measure the machine (F9 times training steps): their jobs take every core, so that nothing runs
+beside them (but in the smoke preset, whose timings no result rests on)."""
+
+
+class WorkflowError(Exception):
+    """A problem the user must fix before anything runs; the message, one line, names it."""
+
+
+def folder(preset: str) -> Path:
+    """The workflow's files of ``preset``: ``_build/workflow/<preset>`` below DIFFEQFORMER_HOME."""
+    return paths.HOME / "_build" / "workflow" / preset
+
+
+# ---------------------------------------------------------------------------------------------------- validation
+
+
+def toc_notebooks(toc: Path = TOC) -> list[str]:
+    """The notebooks (stems) that ``_toc.yml`` puts in the book, in its order."""
+    import yaml
+
+    text = json.dumps(yaml.safe_load(Path(toc).read_text()))
+    return [Path(f).stem for f in re.findall(r'"file": "(notebooks/[^"]+)"', text)]
+
+
+def declared_parameters(notebook: Path) -> dict[str, dict]:
+    """The parameters a notebook declares in its cell tagged ``parameters`` (Papermill's ``inspect_notebook``)."""
+    import papermill
+
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    if not any("parameters" in c.get("metadata", {}).get("tags", []) for c in cells):
+        raise WorkflowError(f"{Path(notebook).name} has no cell tagged 'parameters'")
+    return papermill.inspect_notebook(str(notebook))
+
+
+_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict, "tuple": tuple,
+          "List": list, "Dict": dict, "Any": typing.Any, "Optional": typing.Optional, "None": None}
+
+
+def type_matches(value, annotation) -> bool:
+    """Whether ``value`` (plain JSON-like data) fits ``annotation`` (``int``, ``list[str]``, ``Optional[int]``...).
+    An int fits ``float``; a bool fits only ``bool``."""
+    if annotation is typing.Any:
+        return True
+    if annotation is None or annotation is type(None):
+        return value is None
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Union:
+        return any(type_matches(value, a) for a in args)
+    if origin in (list, tuple):
+        return isinstance(value, (list, tuple)) and all(type_matches(v, args[0]) for v in value)
+    if origin is dict:
+        return isinstance(value, dict) and all(type_matches(k, args[0]) and type_matches(v, args[1])
+                                               for k, v in value.items())
+    if annotation in (bool, int, float) and isinstance(value, bool):
+        return annotation is bool
+    if annotation is float:
+        return isinstance(value, (int, float))
+    if annotation in (list, tuple):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, annotation)
+
+
+def _expected_type(declared: dict):
+    """The type a parameter must have: its annotation, else the type of its literal default, else anything."""
+    name = declared["inferred_type_name"]
+    if name and name != "None":
+        try:
+            return eval(name, {"__builtins__": {}}, dict(_TYPES))  # the names above only: 'list[str]', ...
+        except Exception:
+            raise WorkflowError(f"unsupported parameter annotation {name!r}") from None
+    try:
+        default = ast.literal_eval(declared["default"])
+    except (ValueError, SyntaxError):
+        return typing.Any
+    return typing.Any if default is None else type(default)
+
+
+def check_parameters(notebook: str, values: Mapping[str, Any], declared: Mapping[str, dict]) -> None:
+    """Reject parameter names the notebook does not declare and values of the wrong type, naming them."""
+    for name, value in values.items():
+        if name not in declared:
+            raise WorkflowError(f"{notebook}: parameter {name!r} is not declared in the notebook's parameters "
+                                f"cell (it declares: {', '.join(declared) or 'nothing'})")
+        expected = _expected_type(declared[name])
+        if not type_matches(value, expected):
+            shown = getattr(expected, "__name__", None) or str(expected).replace("typing.", "")
+            raise WorkflowError(f"{notebook}: parameter {name!r} must be {shown}, got {value!r} "
+                                f"({type(value).__name__})")
+
+
+def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
+    """``["f1_model.seed=3"]`` -> {notebook: {parameter: value}}; values are YAML (3 an int, a bare word a str)."""
+    import yaml
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in items:
+        m = re.fullmatch(r"(\w+)\.(\w+)=(.*)", item, flags=re.S)
+        if not m:
+            raise WorkflowError(f"set expects NOTEBOOK.PARAMETER=VALUE, got {item!r}")
+        out.setdefault(m[1], {})[m[2]] = yaml.safe_load(m[3]) if m[3].strip() else ""
+    return out
+
+
+# -------------------------------------------------------------------------------------------------- the plan
+
+
+def _map_runs(value, fn):
+    """``value`` (registry values: plain data in dicts, lists and tuples) with every ``Run`` replaced by ``fn(run)``,
+    visited in order, tuples as lists."""
+    from .presets import Run
+
+    if isinstance(value, Run):
+        return fn(value)
+    if isinstance(value, dict):
+        return {k: _map_runs(v, fn) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_map_runs(v, fn) for v in value]
+    return value
+
+
+def collect_runs(value) -> list:
+    """Every ``Run`` in ``value`` (registry values), in order."""
+    found: list = []
+    _map_runs(value, found.append)
+    return found
+
+
+def join_populations(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The entries with every ``Run`` that is also a member of a population elsewhere in the preset replaced by that
+    member: F1 reading ``Run("cpu/diffeqformer")`` reads the first seed of F6's population, trained once."""
+    members: dict[tuple, Any] = {}
+    for run in collect_runs(list(entries.values())):
+        if run.population:
+            members.setdefault((run.config, run.overrides, run.module), run)
+    return {nb: _map_runs(values, lambda r: members.get((r.config, r.overrides, r.module), r))
+            for nb, values in entries.items()}
+
+
+def entries(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None,
+            registry: Mapping[str, Mapping[str, Mapping[str, Any]]] | None = None) -> dict[str, dict[str, Any]]:
+    """The preset's registry entry (notebook -> parameter values) with ``overrides`` and the populations joined."""
+    from . import presets
+
+    names = presets.BUILDERS if registry is None else registry
+    if preset not in names:
+        raise WorkflowError(f"unknown preset {preset!r}; choose one of: {', '.join(names)}")
+    chosen = presets.preset(preset) if registry is None else registry[preset]
+    found = {nb: dict(values) for nb, values in chosen.items()}
+    for nb, values in (overrides or {}).items():
+        if nb not in found:
+            raise WorkflowError(f"set names notebook {nb!r}, which preset {preset!r} does not run "
+                                f"(it runs: {', '.join(found)})")
+        found[nb].update(values)
+    return join_populations(found)
+
+
+def _marker(run_dir: Path, digest: str) -> str:
+    """The file a training job writes once ``run_dir`` is complete for config hash ``digest``: the job's output, so
+    that a changed configuration (another hash) is a missing output, and the run directory, with its checkpoints,
+    is never an output that Snakemake could delete."""
+    return paths.home_relative(run_dir / f"trained-{digest[:16]}.json")
+
+
+def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]:
+    """The training jobs of ``runs`` (a run alone, or a population's members as one job), longest first, the token
+    caches they read (data id -> the arguments of a run that reads it) and each run's directory (``Run.key`` ->)."""
+    from .. import config as configs
+    from ..runs import is_complete
+
+    units: dict[Any, list] = {}
+    for r in {r.key: r for r in runs}.values():
+        units.setdefault(r.population_key if r.population else r.key, []).append(r)
+    jobs, tokens, marker_of, dir_of, key_of, hash_of, wants = [], {}, {}, {}, {}, {}, {}
+    for members in units.values():
+        resolved = []
+        for r in members:
+            try:
+                resolved.append((r, *r.resolve()))
+            except (ValueError, FileNotFoundError) as err:
+                raise WorkflowError(f"training config {r.key!r}: {err}") from None
+        for r, cfg, digest, run_dir, pretraining in resolved:
+            where = paths.home_relative(run_dir)
+            if key_of.setdefault(where, r.key) != r.key:
+                raise WorkflowError(f"{r.key!r} and {key_of[where]!r} would both train into {where}: name one of "
+                                    f"them otherwise (a run trained in a population and alone are two runs)")
+            marker_of[where], dir_of[r.key], hash_of[where] = _marker(run_dir, digest), where, digest
+            if pretraining is not None:
+                wants[r.key] = (paths.home_relative(pretraining), configs.pretraining_hash(cfg))
+        r0, cfg0 = min(resolved, key=lambda x: x[1].trainer.seed)[:2]
+        data = hashlib.sha256(repr(cfg0.data).encode()).hexdigest()[:12]
+        tokens.setdefault(data, {"argv": ["--config", str(r0.path), *r0.overrides], "module": r0.module})
+        if len(members) == 1:
+            argv = ["-m", f"diffeqformer.{r0.module}", "--config", str(r0.path), *r0.overrides]
+        else:
+            argv = ["-m", "diffeqformer.population", "--config", str(r0.path), *r0.overrides,
+                    "--seeds", str(len(members))]
+        after = [paths.home_relative(p) for *_, p in resolved if p is not None]
+        jobs.append({"name": re.sub(r"\W", "_", cfg0.name), "argv": argv, "tokens": data, "after": after,
+                     "configs": sorted({str(r.path) for r in members}), "steps": cfg0.trainer.num_train_steps,
+                     "runs": [paths.home_relative(d) for *_, d, _ in resolved],
+                     "hashes": [d for *_, d, _, _ in resolved],
+                     "outputs": [_marker(d, h) for *_, h, d, _ in resolved]})
+    for key, (where, digest) in wants.items():
+        if where in hash_of and hash_of[where] != digest:
+            raise WorkflowError(f"fine-tuning {key!r} would read {key_of[where]!r} as its pretraining, but names "
+                                f"another configuration of it: set its pretrain.population (and pretrain.member) as "
+                                f"the pretraining is trained")
+    for job in jobs:  # a fine-tuning waits for its pretraining's job, where this preset trains it
+        pretrainings = sorted(set(job.pop("after")))
+        job["after"] = [marker_of[p] for p in pretrainings if p in marker_of]
+        for p in pretrainings:
+            if p not in marker_of and not is_complete(p):
+                raise WorkflowError(f"fine-tuning {job['name']} needs the pretrained run {p}, which is not finished "
+                                    f"and which this preset does not train: add its config to the registry")
+    return sorted(jobs, key=lambda j: -j["steps"]), tokens, dir_of
+
+
+def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_toc: list[str]) -> dict:
+    """The execution of notebook ``nb`` with ``values`` and ``preset``, after checking that it exists, is in
+    ``_toc.yml``, has a valid Colab cell and declares every parameter with a fitting type."""
+    from ..report import book
+
+    if not path.exists():
+        raise WorkflowError(f"preset {preset!r} runs notebook {nb!r}, but {path} does not exist")
+    if nb not in in_toc:
+        raise WorkflowError(f"notebook {nb!r} is run by preset {preset!r} but is not in _toc.yml")
+    declared = declared_parameters(path)
+    try:
+        book.check_colab_cell(path)
+    except ValueError as err:
+        raise WorkflowError(str(err)) from None
+    if "preset" not in declared:
+        raise WorkflowError(f"{nb}: its parameters cell must declare 'preset'")
+    values = {"preset": preset, **values}
+    check_parameters(nb, _map_runs(values, lambda run: str(run.path)), declared)
+    return {"name": nb, "path": str(path), "parameters": values, "sources": notebook_sources(path)}
+
+
+def make(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *,
+         registry: Mapping | None = None, notebooks_dir: Path | None = None, toc: Path | None = None) -> dict:
+    """Check the preset's entry and resolve it: ``{"preset", "tokens", "trainings", "notebooks"}``, plain data.
+    Every problem raises ``WorkflowError`` naming the preset, notebook, parameter or config."""
+    found = entries(preset, overrides, registry)
+    in_toc = toc_notebooks(TOC if toc is None else toc)
+    for nb in in_toc:
+        if nb not in found:
+            raise WorkflowError(f"notebook {nb!r} is in _toc.yml but preset {preset!r} does not run it: add it to "
+                                f"diffeqformer.workflow.presets")
+    notebooks_dir = paths.NOTEBOOKS if notebooks_dir is None else Path(notebooks_dir)
+    notebooks = [_notebook(preset, nb, values, notebooks_dir / f"{nb}.ipynb", in_toc) for nb, values in found.items()]
+    runs = collect_runs([job["parameters"] for job in notebooks])
+    trainings, tokens, dir_of = _trainings(runs)
+    marker = {d: m for job in trainings for d, m in zip(job["runs"], job["outputs"])}
+    for job in notebooks:
+        job["inputs"] = sorted({marker[dir_of[r.key]] for r in collect_runs(job["parameters"])})
+        job["parameters"] = _map_runs(job["parameters"], lambda r: dir_of[r.key])
+    return {"preset": preset, "tokens": tokens, "trainings": trainings, "notebooks": notebooks}
+
+
+# ------------------------------------------------------------------------------------------- sources and cache
+
+
+def module_files() -> dict[str, Path]:
+    """Every module of the package by dotted name (a package by its ``__init__.py``)."""
+    out = {}
+    for f in sorted(PACKAGE.rglob("*.py")):
+        parts = ("diffeqformer", *f.relative_to(PACKAGE).with_suffix("").parts)
+        out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = f
+    return out
+
+
+def imported_modules(tree: ast.AST, modules, here: str = "", is_package: bool = False) -> set[str]:
+    """The package's ``modules`` that the code ``tree`` (module ``here``) imports anywhere, functions included, with
+    the packages above each (importing ``a.b.c`` runs ``a`` and ``a.b`` first)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = here.split(".") if is_package else here.split(".")[:-1]
+            module = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
+                else node.module or ""
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            found |= {m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules}
+    return found
+
+
+def notebook_sources(notebook: Path) -> list[str]:
+    """The package's source files a notebook can run: those its code cells import, and everything they import in
+    turn (lazy imports included); a notebook's job reruns when one of them changes. Not the workflow's own modules,
+    so that editing one preset re-executes only the notebooks whose parameters changed."""
+    modules = module_files()
+    cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
+    source = "\n".join("".join(c["source"]) for c in cells)
+    source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in source.splitlines())
+    todo, seen = imported_modules(ast.parse(source), modules), set()
+    while todo:
+        name = todo.pop()
+        seen.add(name)
+        f = modules[name]
+        todo |= imported_modules(ast.parse(f.read_text()), modules, name, f.name == "__init__.py") - seen
+    return sorted(str(modules[m]) for m in seen if not m.startswith("diffeqformer.workflow"))
+
+
+def book_sources() -> list[Path]:
+    """What the book job reads besides the executed notebooks: the chapters and the GPU edition (``book/``), the
+    book's configuration and table of contents, and the package's sources (the API pages document them)."""
+    chapters = [p for p in paths.BOOK.rglob("*") if p.is_file() and not {"_generated", "_build"} & set(p.parts)]
+    return sorted(chapters) + [paths.REPO / "_config.yml", TOC, *sorted(PACKAGE.rglob("*.py"))]
+
+
+def _inputs_hash(preset: str, overrides: Mapping) -> str:
+    """SHA-256 of what a plan is made from: the configs, the package's sources, the notebooks, ``_toc.yml``, the
+    overrides and the environment variables the presets read."""
+    h = hashlib.sha256(json.dumps([preset, overrides, sorted((k, v) for k, v in os.environ.items()
+                                                             if k.startswith("DIFFEQFORMER_GPU"))]).encode())
+    files = [*sorted(paths.CONFIG.rglob("*.yaml")), *sorted(PACKAGE.rglob("*.py")),
+             *sorted(paths.NOTEBOOKS.glob("*.ipynb")), TOC]
+    for f in files:
+        h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def load(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
+    """The plan of ``preset`` (``make``), read from ``plan.json`` when nothing it was made from has changed."""
+    key = _inputs_hash(preset, overrides or {})
+    cached = folder(preset) / "plan.json"
+    if cached.exists():
+        saved = json.loads(cached.read_text())
+        if saved.get("key") == key:
+            return saved["plan"]
+    made = make(preset, overrides)
+    paths.write_atomic(cached, json.dumps({"key": key, "plan": made}, indent=1) + "\n")
+    return made
