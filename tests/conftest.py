@@ -7,14 +7,14 @@ from pathlib import Path
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One JAX persistent compilation cache for every process of a test run: both pytest workers, the trainings and
-# notebooks the tests start (they inherit the variable; train.use_compilation_cache reads it) and the smoke pipeline
+# notebooks the tests start (they inherit the variable; train.use_compilation_cache reads it) and the smoke workflow
 # after them. A program that several tests compile (the smoke model's training step, a tiny model's forward pass) is
 # compiled once and loaded since; `make test` keeps the folder, so a second run compiles only what changed.
 CACHE = os.environ.setdefault("JAX_COMPILATION_CACHE_DIR",
                               str(Path(__file__).resolve().parents[1] / "_build" / "test-jax-cache"))
 # XLA's own CPU kernels in the trainings the tests start: JAX's persistent cache cannot store a program compiled with
 # oneDNN's custom calls (``diffeqformer.ONEDNN_FLAG``: writing the entry fails with std::bad_alloc), so with them every
-# training process compiled its steps anew. test_package_init and test_pipeline check that training processes take
+# training process compiled its steps anew. test_package_init and test_workflow_jobs check that training processes take
 # the flag when the variable is unset; benchmarks/cpu_kernels.py measures both kernels and prints whether each caches.
 os.environ.setdefault("DIFFEQFORMER_ONEDNN", "0")
 # XLA compiles with little optimisation (JAX's jax_disable_most_optimizations: LLVM at level 0, its expensive passes
@@ -71,7 +71,7 @@ def smoke_run(tmp_path_factory, request):
 @pytest.fixture(autouse=True)
 def _environment_as_it_was():
     """Every test leaves ``os.environ`` as it found it. Code that a test runs in-process sets variables for itself and
-    the processes it starts (the pipeline's GLIBC_TUNABLES and XLA_PYTHON_CLIENT_PREALLOCATE, train's
+    the processes it starts (the workflow jobs' GLIBC_TUNABLES and XLA_PYTHON_CLIENT_PREALLOCATE, train's
     LEVANTER_CE_XLA_FAST_BWD on a GPU), and these stayed in the worker for every later test and every process those
     started."""
     before = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
@@ -97,7 +97,7 @@ def getkey():
 # (`--no-loadscope-reorder`: xdist's own order, most tests first, collected these few-test files last, and the last
 # of them ran alone on one worker for minutes). Slowest first, the two workers finish together.
 SLOWEST_FILES = ("test_population.py", "test_train.py", "test_levanter_trainer.py", "test_finetune.py",
-                 "test_trajectories.py", "test_ablations.py", "test_pipeline.py", "test_model.py")
+                 "test_trajectories.py", "test_ablations.py", "test_workflow_plan.py", "test_model.py")
 
 
 def pytest_collection_modifyitems(config, items):

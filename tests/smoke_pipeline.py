@@ -1,8 +1,9 @@
-"""The smoke pipeline, run once per test session for the tests marked ``pipeline`` (end to end, browser).
+"""The smoke workflow (Snakemake, ``workflow/Snakefile``), run once per test session for the tests marked
+``pipeline`` (end to end, browser).
 
 ``make test`` runs those tests in one process beside the unit tests, with ``DIFFEQFORMER_SMOKE_HOME`` pointing at a
 git-ignored folder, so that a second ``make test`` with nothing changed reuses the trained smoke runs and executed
-notebooks; without it the pipeline runs from nothing in a temporary folder. Either way the corpus (``data/``) is the
+notebooks; without it the workflow runs from nothing in a temporary folder. Either way the corpus (``data/``) is the
 repository's, shared through a symbolic link.
 """
 
@@ -20,9 +21,15 @@ import pytest
 
 from diffeqformer import paths
 
-# --retrain-stale: a change to the configuration dataclasses (a new field) changes every run's config hash; the
-# smoke runs of an earlier `make test` are then trained again instead of stopping the pipeline.
-COMMAND = [sys.executable, "-m", "diffeqformer.pipeline", "--preset", "smoke", "--retrain-stale"]
+SNAKEMAKE = [str(Path(sys.executable).with_name("snakemake")), "-s", str(paths.REPO / "workflow" / "Snakefile")]
+"""Snakemake on the workflow, from this environment."""
+
+
+def command(home: Path, *extra: str, cores: int = 2, preset: str = "smoke", config: tuple = ()) -> list[str]:
+    """The workflow's command for ``preset`` in ``home`` (Snakemake's ``--directory``), ``extra`` options and targets
+    before its ``--config`` items (``config``: more of them, e.g. ``set=[...]``)."""
+    return [*SNAKEMAKE, "--directory", str(home), "--cores", str(cores), "--rerun-incomplete", *extra,
+            "--config", f"preset={preset}", *config]
 
 
 @dataclass
@@ -49,27 +56,29 @@ class SmokeBook:
         return self.home / "_build" / "html"
 
 
-OUTPUTS = ("runs", "_build/pipeline/cache", "_build/html")
-"""What a run with nothing to do leaves as it is: the trained runs, the executed notebooks (the pipeline's cache of
-them) and the built book. (``figures/`` is gathered from that cache again on every run; ``state.json`` and the logs
-are written again.)"""
+OUTPUTS = ("runs", "_build/workflow/smoke/notebooks", "_build/workflow/smoke/notebook-figures",
+           "_build/workflow/smoke/html", "_build/workflow/smoke/figures", "_build/published.json")
+"""What a run with nothing to do leaves as it is: the trained runs, the executed notebooks and their figures, the
+built book, the gathered figures and the record of what ``_build/html`` and ``figures/`` point at."""
 
 
 def outputs(home: Path) -> dict[str, tuple[int, int, int]]:
     """Every file of ``OUTPUTS`` below ``home``: its path relative to ``home`` -> (inode, mtime in ns, size)."""
     found = {}
     for folder in OUTPUTS:
-        for f in (home / folder).rglob("*"):
+        for f in [home / folder, *(home / folder).rglob("*")]:
             if f.is_file():
                 stat = f.stat()
                 found[str(f.relative_to(home))] = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
     return found
 
 
-def _run(home: Path) -> PipelineRun:
+def run_workflow(home: Path, *extra: str, cores: int = 2, timeout: float = 1800, **options) -> PipelineRun:
+    """The smoke workflow in ``home`` (``command``, with its ``options``), its output captured."""
     env = {**os.environ, "DIFFEQFORMER_HOME": str(home), "PYTHONUNBUFFERED": "1"}
     start = time.perf_counter()
-    out = subprocess.run(COMMAND, env=env, capture_output=True, text=True, timeout=1800)
+    out = subprocess.run(command(home, *extra, cores=cores, **options), env=env, capture_output=True, text=True,
+                         timeout=timeout)
     return PipelineRun(out.returncode, time.perf_counter() - start, out.stdout, out.stderr)
 
 
@@ -78,8 +87,8 @@ _done: list[SmokeBook] = []  # the fixture is imported by two test modules: run 
 
 @pytest.fixture(scope="session")
 def smoke_book(tmp_path_factory) -> SmokeBook:
-    """The smoke pipeline run twice in one DIFFEQFORMER_HOME: the first run does the work (or finds it cached), the
-    second must find everything cached (and so rewrite none of the ``OUTPUTS``)."""
+    """The smoke workflow run twice in one DIFFEQFORMER_HOME: the first run does the work (or finds it up to date), the
+    second must find nothing to do (and so rewrite none of the ``OUTPUTS``)."""
     if _done:
         return _done[0]
     home = Path(os.environ.get("DIFFEQFORMER_SMOKE_HOME") or tmp_path_factory.mktemp("smoke-home")).resolve()
@@ -88,13 +97,13 @@ def smoke_book(tmp_path_factory) -> SmokeBook:
         # The corpus, its tokenizer and Levanter's token caches are inputs, not outputs: share the repository's.
         (home / "data").symlink_to(paths.DATA, target_is_directory=True)
     shutil.rmtree(home / "runs" / ".stale", ignore_errors=True)  # smoke runs moved aside last time: cheap to redo
-    first = _run(home)
+    first = run_workflow(home)
     before = outputs(home)
-    second = _run(home) if first.returncode == 0 else None
+    second = run_workflow(home) if first.returncode == 0 else None
     after = outputs(home)
     rewritten = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
     for name, r in (("first", first), ("second", second)):
         if r is not None:
-            print(f"smoke pipeline, {name} run: {r.seconds:.1f} s (exit {r.returncode})")
+            print(f"smoke workflow, {name} run: {r.seconds:.1f} s (exit {r.returncode})")
     _done.append(SmokeBook(home, first, second, rewritten))
     return _done[0]

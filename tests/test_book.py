@@ -8,8 +8,9 @@ import shutil
 
 import pytest
 
-from diffeqformer import paths, pipeline
-from diffeqformer.pipeline import PipelineError
+from diffeqformer import paths
+from diffeqformer.workflow import plan
+from diffeqformer.workflow.plan import WorkflowError
 from diffeqformer.report import book
 
 URL = "https://github.com/diffeqformer/diffeqformer"
@@ -73,13 +74,13 @@ def test_a_colab_cell_must_stay_out_of_the_book(tmp_path):
     book.check_colab_cell(notebook)
 
 
-def test_the_pipeline_refuses_a_notebook_that_clones_another_repository(tmp_path, monkeypatch):
+def test_the_workflow_refuses_a_notebook_that_clones_another_repository(tmp_path, monkeypatch):
     notebooks = tmp_path / "notebooks"
     shutil.copytree(paths.NOTEBOOKS, notebooks)
     book.sync_colab_cells([notebooks / "f2_spectra.ipynb"], _config(tmp_path))
     monkeypatch.setattr(paths, "RUNS", tmp_path / "runs")
-    with pytest.raises(PipelineError, match="f2_spectra.ipynb: its Colab cell clones https://github.com/someone/fork"):
-        pipeline.plan("smoke", notebooks_dir=notebooks)
+    with pytest.raises(WorkflowError, match="f2_spectra.ipynb: its Colab cell clones https://github.com/someone/fork"):
+        plan.make("smoke", notebooks_dir=notebooks)
 
 
 def test_the_reader_view_hides_code_and_keeps_outputs():

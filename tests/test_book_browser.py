@@ -22,7 +22,8 @@ from urllib.parse import urldefrag, urljoin, urlparse
 import pytest
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
-from diffeqformer import paths, pipeline
+from diffeqformer import paths
+from diffeqformer.workflow.presets import presets
 from diffeqformer.report import book
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -292,7 +293,7 @@ def test_every_page_as_a_reader_sees_it(served_book, smoke_book):  # noqa: F811
     seconds = time.perf_counter() - start
     print(f"browser check: {len(pages)} pages in {seconds:.1f} s; full-page screenshots of each in {SCREENSHOTS}")
     names = {urlparse(u).path for u in pages}
-    for nb in pipeline.PRESETS["smoke"]:
+    for nb in presets()["smoke"]:
         assert f"/notebooks/{nb}.html" in names, f"notebook page {nb} not reachable from the index"
     assert {"/book/intro.html", "/book/reproducing.html", "/book/api.html"} <= names
 

@@ -1,15 +1,14 @@
 """diffeqformer.analysis.claims: one primary test per headline claim, named before the numbers; its verdict in the
-claim's units, glued for the verdicts page and read back there with Holm's adjustment (pipeline.pages)."""
+claim's units, glued for the verdicts page and read back there with Holm's adjustment (workflow.pages)."""
 
 import json
 import math
-from types import SimpleNamespace
 
 import pytest
 
 from diffeqformer import paths
 from diffeqformer.analysis import claims, seeds
-from diffeqformer.pipeline import pages
+from diffeqformer.workflow import pages
 
 
 def test_every_claim_is_judged_by_its_notebook():
@@ -95,15 +94,17 @@ def _glue(name: str, text: str) -> dict:
             "data": {"application/papermill.record/text/plain": repr(text), "text/plain": [repr(text)]}}
 
 
-def _executed(tmp_path, name: str, verdicts) -> SimpleNamespace:
-    folder = tmp_path / name
-    folder.mkdir()
+def _executed(tmp_path, name: str, verdicts) -> dict:
+    """Notebook ``name`` executed by the cpu preset's workflow in the home ``tmp_path``, its outputs gluing
+    ``verdicts``; its entry of the plan."""
+    folder = tmp_path / "_build" / "workflow" / "cpu" / "notebooks"
+    folder.mkdir(parents=True, exist_ok=True)
     outputs = [_glue(v.of.glue_name, v.to_json()) for v in verdicts]
-    (folder / "notebook.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "outputs": outputs}]}))
-    return SimpleNamespace(name=name, cache_dir=folder)
+    (folder / f"{name}.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "outputs": outputs}]}))
+    return {"name": name}
 
 
-def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path):
+def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path, monkeypatch):
     """Five claims tested, two significant before the adjustment: the one whose Holm p stays below 0.05 keeps its
     word, the other (p x 4 by Holm) is inconclusive after Holm and says what it was before; a claim no notebook
     judged says so; every claim's rule is under the table."""
@@ -113,9 +114,10 @@ def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path):
     noisy = [claims.judge(name, seeds.one_sample([0.1, -0.2, 0.15])) for name in ("f6_shared", "f6_overfit",
                                                                                    "f6_llama")]
     assert strong.p < 0.005 and 0.01 < weak.p < 0.05 and all(v.word == seeds.INCONCLUSIVE for v in noisy)
-    result = SimpleNamespace(preset="cpu", notebooks=[_executed(tmp_path, "f6_perplexity", [strong, *noisy]),
-                                                      _executed(tmp_path, "f8_beta2", [weak])])
-    page = pages.verdicts_markdown(result, tmp_path / "no-edition")
+    monkeypatch.setattr(paths, "HOME", tmp_path)
+    made = {"preset": "cpu", "notebooks": [_executed(tmp_path, "f6_perplexity", [strong, *noisy]),
+                                           _executed(tmp_path, "f8_beta2", [weak])]}
+    page = pages.verdicts_markdown(made, tmp_path / "no-edition")
     def row(name):
         claim = claims.CLAIMS[name]
         return next(line for line in page.splitlines()

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import ast
 
-from diffeqformer.pipeline import sources
+from diffeqformer.workflow import plan as sources
 
 LIMIT = 60
 """A function has fewer lines than this, from its ``def`` line to its last line (decorators not counted)."""
@@ -23,8 +23,8 @@ LONGER = {
 then remove it here. No function joins the list."""
 
 SHORT_MODULES = ("diffeqformer.config", "diffeqformer.runs", "diffeqformer.train", "diffeqformer.finetune",
-                 "diffeqformer.population", "diffeqformer.pipeline.registry", "diffeqformer.pipeline.lanes",
-                 "diffeqformer.pipeline.planning", "diffeqformer.pipeline.build")
+                 "diffeqformer.population", "diffeqformer.workflow.presets", "diffeqformer.workflow.plan",
+                 "diffeqformer.workflow.jobs", "diffeqformer.workflow.build")
 """Modules whose functions are all under ``LIMIT`` lines, without exception."""
 
 
@@ -56,10 +56,10 @@ def test_no_function_is_longer_than_the_limit_outside_the_list():
     assert long == {}, f"split these functions into ones under {LIMIT} lines"
 
 
-def test_the_lanes_and_the_planner_have_no_long_function():
+def test_the_workflow_and_the_trainers_have_no_long_function():
     prefixes = tuple(f"{m}." for m in SHORT_MODULES)
     theirs = {name: n for name, n in _package_lengths().items() if name.startswith(prefixes)}
-    assert {"diffeqformer.pipeline.lanes.train_runs", "diffeqformer.pipeline.planning.plan"} <= set(theirs)
+    assert {"diffeqformer.workflow.plan.make", "diffeqformer.workflow.jobs.train"} <= set(theirs)
     assert {name: n for name, n in theirs.items() if n >= LIMIT} == {}
 
 

@@ -1,27 +1,32 @@
-"""diffeqformer.pipeline.edition: the GPU edition packed from a finished pipeline, imported into the committed folder
+"""diffeqformer.workflow.edition: the GPU edition packed from a finished workflow, imported into the committed folder
 (only a gpu pack, only an intact one, never half of one), and rendered: the banner of each page, whether the code
 changed since, and the page that says no GPU edition exists yet.
 
-The finished pipeline here is a temporary one with the pipeline's own layout (``state.json``, cache entries with
-each notebook of ``_toc.yml`` executed: its cells, one PNG output, figure files, a record; runs with their files
-and weights), made without running anything, its state saying preset ``gpu`` on a GPU: nothing of it is a GPU result
-nor is it committed anywhere."""
+The finished workflow here is a temporary one in the workflow's own layout (``_build/workflow/<preset>/``: the
+``plan.json`` that ``plan.load`` keeps, each notebook of ``_toc.yml`` executed in ``notebooks/`` (its cells, one PNG
+output) with its record in ``records/`` and its figure files in ``notebook-figures/``, the training's Snakemake
+benchmark in ``benchmarks/``; its runs in ``runs/`` with their files, checkpoints and weights), made without running
+anything, its runs saying they trained on a GPU: nothing of it is a GPU result nor is it committed anywhere."""
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
+import os
 import random
+import re
 import shutil
 import subprocess
+import time
 import zipfile
 import zlib
 
 import pytest
 
 from diffeqformer import paths
-from diffeqformer.pipeline import edition, pages
-from diffeqformer.pipeline.planning import toc_notebooks
+from diffeqformer.workflow import edition, pages, plan
+from diffeqformer.workflow.plan import toc_notebooks
 
 PNG = base64.b64encode(
     b"\x89PNG\r\n\x1a\n" + b"\x00\x00\x00\rIHDR\x00\x00\x00\x01\x00\x00\x00\x01\x08\x02\x00\x00\x00\x90wS\xde"
@@ -29,7 +34,17 @@ PNG = base64.b64encode(
     + b"\x00\x00\x00\x00IEND\xaeB`\x82").decode()
 """A 1 x 1 PNG, as a notebook's ``image/png`` output holds it."""
 DEVICE = "NVIDIA H100 80GB HBM3 (gpu, 1 device)"
-FINISHED = "2026-11-28T03:10:00+0000"
+END = 1795835400.0
+"""When the last notebook's job finished (2026-11-28, 03:10 UTC): its record's modification time."""
+FINISHED = time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(END))
+WALL = 462.4
+"""From the training's start (its benchmark's modification time less its seconds) to ``END``."""
+BENCHMARK = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+"""The header of a Snakemake benchmark (``benchmark:`` of a training's rule), its first column the seconds."""
+
+
+def _touch(path, seconds: float) -> None:
+    os.utime(path, ns=(round(seconds * 1e9), round(seconds * 1e9)))
 
 
 def _executed(nb: str) -> dict:
@@ -43,40 +58,52 @@ def _executed(nb: str) -> dict:
 
 @pytest.fixture
 def home(tmp_path, monkeypatch):
-    """A finished pipeline of ``preset`` in a temporary ``DIFFEQFORMER_HOME`` (module docstring); returns a function
+    """A finished workflow of ``preset`` in a temporary ``DIFFEQFORMER_HOME`` (module docstring); returns a function
     of the preset that writes it and returns the home."""
     root = tmp_path / "home"
     monkeypatch.setattr(paths, "HOME", root)
 
     def make(preset: str = "gpu", backend: str = "gpu"):
-        work = root / "_build" / "pipeline"
+        work = plan.folder(preset)
         run = root / "runs" / f"{preset}-diffeqformer"
         (run / "checkpoints" / "step-10").mkdir(parents=True)
         (run / "checkpoints" / "step-10" / "params").write_bytes(b"\0" * 4096)
         (run / "model.eqx").write_bytes(b"\0" * 4096)
         (run / "config.yaml").write_text("# config_hash: abc\nmodel: {}\n")
         (run / "metrics.jsonl").write_text('{"step": 1, "train/loss": 8.3}\n')
-        for member in (run, run.with_name(f"{run.name}-seed1")):  # a population's second member: read, not trained
+        members = [run, run.with_name(f"{run.name}-seed1")]  # a population: one training job, two runs
+        for member in members:
             member.mkdir(exist_ok=True)
             (member / "complete.json").write_text(json.dumps({
                 "name": member.name, "steps": 320, "final_eval_perplexity": 123.456, "tokens_per_second": 1234567.0,
                 "wall_time_s": 61.0, "jax_backend": backend}))
-        notebooks = {}
+        names = [f"runs/{m.name}" for m in members]
+        unit = {"name": f"{preset}_diffeqformer", "runs": names, "hashes": ["0123456789abcdef", "fedcba9876543210"],
+                "outputs": [f"{n}/trained-{h}.json" for n, h in zip(names, ["0123456789abcdef", "fedcba9876543210"])],
+                "argv": ["-m", "diffeqformer.population"], "tokens": "t", "configs": [], "steps": 320, "after": []}
+        (work / "benchmarks").mkdir(parents=True)
+        for name, seconds in ((unit["name"], 70.0), ("cpu_gpt2", 9.0)):  # the second: no job of this plan
+            (work / "benchmarks" / f"train-{name}.tsv").write_text(BENCHMARK + f"{seconds:.4f}\t0:01:10\t1\n")
+            _touch(work / "benchmarks" / f"train-{name}.tsv", END - WALL + seconds)
+        notebooks = []
         for nb in toc_notebooks():
-            key = f"{preset}{len(notebooks)}"
-            entry = work / "cache" / f"{nb}-{key}"
-            (entry / "figures").mkdir(parents=True)
-            (entry / "notebook.ipynb").write_text(json.dumps(_executed(nb), indent=1))
-            (entry / "record.json").write_text(json.dumps({"notebook": nb, "key": key, "seconds": 75.0, "parameters": {
-                "preset": preset, "runs": [f"runs/{run.name}", f"runs/{run.name}-seed1"]}}))
+            parameters = {"preset": preset, "runs": names}
+            for folder in ("notebooks", "records", f"notebook-figures/{nb}"):
+                (work / folder).mkdir(parents=True, exist_ok=True)
+            (work / "notebooks" / f"{nb}.ipynb").write_text(json.dumps(_executed(nb), indent=1))
             for suffix in ("png", "svg", "json", "csv"):
-                (entry / "figures" / f"{nb}_fig.{suffix}").write_text(f"{nb} {suffix}\n")
-            notebooks[nb] = key
-        state = json.loads((work / "state.json").read_text()) if (work / "state.json").exists() else {}
-        state.setdefault("presets", {})[preset] = {"notebooks": notebooks, "finished": FINISHED, "wall_s": 462.4,
-                                                   "trainings": {f"{preset}/diffeqformer": str(run)}}
-        state["seconds"] = {f"train:{preset}/diffeqformer": 70.0, "notebook:f1_model": 75.0, "train:cpu/gpt2": 9.0}
-        (work / "state.json").write_text(json.dumps(state))
+                (work / "notebook-figures" / nb / f"{nb}_fig.{suffix}").write_text(f"{nb} {suffix}\n")
+            record = work / "records" / f"{nb}.json"
+            record.write_text(json.dumps({"notebook": nb, "seconds": 75.0, "parameters": parameters,
+                                          "date": FINISHED}))
+            _touch(record, END)
+            notebooks.append({"name": nb, "path": str(paths.NOTEBOOKS / f"{nb}.ipynb"), "parameters": parameters,
+                              "sources": [], "inputs": unit["outputs"]})
+        made = {"preset": preset, "tokens": {}, "trainings": [unit], "notebooks": notebooks}
+        with monkeypatch.context() as m:  # plan.json as the workflow keeps it, for this code
+            m.setattr(plan, "make", lambda *args, **kwargs: made)
+            assert plan.load(preset) == made
+        assert (work / "plan.json").exists()
         return root
 
     return make
@@ -102,7 +129,8 @@ def test_pack_holds_the_notebooks_figure_data_runs_and_manifest_and_no_weights(h
     files = sorted(p.name for p in out.iterdir())
     assert files == ["edition-1.zip", "manifest.json"]
     assert manifest["preset"] == "gpu" and manifest["device"] == DEVICE and manifest["date"] == FINISHED
-    assert manifest["commit"] == "0123456789abcdef" and manifest["wall_s"] == 462.4 and manifest["backends"] == ["gpu"]
+    assert manifest["commit"] == "0123456789abcdef" and manifest["wall_s"] == pytest.approx(WALL)
+    assert manifest["backends"] == ["gpu"] and manifest["runs"] == 2
     assert manifest["notebooks"] == toc_notebooks()
     names = zipfile.ZipFile(out / "edition-1.zip").namelist()
     assert {f["path"] for f in manifest["files"]} == set(names)
@@ -113,13 +141,15 @@ def test_pack_holds_the_notebooks_figure_data_runs_and_manifest_and_no_weights(h
             "timings.json"} <= set(names)
     assert not [n for n in names if n.endswith((".png", ".svg", ".eqx")) or "checkpoints" in n]
     timings = json.loads(zipfile.ZipFile(out / "edition-1.zip").read("timings.json"))
-    assert timings["seconds"] == {"train:gpu/diffeqformer": 70.0, "notebook:f1_model": 75.0}  # not cpu's
-    assert "src/diffeqformer/pipeline/edition.py" in manifest["code"]
+    assert timings["seconds"] == {"train:gpu_diffeqformer": 70.0,  # not the benchmark of a job of no plan of gpu
+                                  **{f"notebook:{nb}": 75.0 for nb in toc_notebooks()}}
+    assert timings["finished"] == FINISHED and timings["wall_s"] == pytest.approx(WALL)
+    assert "src/diffeqformer/workflow/edition.py" in manifest["code"]
 
 
 def test_pack_splits_into_parts_and_refuses_what_does_not_fit(home, tmp_path, monkeypatch):
     root = home()
-    largest = max(len(zlib.compress(f.read_bytes(), 6)) for f in root.rglob("notebook.ipynb"))
+    largest = max(len(zlib.compress(f.read_bytes(), 6)) for f in (plan.folder("gpu") / "notebooks").glob("*.ipynb"))
     limit = 3 * largest + 2000
     monkeypatch.setattr(edition, "MAX_FILE_BYTES", limit)
     manifest = edition.pack(tmp_path / "parts", device=DEVICE, commit="c")
@@ -134,11 +164,19 @@ def test_pack_splits_into_parts_and_refuses_what_does_not_fit(home, tmp_path, mo
         edition.pack(tmp_path / "big", device=DEVICE, commit="c")
 
 
-def test_pack_refuses_a_preset_that_did_not_finish_and_a_folder_that_is_not_a_pack(home, tmp_path):
-    home("smoke")
-    with pytest.raises(edition.EditionError, match="no finished gpu pipeline in .*: run python -m "
-                                                   "diffeqformer.pipeline --preset gpu first"):
+@pytest.mark.parametrize("cut", ["notebook", "record"])
+def test_pack_refuses_a_workflow_that_did_not_finish_and_a_folder_that_is_not_a_pack(home, tmp_path, cut):
+    """A workflow cut short: a notebook of its plan not executed (its job writes the executed notebook last, after
+    its record; or it never ran) is named, and nothing is packed."""
+    home()
+    work = plan.folder("gpu")
+    (work / "notebooks" / "f7_finetuning.ipynb" if cut == "notebook" else work / "records" / "f7_finetuning.json"
+     ).unlink()
+    with pytest.raises(edition.EditionError, match="the notebook f7_finetuning has not been executed in .*: run "
+                                                   "the gpu workflow's notebooks first"):
         edition.pack(tmp_path / "out", device=DEVICE)
+    assert not (tmp_path / "out").exists()
+    home("smoke")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep me\n")
     with pytest.raises(edition.EditionError, match="holds notes.txt, which is no part of a pack"):
@@ -251,7 +289,7 @@ def test_an_archive_of_the_pack_imports_and_a_truncated_one_is_refused(home, tmp
 def test_the_command_refuses_in_one_line(home, tmp_path, committed, capsys):
     home("smoke", backend="cpu")
     edition.main(["pack", "--out", str(tmp_path / "pack"), "--preset", "smoke", "--commit", "c"])
-    assert "packed the smoke pipeline" in capsys.readouterr().out
+    assert "packed the smoke " in capsys.readouterr().out
     with pytest.raises(SystemExit) as stopped:
         edition.main(["import", str(tmp_path / "pack"), "--into", str(committed)])
     assert str(stopped.value).startswith("error: ") and "preset 'smoke', not 'gpu'" in str(stopped.value)
@@ -284,7 +322,7 @@ def test_each_page_opens_with_device_date_commit_preset_and_wall_time(home, tmp_
     assert first.startswith(f"{title} (GPU edition)\n\n```{{admonition}} GPU edition")
     banner = first.split("```")[1]
     for text in (f"Device **{DEVICE}**", f"date {FINISHED}", "commit `0123456789ab`", "preset `gpu`",
-                 "pipeline wall time 7:42"):
+                 "wall time 7:42"):
         assert text in banner
     assert "has not changed since this page was computed" in banner and ":class: note" in banner
     assert all("hide-input" in c["metadata"]["tags"] or "remove-cell" in c["metadata"]["tags"]
@@ -344,10 +382,17 @@ def test_without_an_edition_the_part_is_one_page_saying_so_with_the_commands(tmp
     assert page.startswith("No GPU edition exists yet")
     for command in ("bash benchmarks/gpu/prepare.sh --for pipeline",
                     "bash benchmarks/gpu/run.sh stage install pipeline",
-                    "python -m diffeqformer.pipeline --preset gpu --no-book",
-                    "python -m diffeqformer.pipeline.edition pack --out <output folder>",
-                    "python -m diffeqformer.pipeline.edition import"):
+                    "python -m diffeqformer.workflow.edition pack --out <output folder>",
+                    "python -m diffeqformer.workflow.edition import"):
         assert command in page
+    for module in re.findall(r"python -m ([\w.]+)", page):  # every command the page gives runs
+        assert importlib.util.find_spec(module) is not None, f"the page runs python -m {module}, which is gone"
+    from snakemake.cli import get_argument_parser, parse_config
+
+    workflow = re.findall(r"^(?:\.venv/bin/)?snakemake (.*?)(?:\s+#.*)?$", page, flags=re.M)
+    assert len(workflow) == 1, "the page gives the command that trains and executes the gpu preset, no book"
+    args = get_argument_parser().parse_args(workflow[0].split())
+    assert args.targets == ["notebooks"] and parse_config(args.config) == {"preset": "gpu"}, workflow
     src = tmp_path / "src"
     src.mkdir()
     shutil.copy(paths.REPO / "_toc.yml", src / "_toc.yml")
@@ -357,7 +402,7 @@ def test_without_an_edition_the_part_is_one_page_saying_so_with_the_commands(tmp
 
 
 def test_the_gpu_pages_stay_out_of_the_presets_notebook_check(home, tmp_path, committed):
-    """_toc.yml names the GPU edition's page, not its notebooks, which the pipeline adds to its staged copy, where
+    """_toc.yml names the GPU edition's page, not its notebooks, which the book job adds to its staged copy, where
     the check that every preset runs every notebook of _toc.yml does not count them."""
     import yaml
 
@@ -392,17 +437,15 @@ def _glue(name: str, text: str) -> dict:
 def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by_side(home, tmp_path, committed):
     """``pages.verdicts_markdown``: each headline claim (``claims.CLAIMS``) in a row with the paper's side, the verdict
     glued by this build's notebook, and the GPU edition's, or that there is none yet."""
-    from types import SimpleNamespace
-
     from diffeqformer.analysis import claims, seeds
 
-    cache = tmp_path / "cache"
-    cache.mkdir()
+    executed = plan.folder("cpu") / "notebooks"  # where the cpu workflow's notebook job put it (home: paths.HOME)
+    executed.mkdir(parents=True)
     nb = _executed("f8_beta2")
     here = claims.judge("f8_beta2", seeds.one_sample([0.1, -0.2, 0.15]))
     nb["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", here.to_json()))
-    (cache / "notebook.ipynb").write_text(json.dumps(nb))
-    result = SimpleNamespace(preset="cpu", notebooks=[SimpleNamespace(name="f8_beta2", cache_dir=cache)])
+    (executed / "f8_beta2.ipynb").write_text(json.dumps(nb))
+    result = {"preset": "cpu", "notebooks": [{"name": "f8_beta2"}]}  # the plan's parts the page reads
     page = pages.verdicts_markdown(result, tmp_path / "no-edition")
     f8 = next(line for line in page.splitlines() if line.startswith("| F8 "))
     assert "beta2 = 0.95 helps DiffEqFormer and hurts GPT-2" in f8

@@ -1,5 +1,6 @@
 """The gpu preset (issue 35): the cpu preset's runs, notebooks and seeds, larger, offline by default; one switch moves
-its language models to WikiText-103, which fails offline with the project's message."""
+its language models to WikiText-103, which fails offline with the project's message. Checked through the registry
+(``presets.presets()["gpu"]``) and the workflow's plan of it (``plan.make("gpu")``: its trainings and notebooks)."""
 
 import os
 import re
@@ -9,11 +10,12 @@ import sys
 import jax.numpy as jnp
 import pytest
 
-from diffeqformer import paths, pipeline
+from diffeqformer import paths
 from diffeqformer.data.corpora import DatasetUnavailableError
-from diffeqformer.config import METHODS, FinetuneConfig, pretraining_of
+from diffeqformer.config import METHODS, FinetuneConfig, pretraining_of, run_dir_of
 from diffeqformer.finetune import finetune_grid
-from diffeqformer.pipeline import Run, registry
+from diffeqformer.workflow import plan, presets
+from diffeqformer.workflow.presets import Run
 from diffeqformer.config import load_config, validate, validate_data, validate_optimizer, validate_trainer
 
 CPU, GPU = paths.CONFIG / "cpu", paths.CONFIG / "gpu"
@@ -22,15 +24,19 @@ WIDTH, TOKENS = 4, 10
 """The issue's floor: the gpu preset's models at least 4 times the cpu preset's width and 10 times its tokens."""
 
 
+MARKER = re.compile(r"runs/(gpu-[\w.-]+)/trained-[0-9a-f]{16}\.json")
+"""A training job's output: ``runs/<run>/trained-<16 hex digits of its config hash>.json``."""
+
+
 @pytest.fixture(scope="module")
-def gpu_plan(tmp_path_factory):
-    """The gpu preset's plan, its runs in an empty folder (nothing trained)."""
-    runs = paths.RUNS
-    paths.RUNS = tmp_path_factory.mktemp("runs")
-    try:
-        yield pipeline.plan("gpu")
-    finally:
-        paths.RUNS = runs
+def gpu_plan():
+    """The workflow's plan of the gpu preset (``plan.make``: checked, resolved; nothing is trained or written)."""
+    return plan.make("gpu")
+
+
+def _runs_of(entries) -> dict[str, Run]:
+    """Every run of registry entries by its run directory (``runs/<name>``), as the plan names it."""
+    return {paths.home_relative(run_dir_of(r.load())): r for r in plan.collect_runs(list(entries.values()))}
 
 
 def _load(path):
@@ -59,8 +65,20 @@ def _tokens(config) -> int:
 
 
 def test_the_gpu_plan_builds(gpu_plan):
-    assert [j.name for j in gpu_plan.notebooks] == list(pipeline.PRESETS["gpu"]) == list(pipeline.PRESETS["cpu"])
-    assert gpu_plan.trainings and all(t.name.startswith("gpu-") and not t.done for t in gpu_plan.trainings)
+    """Every notebook of the cpu preset, in its order; every run a notebook reads trained by one job of the plan
+    (a population's members by one), each writing its marker; a fine-tuning after its pretraining's job."""
+    assert [j["name"] for j in gpu_plan["notebooks"]] == list(presets.presets()["gpu"]) == list(presets.presets()["cpu"])
+    trainings = gpu_plan["trainings"]
+    assert trainings and all(len(u["runs"]) == len(u["outputs"]) == len(u["hashes"]) for u in trainings)
+    outputs = [o for u in trainings for o in u["outputs"]]
+    assert len(set(outputs)) == len(outputs) and all(MARKER.fullmatch(o) for o in outputs), outputs
+    runs = _runs_of(presets.presets()["gpu"])
+    assert {r for u in trainings for r in u["runs"]} == set(runs)
+    for job in gpu_plan["notebooks"]:
+        assert job["inputs"] and set(job["inputs"]) <= set(outputs), job["name"]
+    finetunings = [u for u in trainings if runs[u["runs"][0]].module == "finetune"]
+    assert finetunings and all(u["after"] and set(u["after"]) <= set(outputs) for u in finetunings)
+    assert not [u for u in trainings if u not in finetunings and u["after"]]
 
 
 def test_every_gpu_config_validates_and_mirrors_the_cpu_presets():
@@ -75,14 +93,15 @@ def test_every_gpu_config_validates_and_mirrors_the_cpu_presets():
             assert config.trainer.mp.param_dtype == jnp.float32, name
 
 
-@pytest.mark.skipif(registry.GPU_CORPUS_VARIABLE in os.environ, reason="the default: DIFFEQFORMER_GPU_CORPUS unset")
+@pytest.mark.skipif(presets.GPU_CORPUS_VARIABLE in os.environ, reason="the default: DIFFEQFORMER_GPU_CORPUS unset")
 def test_every_gpu_run_is_offline_by_default(gpu_plan):
-    for t in gpu_plan.trainings:
-        config = t.run.load()
-        assert config.data.dataset in OFFLINE, t.config
+    runs = _runs_of(presets.presets()["gpu"])
+    for run_dir in (r for u in gpu_plan["trainings"] for r in u["runs"]):
+        config = runs[run_dir].load()
+        assert config.data.dataset in OFFLINE, run_dir
         if not isinstance(config, FinetuneConfig):  # a fine-tuning's overrides: test_every_verdict_has_...
             validate(config)
-    assert "paper_tasks" not in pipeline.PRESETS["gpu"]["f11_downstream"]  # the held-out tasks alone, offline
+    assert "paper_tasks" not in presets.presets()["gpu"]["f11_downstream"]  # the held-out tasks alone, offline
 
 
 def _skeleton(value):
@@ -102,7 +121,7 @@ def _setting(name: str) -> str:
 
 
 def test_every_verdict_has_the_cpu_presets_seeds():
-    cpu, gpu = pipeline.PRESETS["cpu"], pipeline.PRESETS["gpu"]
+    cpu, gpu = presets.presets()["cpu"], presets.presets()["gpu"]
     assert list(gpu) == list(cpu)
     for notebook in cpu:
         if notebook == "f7_finetuning":  # keyed by run name: compare settings and seeds
@@ -111,7 +130,7 @@ def test_every_verdict_has_the_cpu_presets_seeds():
         assert _skeleton(gpu[notebook]) == _skeleton(cpu[notebook]), notebook
     grids = {p: list(e["f7_finetuning"]["runs"].values()) for p, e in (("cpu", cpu), ("gpu", gpu))}
     for preset, runs in grids.items():  # every fine-tuning setting trained as a population of the same size
-        assert {len(r.population) for r in runs if r.module == "finetune"} == {registry.CPU_SEEDS}, preset
+        assert {len(r.population) for r in runs if r.module == "finetune"} == {presets.CPU_SEEDS}, preset
     settings = {p: {_setting(r.load().name) for r in runs} for p, runs in grids.items()}
     assert settings["gpu"] == settings["cpu"]  # both directions, both methods, the pretrainings, the scratch runs
     directions = {(r.load().data.domain, pretraining_of(r.load())[0].data.domain)
@@ -133,22 +152,24 @@ def test_width_and_tokens_per_model_against_the_cpu_preset(name):
     assert (gpu.model.num_layers, gpu.data.domain) == (cpu.model.num_layers, cpu.data.domain), name
 
 
-def test_the_wikitext_switch_moves_the_language_models_alone(gpu_plan, tmp_path, monkeypatch):
-    monkeypatch.setattr(paths, "RUNS", tmp_path)
-    moved = registry.gpu_corpus(pipeline.PRESETS["gpu"], "wikitext103")
-    result = pipeline.plan("gpu", registry={"gpu": moved})
-    assert len(result.trainings) == len(gpu_plan.trainings)
-    for t in result.trainings:
-        config = t.run.load()
-        if t.run.config in registry.GPU_LANGUAGE_MODELS:  # accepted by validation, named apart from the offline runs
+def test_the_wikitext_switch_moves_the_language_models_alone(gpu_plan):
+    moved = presets.gpu_corpus(presets.presets()["gpu"], "wikitext103")
+    result = plan.make("gpu", registry={"gpu": moved})
+    assert len(result["trainings"]) == len(gpu_plan["trainings"])
+    runs = _runs_of(moved)
+    for run_dir in (r for u in result["trainings"] for r in u["runs"]):
+        run = runs[run_dir]
+        config = run.load()
+        if run.config in presets.GPU_LANGUAGE_MODELS:  # accepted by validation, named apart from the offline runs
             validate(config)
-            assert config.data.dataset == "wikitext103" and config.name.startswith("gpu-wikitext103-"), t.config
+            assert config.data.dataset == "wikitext103" and config.name.startswith("gpu-wikitext103-"), run_dir
         else:  # F5's synthetic model, F7's grid
-            assert config.data.dataset in OFFLINE and not config.name.startswith("gpu-wikitext103-"), t.config
+            assert config.data.dataset in OFFLINE and not config.name.startswith("gpu-wikitext103-"), run_dir
     assert moved["f11_downstream"]["paper_tasks"] is True  # online, F11 adds the paper's tasks
-    assert registry.gpu_corpus(pipeline.PRESETS["gpu"], "shakespeare") is pipeline.PRESETS["gpu"]
+    assert result["notebooks"][-1]["parameters"]["paper_tasks"] is True
+    assert presets.gpu_corpus(presets.presets()["gpu"], "shakespeare") is presets.presets()["gpu"]
     with pytest.raises(ValueError, match="DIFFEQFORMER_GPU_CORPUS must be shakespeare"):
-        registry.gpu_corpus(pipeline.PRESETS["gpu"], "wikitext")
+        presets.gpu_corpus(presets.presets()["gpu"], "wikitext")
 
 
 def test_wikitext_fails_offline_with_the_projects_message(monkeypatch):

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import ast
 
-from diffeqformer.pipeline import sources
+from diffeqformer.workflow import pages, plan as sources
 
-LAYERS = sources.LAYERS
+LAYERS = pages.LAYERS
 
 WITHIN_LAYER: set[tuple[str, str]] = set()
 """Imports allowed between modules of one layer (importer, imported)."""
@@ -70,14 +70,14 @@ def test_imports_point_down_the_layers():
 def test_configs_and_runs_sit_below_the_trainers():
     """Issue 40's layering: ``config`` (the typed configurations) below ``runs`` (the run directory and its
     lifecycle), both below every trainer; no trainer is imported by them, and whatever reads a finished run (analyses,
-    notebooks' report layer, the pipeline's pages) does so through ``runs`` without importing a trainer for it."""
+    notebooks' report layer, the workflow's pages) does so through ``runs`` without importing a trainer for it."""
     layer = {m: i for i, names in enumerate(LAYERS) for m in names}
     assert layer["config"] < layer["runs"] < min(layer["train"], layer["finetune"], layer["population"])
     graph = _graph()
     assert graph["config"].isdisjoint({"runs", "train", "finetune", "population"})
     assert graph["runs"].isdisjoint({"train", "finetune", "population"})
     readers = [m for m in graph if m.startswith(("report", "analysis.spectra", "analysis.perplexity",
-                                                  "analysis.downstream", "pipeline.pages", "pipeline.edition"))]
+                                                  "analysis.downstream", "workflow.pages", "workflow.edition"))]
     assert readers and all(graph[m].isdisjoint({"finetune", "population"}) for m in readers)
 
 
@@ -128,7 +128,7 @@ def test_no_private_name_of_another_module():
 
 
 def test_the_api_page_follows_the_data_path():
-    from diffeqformer.pipeline.pages import api_markdown
+    from diffeqformer.workflow.pages import api_markdown
 
     sections = [line.removeprefix("## `diffeqformer.").removesuffix("`") for line in api_markdown().splitlines()
                 if line.startswith("## ")]

@@ -1,8 +1,10 @@
-"""The smoke pipeline killed (SIGKILL, as a crash or a pre-empted machine would) in the middle of training and in the
-middle of executing notebooks, then rerun: it finishes with the same figures and glued numbers as an uninterrupted
-run, no process of the killed one lives on, and a kill never leaves half-written figures or a half-built book.
+"""The smoke workflow killed (SIGKILL of its process group, as a crash or a pre-empted machine would) in the middle of
+training and in the middle of executing notebooks, then rerun: it finishes with the same figures and glued numbers as
+an uninterrupted run (an interrupted training resumes from its Levanter checkpoint: Snakemake deletes a killed job's
+marker, never the run directory), no process of the killed one lives on, and a kill never leaves half-written figures
+or a half-built book.
 
-Slow (two smoke pipelines from nothing, about 15 minutes on two cores): ``make test-slow``. The kill moments come from
+Slow (two smoke workflows from nothing, about 15 minutes on two cores): ``make test-slow``. The kill moments come from
 a seeded generator (``DIFFEQFORMER_KILL_SEED`` replays them, see ``interrupt.py``)."""
 
 from __future__ import annotations
@@ -16,19 +18,17 @@ import random
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 from interrupt import kill_seed
+from smoke_pipeline import command
 
 from diffeqformer import paths
 
 pytestmark = pytest.mark.slow
-
-COMMAND = [sys.executable, "-m", "diffeqformer.pipeline", "--preset", "smoke"]
 VOLATILE = {"date", "seconds", "wall_s", "finished", "time", "tokens_per_second", "wall_time_s", "elapsed"}
 """Fields of the figure records that measure the machine, not the result."""
 MEASURED_COLUMN = re.compile(r"tokens/s|MiB|_s$")
@@ -53,7 +53,7 @@ def _env(home: Path) -> dict:
 
 
 def _run(home: Path, *extra: str) -> subprocess.CompletedProcess:
-    out = subprocess.run([*COMMAND, *extra], env=_env(home), capture_output=True, text=True, timeout=2400)
+    out = subprocess.run(command(home, *extra), env=_env(home), capture_output=True, text=True, timeout=2400)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out
 
@@ -67,25 +67,27 @@ def _tree(root: Path) -> dict[str, str]:
 
 
 def _kill_when(home: Path, ready, seed: int, what: str, *extra: str) -> None:
-    """Start the pipeline, wait for ``ready(stdout so far)``, SIGKILL its main process alone (the way ``kill -9``
-    does), and check that its child processes (training workers, notebook kernels) end on their own."""
-    log = home / f"pipeline-{len(list(home.glob('pipeline-*.log')))}.log"
+    """Start the workflow in a process group of its own, wait for ``ready(its output so far)``, SIGKILL the group (as
+    a killed terminal or a pre-empted machine does), and check that none of its processes (Snakemake, its jobs,
+    notebook kernels, F9's measuring processes) lives on."""
+    log = home / f"workflow-{len(list(home.glob('workflow-*.log')))}.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([*COMMAND, *extra], env=_env(home), stdout=out, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(command(home, *extra), env=_env(home), stdout=out, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
         deadline = time.time() + 1800
         while not ready(log.read_text()):
             assert proc.poll() is None, \
-                f"(kill seed {seed}) the pipeline ended before {what}:\n{log.read_text()[-3000:]}"
+                f"(kill seed {seed}) the workflow ended before {what}:\n{log.read_text()[-3000:]}"
             assert time.time() < deadline, f"(kill seed {seed}) not at {what} within 30 minutes"
             time.sleep(0.05)
         children = psutil.Process(proc.pid).children(recursive=True)
-        proc.send_signal(signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=20)
     for p in alive:
         p.kill()
     alive = [p for p in alive if _running(p)]  # a zombie has ended: it waits only to be reaped by its new parent
-    assert not alive, f"(kill seed {seed}) processes of the pipeline killed at {what} lived on: {alive}"
+    assert not alive, f"(kill seed {seed}) processes of the workflow killed at {what} lived on: {alive}"
 
 
 def _running(p: psutil.Process) -> bool:
@@ -95,17 +97,16 @@ def _running(p: psutil.Process) -> bool:
         return False
 
 
-def _glued(cache: Path) -> dict[str, str]:
-    """Every glued value of the executed notebooks in the pipeline's ``cache`` (MyST-NB ``glue``), by notebook
-    and name, but those that measure the machine (``MEASURED_GLUE``)."""
+def _glued(executed: Path) -> dict[str, str]:
+    """Every glued value of the executed notebooks in the folder ``executed`` (MyST-NB ``glue``), by notebook and
+    name, but those that measure the machine (``MEASURED_GLUE``)."""
     values = {}
-    for nb in sorted(cache.glob("*/notebook.ipynb")):
+    for nb in sorted(executed.glob("*.ipynb")):
         for cell in json.loads(nb.read_text())["cells"]:
             for output in cell.get("outputs", []):
                 meta = output.get("metadata", {}).get("scrapbook", {})
-                if meta.get("name") and meta["name"] not in MEASURED_GLUE:  # the cache folder is <notebook>-<key>
-                    values[f"{nb.parent.name.rsplit('-', 1)[0]}:{meta['name']}"] = json.dumps(output.get("data"),
-                                                                                               sort_keys=True)
+                if meta.get("name") and meta["name"] not in MEASURED_GLUE:
+                    values[f"{nb.stem}:{meta['name']}"] = json.dumps(output.get("data"), sort_keys=True)
     return values
 
 
@@ -140,7 +141,7 @@ def uninterrupted(tmp_path_factory) -> Path:
     return home
 
 
-def test_a_killed_pipeline_reruns_to_the_same_figures(uninterrupted, tmp_path_factory):
+def test_a_killed_workflow_reruns_to_the_same_figures(uninterrupted, tmp_path_factory):
     seed = kill_seed()
     rng = random.Random(seed)
     home = _home(tmp_path_factory, "killed")
@@ -158,23 +159,25 @@ def test_a_killed_pipeline_reruns_to_the_same_figures(uninterrupted, tmp_path_fa
     # 2. In the middle of executing a notebook, a random one of the first three.
     nth = rng.randint(1, 3)
 
-    def executing(stdout):
-        started = re.findall(r"\] execute (\S+)", stdout)
-        return len(started) >= nth and any((home / "_build" / "pipeline").glob(f"staging-*/execute/{started[-1]}"))
+    def executing(output):
+        started = re.findall(r"rule notebook_(\w+):", output)
+        return len(started) >= nth and any(
+            (home / "_build" / "workflow" / "smoke" / "notebooks").glob(f".{started[nth - 1]}-*/notebook.ipynb"))
 
     _kill_when(home, executing, seed, f"notebook {nth}")
     assert not (home / "figures").exists() and not (home / "_build" / "html").exists()
 
     # 3. Rerun: it finishes, with the uninterrupted run's figures and glued numbers.
     _run(home)
-    cache = Path("_build") / "pipeline" / "cache"
+    executed = Path("_build") / "workflow" / "smoke" / "notebooks"
     assert _figure_data(home) == _figure_data(uninterrupted), f"kill seed {seed}"
-    assert _glued(home / cache) == _glued(uninterrupted / cache) != {}, f"kill seed {seed}"
+    assert _glued(home / executed) == _glued(uninterrupted / executed) != {}, f"kill seed {seed}"
     assert (home / "_build" / "html" / "index.html").exists()
 
     # 4. A forced re-execution killed in the middle of its notebooks leaves the finished figures and book as they were.
     figures, html = _tree(home / "figures"), _tree(home / "_build" / "html")
     nth = rng.randint(1, 3)
-    _kill_when(home, executing, seed, f"notebook {nth} of a forced re-execution", "--force")
+    made = json.loads((home / "_build" / "workflow" / "smoke" / "plan.json").read_text())["plan"]
+    every = [f"notebook_{job['name']}" for job in made["notebooks"]]
+    _kill_when(home, executing, seed, f"notebook {nth} of a forced re-execution", "--forcerun", *every)
     assert _tree(home / "figures") == figures and _tree(home / "_build" / "html") == html, f"kill seed {seed}"
-    assert not list(home.glob(".figures.old-*")) and not list((home / "_build").glob(".html.old-*"))

@@ -55,7 +55,7 @@ def _code_strings(tree: ast.AST):
 def test_run_files_are_spelled_once():
     """A run directory's file names (and the hash line's prefix) are spelled in ``runs`` only: every other module of
     the package reads and writes a run directory through it, so the trainers and the readers agree."""
-    from diffeqformer.pipeline import sources
+    from diffeqformer.workflow import plan as sources
 
     found = set()
     for name, f in sources.module_files().items():

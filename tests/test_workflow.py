@@ -1,0 +1,176 @@
+"""The workflow on Snakemake, end to end (marked ``pipeline``: the smoke workflow's process of ``make test``): every
+notebook executed and the book built; a second run does nothing; what reruns after a change (Snakemake's dry runs in
+a copy of the smoke home); the same numbers whatever ``--cores``; bad input refused in one line; a failing job's log;
+the dry runs of the gpu preset and of the SLURM profile."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from smoke_pipeline import PipelineRun, command, run_workflow, smoke_book  # noqa: F401 (session fixture)
+
+from diffeqformer import paths
+from diffeqformer.workflow.presets import presets
+
+pytestmark = pytest.mark.pipeline
+SMOKE = presets()["smoke"]
+
+
+def _plan(home: Path, preset: str) -> dict:
+    """The plan the workflow made in ``home`` (``plan.load`` keeps it there)."""
+    return json.loads((home / "_build" / "workflow" / preset / "plan.json").read_text())["plan"]
+
+
+@pytest.fixture(scope="module")
+def smoke_plan(smoke_book):
+    return _plan(smoke_book.home, "smoke")
+
+
+def _copy(home: Path, dest: Path) -> Path:
+    """A copy of the smoke home (its runs, outputs and Snakemake's records; the corpus shared by its link)."""
+    shutil.copytree(home, dest, symlinks=True, ignore=shutil.ignore_patterns("jax-cache"))
+    return dest
+
+
+def _would_run(home: Path, **options) -> set[str]:
+    """The jobs a dry run of the workflow in ``home`` lists (Snakemake's job table)."""
+    out = run_workflow(home, "-n", "--quiet", "rules", **options)
+    assert out.returncode == 0, out.explain()
+    text = out.stdout + out.stderr
+    if "Nothing to be done" in text:
+        return set()
+    table = text.split("Job stats:", 1)[1].split("\n\n", 1)[0]
+    return {m[1] for m in re.finditer(r"^(\w+)\s+\d+\s*$", table, flags=re.M)} - {"total"}
+
+
+@contextlib.contextmanager
+def _touched(path: Path):
+    """``path`` given a modification time of now (as an edit would), its own restored afterwards."""
+    stat = path.stat()
+    os.utime(path)
+    try:
+        yield
+    finally:
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+
+
+def test_smoke_workflow_end_to_end(smoke_book):
+    """Every notebook of the smoke preset executes, every figure file exists and is not empty, the book builds with
+    warnings as errors, one log per job; a second run with nothing changed trains, executes and builds nothing."""
+    book = smoke_book
+    assert book.first.returncode == 0, book.first.explain()
+    figures = book.home / "figures"
+    records = [json.loads(p.read_text()) for p in figures.glob("*.json")]
+    names = {r["figure"] for r in records}
+    assert {"f1_schematic", "f1_weights", "f6_curves", "f6_table"} <= names
+    for record in records:
+        assert "Scale: smoke preset" in record["caption"]
+        # provenance names runs relative to the home ('runs/smoke-gpt2'), not by this machine's paths
+        assert record["runs"] and all(r.startswith("runs/") for r in record["runs"]), record["runs"]
+        assert str(book.home) not in json.dumps(record), record["figure"]
+        for f in record["files"]:
+            assert (figures / f).stat().st_size > 0, f
+    plots = {r["figure"] for r in records if any(f.endswith(".png") for f in r["files"])}  # tables are CSV only
+    assert {"f1_schematic", "f2_radius", "f4_controls", "f5_lyapunov_map", "f6_curves"} <= plots
+    for name in plots:
+        assert (figures / f"{name}.png").stat().st_size > 1000 and (figures / f"{name}.svg").stat().st_size > 0
+    assert (book.html / "index.html").exists()
+    for nb in SMOKE:
+        assert (book.html / "notebooks" / f"{nb}.html").exists(), nb
+    logs = {p.name for p in (book.home / "_build" / "workflow" / "smoke" / "logs").iterdir()}
+    assert {f"notebook-{nb}.log" for nb in SMOKE} | {"book.log"} <= logs
+    assert book.second is not None and book.second.returncode == 0, book.second.explain()
+    assert "Nothing to be done" in book.second.stdout + book.second.stderr
+    assert not book.rewritten, f"a run with nothing to do rewrote {book.rewritten[:10]}"
+
+
+def test_a_changed_module_reruns_only_the_notebooks_that_import_it(smoke_book, smoke_plan):
+    """An analysis module edited: the notebooks that import it, directly or through other modules, are executed
+    again, then the book; no training, no other notebook. A chapter edited: the book alone."""
+    module = paths.REPO / "src" / "diffeqformer" / "analysis" / "spectra.py"
+    importers = {f"notebook_{job['name']}" for job in smoke_plan["notebooks"] if str(module) in job["sources"]}
+    assert "notebook_f2_spectra" in importers and len(importers) < len(SMOKE)
+    with _touched(module):
+        assert _would_run(smoke_book.home) == importers | {"book", "publish", "all"}
+    with _touched(paths.BOOK / "model.md"):
+        assert _would_run(smoke_book.home) == {"book", "publish", "all"}
+
+
+def test_a_changed_parameter_or_config_reruns_what_reads_it(smoke_book, smoke_plan, tmp_path):
+    """A notebook parameter changed: that notebook and the book. A run whose configuration changed (the marker of
+    its new config hash missing): that training, the notebooks that read the run, the book; nothing else."""
+    assert _would_run(smoke_book.home, config=("set=[\"f1_model.num_times=301\"]",)) == {
+        "notebook_f1_model", "book", "publish", "all"}
+    home = _copy(smoke_book.home, tmp_path / "home")
+    unit = next(u for u in smoke_plan["trainings"] if u["runs"] == ["runs/smoke-shared"])
+    (home / unit["outputs"][0]).unlink()
+    readers = {f"notebook_{job['name']}" for job in smoke_plan["notebooks"] if unit["outputs"][0] in job["inputs"]}
+    assert readers and len(readers) < len(SMOKE)
+    assert _would_run(home) == {f"train_{unit['name']}", *readers, "book", "publish", "all"}
+
+
+def test_a_run_trains_to_the_same_numbers_whatever_the_cores(smoke_book, smoke_plan, tmp_path):
+    """One training job run alone with ``--cores 1`` in a fresh home gives the metrics of the same run trained with
+    ``--cores 2`` beside other jobs in the smoke home, bit for bit (each training job's threads are fixed)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "data").symlink_to(paths.DATA, target_is_directory=True)
+    unit = next(u for u in smoke_plan["trainings"] if u["runs"] == ["runs/smoke-gpt2"])
+    out = run_workflow(home, f"train_{unit['name']}", cores=1)
+    assert out.returncode == 0, out.explain()
+
+    def losses(root: Path) -> list:
+        lines = (root / "runs" / "smoke-gpt2" / "metrics.jsonl").read_text().splitlines()
+        return [{k: v for k, v in json.loads(line).items() if "loss" in k} for line in lines if line.strip()]
+
+    assert losses(home) == losses(smoke_book.home) and any(losses(home))
+
+
+def test_a_failing_job_prints_its_log_and_leaves_the_book(smoke_book, tmp_path):
+    """A notebook that fails: the job's name and the end of its log are printed, the workflow stops, and the book and
+    figures it had built stay as they were."""
+    home = _copy(smoke_book.home, tmp_path / "home")
+    before = {p: (home / p).resolve() for p in ("_build/html", "figures")}
+    out = run_workflow(home, config=("set=[\"f1_model.unit=no_such_weight\"]",))
+    text = out.stdout + out.stderr
+    assert out.returncode != 0
+    assert "notebook_f1_model" in text and "--- the end of _build/workflow/smoke/logs/notebook-f1_model.log" in text
+    assert "no_such_weight" in text
+    assert {p: (home / p).resolve() for p in before} == before and (home / "_build/html/index.html").exists()
+    assert (home / "_build" / "workflow" / "smoke" / "failed" / "f1_model.ipynb").exists()
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(preset="nope"), "unknown preset 'nope'"),
+    (dict(config=("set=[\"f1_model.num_times=many\"]",)), "parameter 'num_times' must be int"),
+    (dict(config=("set=[\"f1_model.no_such=1\"]",)), "parameter 'no_such' is not declared"),
+])
+def test_bad_input_is_refused_in_one_line_before_anything_runs(smoke_book, tmp_path, options, message):
+    """An unknown preset, a parameter of the wrong type, an undeclared parameter: refused before any job starts,
+    the message naming it."""
+    home = tmp_path / "home"
+    home.mkdir()
+    out = run_workflow(home, **options)
+    assert out.returncode != 0 and message in out.stdout + out.stderr, out.explain()
+    assert not (home / "runs").exists() and not (home / "_build" / "html").exists()
+
+
+def test_the_gpu_preset_and_the_slurm_profile_dry_run(tmp_path):
+    """Without a GPU or a cluster: the gpu preset's dry run lists every training of its plan; the SLURM profile's
+    dry run of the paper preset gives each training its nodes, tasks, GPUs and srun."""
+    listed = _would_run(tmp_path, preset="gpu")
+    gpu = _plan(tmp_path, "gpu")
+    assert {f"train_{u['name']}" for u in gpu["trainings"]} <= listed
+    out = subprocess.run(command(tmp_path, "-n", "--profile", str(paths.REPO / "workflow/profiles/slurm"),
+                                 preset="paper"), capture_output=True, text=True, cwd=paths.REPO)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0, text[-3000:]
+    jobs = re.findall(r"rule (train_\w+):.*?resources: ([^\n]*)", text, flags=re.S)
+    assert jobs and all("nodes=1" in r and "tasks=8" in r and "gpu=8" in r and "mpi=srun" in r for _, r in jobs)
