@@ -5,7 +5,7 @@ compiled step can be kept in JAX's persistent compilation cache (``train.use_com
                                      [--kernels xla onednn-custom-calls onednn]
 
 For each config of ``config/cpu/`` and each kernel choice (``KERNELS``: the ``XLA_FLAGS`` it sets), a fresh process
-(pinned to one core, as a pipeline lane's training process is) builds the model, compiles a training step for the
+(pinned to one core, as a training job of the workflow is) builds the model, compiles a training step for the
 batch of a 3-seed population (48 sequences) into an empty persistent compilation cache and times ``--steps`` steps;
 printed: the median seconds per step of each (wall and CPU: on a busy machine the CPU seconds of the pinned process
 are the steadier measure), its ratio to XLA's own, whether the cache could store the step, and

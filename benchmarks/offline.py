@@ -2,7 +2,7 @@
 
     python benchmarks/offline.py [--repeats 3]
 
-Two cases, each timed ``--repeats`` times (median and maximum printed, against the bound the pipeline relies on):
+Two cases, each timed ``--repeats`` times (median and maximum printed, against the bound the workflow relies on):
 
 * offline (``HF_HUB_OFFLINE=1``): ``data.lm_dataset_config`` of wikitext103 and openwebtext must raise
   ``DatasetUnavailableError`` at once, without touching the network (bound: 1 s);

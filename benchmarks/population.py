@@ -4,11 +4,11 @@
                                     [--lanes 1|2]
 
 Trains ``--seeds`` seeds of ``--config`` for ``--steps`` steps twice, in a scratch DIFFEQFORMER_HOME: as separate
-runs (``python -m diffeqformer.train``, ``--lanes`` of them side by side, as the pipeline's lanes) and as one
-population (``python -m diffeqformer.population``; with ``--lanes 2``, two populations side by side, so that both
-compete for the cores the way the pipeline's lanes do). Prints the wall-clock seconds of each, the seconds per
-training step after the first 50 (from the runs' metrics: compilation and start-up left out) per seed, and the
-ratios (separate / population): above 1, the population is faster.
+runs (``python -m diffeqformer.train``, ``--lanes`` of them side by side, as the workflow runs training jobs side by
+side) and as one population (``python -m diffeqformer.population``; with ``--lanes 2``, two populations side by side,
+so that both compete for the cores the way the workflow's training jobs do). Prints the wall-clock seconds of each,
+the seconds per training step after the first 50 (from the runs' metrics: compilation and start-up left out) per
+seed, and the ratios (separate / population): above 1, the population is faster.
 """
 
 from __future__ import annotations

@@ -4,8 +4,9 @@
 # looks for), the repository is cloned to /content/diffeqformer as the cell would clone it, and then:
 #   1. f6_perplexity runs as a Colab user first runs it: its first cell installs the project (and its JAX); the
 #      notebook then stops because no run is trained yet;
-#   2. `python -m diffeqformer.pipeline --preset smoke --no-book` trains the runs (the command the cell's comment
-#      gives, with the smoke preset on a CPU) and executes every notebook in that environment;
+#   2. `snakemake -s workflow/Snakefile --cores all notebooks --config preset=smoke`, run in the clone with the
+#      Snakemake the cell installed, trains the runs and executes every notebook in that environment (the workflow
+#      without its book: the command the cell's comment gives, with the smoke preset on a CPU);
 #   3. f6_perplexity runs again on the smoke runs and must finish.
 # The GPU branch of the cell (JAX's CUDA 12 build) needs a GPU and is not exercised here.
 set -euo pipefail
@@ -32,9 +33,11 @@ if "$V/papermill" "$REPO/notebooks/f6_perplexity.ipynb" first.ipynb --cwd /conte
 fi
 grep -q "no finished run there" first.log || { echo "error: see $SIM/first.log" >&2; exit 1; }
 echo "after the Colab cell: $("$V/python" -c 'import importlib.metadata as m; print("jax", m.version("jax"), "marin-levanter", m.version("marin-levanter"), "diffeqformer", m.version("diffeqformer"))')"
-(cd "$REPO" && "$V/python" -m diffeqformer.pipeline --preset smoke --no-book > "$SIM/pipeline.log" 2>&1) \
-  || { echo "error: the smoke pipeline failed, see $SIM/pipeline.log" >&2; exit 1; }
-tail -1 "$SIM/pipeline.log"
+start=$(date +%s)
+(cd "$REPO" && "$V/snakemake" -s workflow/Snakefile --cores all notebooks --config preset=smoke \
+  > "$SIM/workflow.log" 2>&1) || { echo "error: the smoke workflow failed, see $SIM/workflow.log" >&2; exit 1; }
+echo "the smoke workflow (no book) in $(( $(date +%s) - start )) s:" \
+  "$(grep -E 'steps \(100%\) done' "$SIM/workflow.log" | tail -1)"
 "$V/papermill" "$REPO/notebooks/f6_perplexity.ipynb" second.ipynb --cwd /content -y \
   '{"preset": "smoke", "runs": {"gpt": "runs/smoke-gpt2", "shared": "runs/smoke-shared", "ours": "runs/smoke-diffeqformer"}}' \
   > second.log 2>&1 || { echo "error: see $SIM/second.log" >&2; exit 1; }

@@ -5,7 +5,7 @@ The GPU machine this was made for runs Python 3.12 with JAX 0.11.2 for CUDA 13 a
 working tree, in parts small enough for a transfer with a size limit (most bundles are one part).
 
     python benchmarks/gpu/bundle.py plan        # what training imports, what the machine lacks, wheel sizes
-    python benchmarks/gpu/bundle.py plan --for pipeline   # the same for every process of the pipeline
+    python benchmarks/gpu/bundle.py plan --for pipeline   # the same for every process of the workflow
     python benchmarks/gpu/bundle.py download    # those wheels (requirements.lock's versions) into .gpu/part-K/
     python benchmarks/gpu/bundle.py verify DIR  # on the machine: installed versions against the bundle's needs
     python benchmarks/gpu/bundle.py present     # what training imports that the machine has (for simulate.sh)
@@ -15,13 +15,15 @@ the modules the GPU benchmarks use are imported), and every distribution that ow
 needed; the ones ``preinstalled-packages.txt`` names are already there. ``download`` writes the parts with a
 ``manifest.json`` (every wheel of every part) in each, which ``benchmarks/gpu/run.sh`` reads on the machine.
 
-``--for pipeline`` bundles what the whole pipeline imports: every Python process of a smoke pipeline (no book) and
-of its ``edition pack``, in a fresh ``DIFFEQFORMER_HOME`` (``pipeline_distributions``: a ``sitecustomize`` on their
-path records each process's modules; training workers, Papermill children and their notebook kernels inherit it),
-kept in ``.gpu/probe-pipeline.json`` while requirements.lock and the code are those it ran with. ``plan --for
-pipeline`` says which kinds of process import each wheel, and what only writing the corpus and its token caches
-needs. With every target, what is imported but never used is left out: ``LEFT_OUT`` (optional imports) and
-``STUBS`` (imported at a module's top, never called; a small wheel of stand-in modules takes their place).
+``--for pipeline`` bundles what the whole workflow imports (``benchmarks/gpu/run.sh pipeline``): every Python process
+of the smoke preset's workflow without its book (Snakemake's target ``notebooks``: Snakemake itself, its token-cache,
+training and notebook jobs, the notebooks' kernels) and of its ``edition pack``, in a fresh ``DIFFEQFORMER_HOME``
+(``pipeline_distributions``: a ``sitecustomize`` on their path records each process's modules; the jobs Snakemake
+starts, and the kernels a notebook job starts, inherit it), kept in ``.gpu/probe-pipeline.json`` while
+requirements.lock and the code are those it ran with. ``plan --for pipeline`` says which kinds of process
+(``process_kind``) import each wheel, and what only writing the corpus and its token caches needs. With every
+target, what is imported but never used is left out: ``LEFT_OUT`` (optional imports) and ``STUBS`` (imported at a
+module's top, never called; a small wheel of stand-in modules takes their place).
 
 ``--for measure`` bundles what ``benchmarks/gpu/measure.py`` imports instead (the models and a training step, not
 Levanter's data stack): one part, which the machine installs and measures with in one command. The measurements
@@ -58,7 +60,7 @@ TRAIN_PROBE = r"""
 import importlib, importlib.metadata as md, json, os, sys, tempfile
 from diffeqformer import config as configs, train
 for module in ("diffeqformer.finetune", "diffeqformer.analysis.ablations", "diffeqformer.analysis.inference",
-               "diffeqformer.analysis.spectra", "diffeqformer.pipeline"):
+               "diffeqformer.analysis.spectra", "diffeqformer.workflow.jobs"):
     importlib.import_module(module)
 with tempfile.TemporaryDirectory() as tmp:
     train.use_compilation_cache(os.path.join(tmp, "jax-cache"))
@@ -144,22 +146,34 @@ def _every(seconds=2.0):
 threading.Thread(target=_every, daemon=True, name="bundle-probe").start()
 atexit.register(_dump)
 """
-"""What the ``pipeline`` probe puts on every process's path (as ``sitecustomize``): each process of the pipeline,
-its training workers, Papermill children, their notebook kernels and the processes those start, inherit
-PYTHONPATH."""
-PIPELINE_PROBE = ["--preset", "smoke", "--no-book"]
-"""The ``pipeline`` probe: the smoke preset's whole pipeline but its book (every training module, every notebook
-executed through Papermill in its own kernel), in a fresh DIFFEQFORMER_HOME (its corpus prepared, its tokenizer and
-token caches written, as on a fresh GPU machine), then ``edition pack`` of what it made."""
+"""What the ``pipeline`` probe puts on every process's path (as ``sitecustomize``): Snakemake, the jobs it starts
+(their shell commands), the notebooks' kernels and the processes those start inherit PYTHONPATH."""
+PROBE_PRESET = "smoke"
+PIPELINE_PROBE = ["-s", str(REPO / "workflow" / "Snakefile"), "--cores", "all", "--rerun-incomplete",
+                  "--scheduler", "greedy", "notebooks", "--config", f"preset={PROBE_PRESET}"]
+"""The ``pipeline`` probe: Snakemake's arguments (``python -m snakemake``, in the fresh home as its ``--directory``)
+for the smoke preset's whole workflow but its book, as ``run.sh pipeline`` runs the gpu preset's (every training
+module, every notebook executed by Papermill with its own kernel), in a fresh DIFFEQFORMER_HOME (its corpus
+prepared, its tokenizer and token caches written, as on a fresh GPU machine); then ``edition pack`` of what it
+made."""
+TOKENS = "tokens"
+"""The process kind of the workflow's token-cache jobs (``jobs tokens``), which write a run's corpus and caches
+before the trainings that read them."""
 CACHES_READY = "training, caches ready"
-"""The process kind of the probe's last training: the smoke model once more in the same home, after the pipeline,
-its corpus, tokenizer and token caches written already. A distribution the pipeline's training workers import and
-this one does not is needed only to write those (the data preparation and Levanter's cache writer)."""
+"""The process kind of the probe's last training: the smoke model once more in the same home, after the workflow,
+its corpus, tokenizer and token caches written already. A distribution that only the token-cache and training jobs
+import, and this one does not, is needed only to write those (the data preparation and Levanter's cache writer)."""
+JOB_KINDS = {"train": "training", "tokens": TOKENS, "notebook": "notebook", "book": "book", "publish": "publish"}
+"""The kinds of process of the workflow's jobs, by the verb of ``python -m diffeqformer.workflow.jobs VERB``: a
+notebook job runs Papermill in its own process (its kernel is a process of kind ``kernel``); the probe runs no book
+and no publish job (the target ``notebooks``)."""
 PROBES = {"train": TRAIN_PROBE, "measure": MEASURE_PROBE, "pipeline": PIPELINE_PROBE}
 LEFT_OUT = {
     "debugpy": "ipykernel's debugger, imported if it is there (try/except ImportError); no notebook is debugged",
-    "gcsfs": "Papermill's handler of gs:// paths, imported if it is there; the pipeline's paths are local",
+    "gcsfs": "Papermill's handler of gs:// paths, imported if it is there; the workflow's paths are local",
     "google-auth-oauthlib": "gcsfs's", "requests-oauthlib": "google-auth-oauthlib's", "oauthlib": "theirs",
+    "pulp": "the solver of Snakemake's ILP scheduler (35 MiB, with its CBC binaries), imported if it is there; "
+            "run.sh schedules with --scheduler greedy, as Snakemake does without it",
 }
 """Distributions the probes see imported that the bundle leaves out: every import of them is optional (guarded by
 ``except ImportError``), and what they add is never used by a training or a notebook."""
@@ -173,7 +187,7 @@ STUBS = {
     "wandb": ("wandb", "levanter.tracker imports its W&B tracker at the top, which imports wandb and names a type of "
                        "it; the presets log to metrics.jsonl only (config.wandb off; the GPU machine has no network)"),
 }
-"""Distributions imported at the top of a module the pipeline loads but never used by it: each is left out and a
+"""Distributions imported at the top of a module the workflow loads but never used by it: each is left out and a
 stand-in module of the same name (``STUB``) takes its place, in one small wheel (``stub_wheel``) that travels with
 the bundle. Using a stand-in raises ``RuntimeError`` naming what was left out; their sizes are most of what a
 training's bundle weighs (polars and polars-runtime-32 52 MiB, vortex-data 42 MiB, wandb 19 MiB)."""
@@ -217,14 +231,25 @@ it ran with (``--reprobe`` runs it again)."""
 
 
 def process_kind(command: str) -> str:
-    """What a process of the pipeline probe was, from its command line."""
-    for marker, kind in (("--train-worker", "training"), ("diffeqformer.train", CACHES_READY),
-                         ("diffeqformer.pipeline.processes", "papermill"),
-                         ("ipykernel", "kernel"), ("diffeqformer.pipeline.edition", "pack"),
-                         ("diffeqformer.pipeline", "pipeline")):
-        if marker in command:
-            return kind
-    return "other: " + " ".join(command.split()[1:4])
+    """What a process of the pipeline probe was, from its command line (``sys.orig_argv``): ``snakemake``, a job of
+    the workflow (``JOB_KINDS``), a notebook's ``kernel``, the edition's ``pack``, or the last training
+    (``CACHES_READY``). By the module it runs (``-m``) or the script (Snakemake's entry point), not by a word
+    anywhere in it: a training job's command names ``diffeqformer.train`` too, after its own verb."""
+    words = command.split()
+    module = words[words.index("-m") + 1] if "-m" in words[:-1] else None
+    verb = words[words.index("-m") + 2] if module and len(words) > words.index("-m") + 2 else None
+    script = Path(words[1]).name if len(words) > 1 and not words[1].startswith("-") else None
+    if module == "diffeqformer.workflow.jobs" and verb in JOB_KINDS:
+        return JOB_KINDS[verb]
+    if module == "snakemake" or (module is None and script == "snakemake"):
+        return "snakemake"
+    if module == "diffeqformer.workflow.edition" and verb == "pack":
+        return "pack"
+    if module and module.startswith("ipykernel"):
+        return "kernel"
+    if module == "diffeqformer.train":
+        return CACHES_READY
+    return "other: " + " ".join(words[1:4])
 
 
 def owners() -> dict[str, str]:
@@ -245,7 +270,7 @@ def owners() -> dict[str, str]:
 
 def pipeline_distributions(keep: Path | None = None) -> dict[str, list[str]]:
     """The ``pipeline`` probe: distribution -> the kinds of process (``process_kind``) that imported a module of it,
-    over every Python process of a smoke pipeline and its pack (``PIPELINE_PROBE``), run in a fresh home in a
+    over every Python process of the smoke workflow and its pack (``PIPELINE_PROBE``), run in a fresh home in a
     temporary folder (or ``keep``, left there)."""
     with tempfile.TemporaryDirectory(prefix="diffeqformer-probe-") as tmp:
         root = keep or Path(tmp)
@@ -256,10 +281,10 @@ def pipeline_distributions(keep: Path | None = None) -> dict[str, list[str]]:
         (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         env = {**os.environ, "DIFFEQFORMER_HOME": str(home), "DIFFEQFORMER_PROBE_OUT": str(out),
                "PYTHONPATH": os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])}
-        log = root / "pipeline.log"
+        log = root / "workflow.log"
         with log.open("w") as fh:
-            for args in (["diffeqformer.pipeline", *PIPELINE_PROBE],
-                         ["diffeqformer.pipeline.edition", "pack", "--preset", PIPELINE_PROBE[1], "--out",
+            for args in (["snakemake", "--directory", str(home), *PIPELINE_PROBE],
+                         ["diffeqformer.workflow.edition", "pack", "--preset", PROBE_PRESET, "--out",
                           str(root / "edition")],
                          ["diffeqformer.train", "--config", str(REPO / "config" / "smoke" / "diffeqformer.yaml"),
                           "--run_dir", str(home / "runs" / "probe-caches-ready")]):
@@ -283,13 +308,14 @@ def kinds_of(records: Path) -> dict[str, list[str]]:
 
 
 def probe_key() -> str:
-    """What the ``pipeline`` probe's result depends on: requirements.lock, the package, notebooks and configs."""
+    """What the ``pipeline`` probe's result depends on: requirements.lock, the package, notebooks and configs, the
+    workflow (its Snakefile) and this file (its process kinds)."""
     import hashlib
 
     digest = hashlib.sha256(LOCK.read_bytes())
-    for folder in ("src/diffeqformer", "notebooks", "config"):
-        for f in sorted((REPO / folder).rglob("*")):
-            if f.suffix in (".py", ".ipynb", ".yaml") and f.is_file():
+    for folder in ("src/diffeqformer", "notebooks", "config", "workflow", "benchmarks/gpu/bundle.py"):
+        for f in sorted((REPO / folder).rglob("*")) if (REPO / folder).is_dir() else [REPO / folder]:
+            if (f.suffix in (".py", ".ipynb", ".yaml") or f.name == "Snakefile") and f.is_file():
                 digest.update(str(f.relative_to(REPO)).encode() + b"\0" + f.read_bytes())
     return digest.hexdigest()
 
@@ -301,7 +327,7 @@ def pipeline_kinds(reprobe: bool = False) -> dict[str, list[str]]:
         record = json.loads(PROBE_RECORD.read_text())
         if record.get("key") == key:
             return record["distributions"]
-    print("probing a smoke pipeline (every process it starts, many minutes) ...", file=sys.stderr, flush=True)
+    print("probing the smoke workflow (every process it starts, many minutes) ...", file=sys.stderr, flush=True)
     kinds = pipeline_distributions()
     PROBE_RECORD.parent.mkdir(parents=True, exist_ok=True)
     PROBE_RECORD.write_text(json.dumps({"key": key, "distributions": kinds}, indent=1) + "\n")
@@ -309,15 +335,15 @@ def pipeline_kinds(reprobe: bool = False) -> dict[str, list[str]]:
 
 
 def cache_writer_only(kinds: dict[str, list[str]]) -> list[str]:
-    """The distributions only the pipeline's training workers import, and a training does not once the corpus and
-    its caches are written: what writing those needs, and nothing else."""
-    return sorted(d for d, k in kinds.items() if set(k) == {"training"})
+    """The distributions that only the workflow's token-cache and training jobs import, and a training does not once
+    the corpus and its caches are written: what writing those needs, and nothing else."""
+    return sorted(d for d, k in kinds.items() if k and set(k) <= {TOKENS, "training"})
 
 
 @functools.lru_cache(maxsize=None)
 def imported_distributions(target: str = "train", reprobe: bool = False) -> list[str]:
     """The distributions that own a module the ``target`` probe (``PROBES``) loads, measured in a child process of
-    this Python (``pipeline``: in every process of a smoke pipeline, ``pipeline_kinds``); once per command."""
+    this Python (``pipeline``: in every process of the smoke workflow, ``pipeline_kinds``); once per command."""
     if target == "pipeline":
         return list(pipeline_kinds(reprobe))
     probe = PROBES[target] + OWNERS
@@ -461,7 +487,7 @@ def print_importers(wheels: list[Path]) -> None:
     groups: dict[str, list[Path]] = {}
     for w in wheels:
         groups.setdefault(", ".join(kinds.get(normalise(w.name.split("-")[0]), ["--also"])), []).append(w)
-    print("imported by (kinds of process of the smoke pipeline):")
+    print("imported by (kinds of process of the smoke workflow):")
     for group, members in sorted(groups.items(), key=lambda g: -sum(w.stat().st_size for w in g[1])):
         size = sum(w.stat().st_size for w in members) / 2**20
         print(f"  {group}: {len(members)} wheels, {size:.1f} MiB: "
@@ -481,7 +507,8 @@ def main() -> None:
                         help="also bundle these packages the machine has at a version that does not do")
     parser.add_argument("--for", dest="target", choices=sorted(PROBES), default="train",
                         help="what the bundle is for: a training (default), benchmarks/gpu/measure.py alone, or "
-                             "the whole pipeline (every process of a smoke pipeline: trainings, Papermill, kernels)")
+                             "the whole workflow (run.sh pipeline; every process of the smoke workflow: Snakemake, "
+                             "its jobs, the notebooks' kernels, the pack)")
     parser.add_argument("--reprobe", action="store_true",
                         help="--for pipeline: probe again even if the last probe's record is of this code")
     args = parser.parse_args()

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # On a machine with network (the package registries): download exactly the wheels that a GPU machine without network
-# lacks (bundle.py: what the pipeline imports, less what benchmarks/gpu/preinstalled-packages.txt says that machine
-# has), at requirements.lock's versions, into .gpu/part-K (git-ignored), and prepare the offline corpus (data/raw),
-# which travels with them. Arguments go to `bundle.py download`: none for a training, `--for pipeline` for the whole
-# gpu pipeline (one part of 55 MiB), `--for measure` for benchmarks/gpu/measure.py. Then it says what to run on the
-# GPU machine (benchmarks/gpu/run.sh).
+# lacks (bundle.py: what the workflow's processes import, less what benchmarks/gpu/preinstalled-packages.txt says that
+# machine has), at requirements.lock's versions, into .gpu/part-K (git-ignored), and prepare the offline corpus
+# (data/raw), which travels with them. Arguments go to `bundle.py download`: none for a training, `--for pipeline` for
+# the gpu preset's whole workflow (Snakemake, its training and notebook jobs, the edition's pack), `--for measure` for
+# benchmarks/gpu/measure.py. Then it says what to run on the GPU machine (benchmarks/gpu/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 make setup

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
 # On a GPU machine without network that has Python 3.12 and JAX 0.11.2 for CUDA: stage the wheels that
 # benchmarks/gpu/prepare.sh downloaded on a machine with network, install them offline on top of the machine's own
-# JAX, then train there, or run the whole gpu pipeline and pack its edition. Run it in the root of the copied tree.
+# JAX, then train there, or run the gpu preset's whole workflow and pack its edition. Run it in the root of the copied
+# tree.
 #
-# The gpu pipeline: on the machine with network, `bash benchmarks/gpu/prepare.sh --for pipeline` writes the wheels the
-# pipeline needs (every process of it: trainings, Papermill, notebook kernels, the pack; bundle.py's probe) into
-# .gpu/part-1 (55 MiB) and the offline corpus into data/raw (5 MiB). Copy the working tree with both folders to the
-# GPU machine; there:
+# The gpu workflow: on the machine with network, `bash benchmarks/gpu/prepare.sh --for pipeline` writes the wheels the
+# workflow needs (every process of it: Snakemake, the token-cache, training and notebook jobs with their kernels, the
+# pack; bundle.py's probe) into .gpu/part-K and the offline corpus into data/raw (5 MiB). Copy the working tree with
+# both folders to the GPU machine; there:
 #
 #   DIFFEQFORMER_COMMIT=<git rev-parse HEAD of the copy> bash benchmarks/gpu/run.sh stage install pipeline
 #
-# `pipeline` runs `python -m diffeqformer.pipeline --preset gpu --no-book` (further arguments go to the pipeline; the
-# book is built where the edition is imported), then `python -m diffeqformer.pipeline.edition pack --out <output
-# folder>` (at most 8 files of 16 MiB, no weights): the output folder is DIFFEQFORMER_EDITION, by default
-# _build/gpu-edition. A copied tree without git cannot tell its commit, so it is named. Interrupted, the same command
-# resumes: the pipeline keeps what finished. Bring the output folder back; there `python -m
-# diffeqformer.pipeline.edition import <output folder>` checks the pack and installs it into book/gpu/
+# `pipeline` runs the gpu preset's workflow without its book (Snakemake's target `notebooks`: the trainings and the
+# executed notebooks; the book is built where the edition is imported), with the Snakemake of the bundle:
+# `python -m snakemake -s workflow/Snakefile --cores all --rerun-incomplete --scheduler greedy notebooks --config
+# preset=gpu`, further arguments after it (more Snakemake options, e.g. --keep-going or -n, or config items such as
+# 'set=["f1_model.num_times=801"]'). Only when every job has succeeded does it run `python -m
+# diffeqformer.workflow.edition pack --out <output folder>` (at most 8 files of 16 MiB, no weights): the output
+# folder is DIFFEQFORMER_EDITION, by default _build/gpu-edition. A copied tree without git cannot tell its commit,
+# so it is named. Interrupted or failed, nothing is packed, and the same command resumes: Snakemake keeps every
+# finished training and notebook, runs again the jobs that were cut short (an interrupted training from its last
+# checkpoint) and removes the lock a killed run left. Bring the output folder back; there `python -m
+# diffeqformer.workflow.edition import <output folder>` checks the pack and installs it into book/gpu/
 # (book/reproducing.md).
 #
 # A training alone (the bundle of `prepare.sh` without arguments) trains config/gpu/diffeqformer.yaml a few steps on
@@ -109,16 +115,42 @@ pipeline() {
   if [ -z "${DIFFEQFORMER_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
     echo "warning: no DIFFEQFORMER_COMMIT and no git here: the edition's commit will read 'unknown'" >&2
   fi
+  "$PYTHON" -c 'import snakemake' 2>/dev/null || {
+    echo "error: no Snakemake on this Python: install the workflow's bundle (bash benchmarks/gpu/prepare.sh --for" \
+      "pipeline, on a machine with network), not a training's" >&2; exit 1; }
+  # One run.sh workflow at a time in this tree: a lock on file descriptor 9 (Snakemake inherits it), released when
+  # this shell and Snakemake have ended, however they ended. Holding it, a lock that Snakemake left in
+  # .snakemake/locks (Snakemake killed by SIGKILL, the machine lost) is a dead run's and is removed.
+  mkdir -p _build/workflow
+  exec 9>_build/workflow/run-sh.lock
+  if ! "$PYTHON" -c 'import fcntl; fcntl.flock(9, fcntl.LOCK_EX | fcntl.LOCK_NB)' 2>/dev/null; then
+    echo "error: another workflow of benchmarks/gpu/run.sh is still running in this tree (it holds" \
+      "_build/workflow/run-sh.lock): let it finish, or end it, then run this command again" >&2
+    exit 1
+  fi
+  if [ -n "$(ls -A .snakemake/locks 2>/dev/null)" ]; then
+    echo "removing the lock that an interrupted workflow left in .snakemake/locks"
+    "$PYTHON" -m snakemake -s workflow/Snakefile --unlock --config preset="$preset"
+  fi
   # finished runs' checkpoints deleted (about 80 GB otherwise; an interrupted run keeps its own and resumes)
   export DIFFEQFORMER_PRUNE_CHECKPOINTS=${DIFFEQFORMER_PRUNE_CHECKPOINTS:-1}
   start=$(date +%s)
-  "$PYTHON" -m diffeqformer.pipeline --preset "$preset" --no-book "$@"
-  echo "pipeline --preset $preset (no book) in $(( $(date +%s) - start )) s"
-  "$PYTHON" -m diffeqformer.pipeline.edition pack --preset "$preset" --out "$edition"
+  rc=0
+  # the bundle's Snakemake, on this Python (its jobs too); greedy: its ILP scheduler's solver is not bundled (bundle.py)
+  "$PYTHON" -m snakemake -s workflow/Snakefile --cores all --rerun-incomplete --scheduler greedy notebooks \
+    --config preset="$preset" "$@" || rc=$?
+  if [ "$rc" -ne 0 ]; then
+    echo "error: the $preset workflow stopped (exit $rc) after $(( $(date +%s) - start )) s; nothing packed." \
+      "Each job's log: _build/workflow/$preset/logs/. Run the same command again to resume: the trainings and" \
+      "notebooks that finished are kept." >&2
+    exit "$rc"
+  fi
+  echo "the $preset workflow (no book) in $(( $(date +%s) - start )) s"
+  "$PYTHON" -m diffeqformer.workflow.edition pack --preset "$preset" --out "$edition"
   ls -l "$edition"
 }
 
-[ $# -gt 0 ] || { sed -n '2,37p' "$0"; exit 1; }
+[ $# -gt 0 ] || { awk 'NR > 1 && !/^#/ { exit } NR > 1' "$0"; exit 1; }
 while [ $# -gt 0 ]; do
   case "$1" in
     stage) stage; shift ;;

@@ -7,9 +7,9 @@
 # first.
 #
 #   bash benchmarks/gpu/simulate.sh [TRAIN OVERRIDES]   # the training bundle (prepare.sh): stage install train
-#   bash benchmarks/gpu/simulate.sh pipeline [ARGS]     # the pipeline bundle (prepare.sh --for pipeline): stage
-#       install pipeline, the smoke preset's pipeline (no book) and its edition pack on the CPU; ARGS go to the
-#       pipeline (DIFFEQFORMER_PRESET picks another preset)
+#   bash benchmarks/gpu/simulate.sh pipeline [ARGS]     # the workflow's bundle (prepare.sh --for pipeline): stage
+#       install pipeline, the smoke preset's workflow (no book) with the bundle's Snakemake and its edition pack on
+#       the CPU; ARGS go to Snakemake (DIFFEQFORMER_PRESET picks another preset)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIM=${DIFFEQFORMER_SIM:-/tmp/diffeqformer-offline-sim}
