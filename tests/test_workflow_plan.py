@@ -404,6 +404,20 @@ def test_a_finetuning_of_another_configuration_of_its_pretraining_is_refused(tmp
         plan.make("t", registry={"t": {"nb": dict(runs=[other, lora])}}, notebooks_dir=nbdir, toc=toc)
 
 
+def test_a_training_config_that_does_not_parse_is_refused_naming_it(tmp_path, monkeypatch):
+    """A config with a field its class does not have, and one that is not YAML: refused before anything runs, the
+    message naming the config."""
+    _in_home(monkeypatch, tmp_path)
+    nbdir, toc = _runs_notebook(tmp_path)
+    monkeypatch.setattr(paths, "CONFIG", tmp_path / "config")
+    (tmp_path / "config" / "x").mkdir(parents=True)
+    (tmp_path / "config" / "x" / "field.yaml").write_text("name: x-field\nmodel:\n  no_such_field: 3\n")
+    (tmp_path / "config" / "x" / "yaml.yaml").write_text("name: [x\n")
+    for name in ("field", "yaml"):
+        with pytest.raises(WorkflowError, match=f"training config 'x/{name}': "):
+            plan.make("t", registry={"t": {"nb": dict(runs=[Run(f"x/{name}")])}}, notebooks_dir=nbdir, toc=toc)
+
+
 def test_two_trainings_into_one_run_directory_are_refused(tmp_path, monkeypatch):
     _in_home(monkeypatch, tmp_path)
     nbdir, toc = _runs_notebook(tmp_path)

@@ -200,7 +200,7 @@ def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]
         for r in members:
             try:
                 resolved.append((r, *r.resolve()))
-            except (ValueError, FileNotFoundError) as err:
+            except Exception as err:  # a missing file, YAML, a field draccus cannot decode, a value refused
                 raise WorkflowError(f"training config {r.key!r}: {err}") from None
         for r, cfg, digest, run_dir, pretraining in resolved:
             where = paths.home_relative(run_dir)
