@@ -134,7 +134,7 @@ def jax_device() -> str:
 def collect(preset: str) -> tuple[dict[str, Path | bytes], dict[str, Any]]:
     """What a pack holds of the preset's workflow in this ``DIFFEQFORMER_HOME`` (every notebook executed): path in
     the pack -> file or bytes, and what the manifest says of it (notebooks, date, wall time, the runs' backends)."""
-    from .plan import folder, load
+    from .plan import benchmark_seconds, folder, load
 
     made, work = load(preset), folder(preset)
     files: dict[str, Path | bytes] = {}
@@ -159,7 +159,7 @@ def collect(preset: str) -> tuple[dict[str, Path | bytes], dict[str, Any]]:
     for unit in made["trainings"]:
         bench = work / "benchmarks" / f"train-{unit['name']}.tsv"
         if bench.exists():
-            seconds[f"train:{unit['name']}"] = took = float(bench.read_text().splitlines()[1].split("\t")[0])
+            seconds[f"train:{unit['name']}"] = took = benchmark_seconds(bench)
             spans.append((bench.stat().st_mtime - took, bench.stat().st_mtime))
         for run_dir in (paths.HOME / r for r in unit["runs"]):
             for name in RUN_FILES:

@@ -96,12 +96,12 @@ def set_aside_stale(run_dir: Path, digest: str) -> None:
     """Move ``run_dir`` to ``runs/.stale/`` when it holds a run of another configuration than ``digest`` (its
     ``config.yaml`` records another hash): Snakemake reruns a training whose configuration changed, and its old
     checkpoints must not be resumed. A run of the same configuration, interrupted, stays and resumes."""
-    from ..runs import CONFIG, HASH_PREFIX
+    from ..runs import saved_hash
 
-    saved = run_dir / CONFIG
-    if not saved.exists() or saved.read_text().split("\n", 1)[0] == HASH_PREFIX + digest:
+    saved = saved_hash(run_dir)
+    if saved is None or saved == digest:
         return
-    aside = run_dir.parent / ".stale" / f"{run_dir.name}-{saved.read_text().split(chr(10), 1)[0][-12:]}"
+    aside = run_dir.parent / ".stale" / f"{run_dir.name}-{saved[-12:]}"
     aside.parent.mkdir(parents=True, exist_ok=True)
     shutil.rmtree(aside, ignore_errors=True)
     os.replace(run_dir, aside)

@@ -16,7 +16,7 @@ from ..config import FinetuneConfig
 from ..runs import is_complete, summary
 from . import cost, edition, presets as registry
 from .edition import clock
-from .plan import collect_runs, folder, join_populations, module_files
+from .plan import benchmark_seconds, collect_runs, folder, join_populations, module_files
 from .presets import Run
 
 LAYERS = [
@@ -315,7 +315,7 @@ def timings_markdown(plan: Mapping[str, Any]) -> str:
         first = paths.HOME / unit["runs"][0]
         if not bench.exists() or not is_complete(first):
             continue
-        took = float(bench.read_text().splitlines()[1].split("\t")[0])
+        took = benchmark_seconds(bench)
         done = summary(first)
         together = f", {len(unit['runs'])} seeds together" if len(unit["runs"]) > 1 else ""
         lines.append(f"| train `{unit['name']}` ({done.get('steps')} steps{together}) | {clock(took)} | "

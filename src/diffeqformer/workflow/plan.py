@@ -178,6 +178,11 @@ def entries(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = Non
     return join_populations(found)
 
 
+def benchmark_seconds(path: Path) -> float:
+    """The wall-clock seconds of a job, from the benchmark file Snakemake wrote for it (its first column)."""
+    return float(path.read_text().splitlines()[1].split("\t")[0])
+
+
 def _marker(run_dir: Path, digest: str) -> str:
     """The file a training job writes once ``run_dir`` is complete for config hash ``digest``: the job's output, so
     that a changed configuration (another hash) is a missing output, and the run directory, with its checkpoints,
