@@ -8,7 +8,7 @@ import pytest
 
 from diffeqformer import paths
 from diffeqformer.analysis import claims, seeds
-from diffeqformer.workflow import pages
+from diffeqformer.report import book, verdicts
 
 
 def test_every_claim_is_judged_by_its_notebook():
@@ -94,17 +94,13 @@ def _glue(name: str, text: str) -> dict:
             "data": {"application/papermill.record/text/plain": repr(text), "text/plain": [repr(text)]}}
 
 
-def _executed(tmp_path, name: str, verdicts) -> dict:
-    """Notebook ``name`` executed by the cpu preset's workflow in the home ``tmp_path``, its outputs gluing
-    ``verdicts``; its entry of the plan."""
-    folder = tmp_path / "_build" / "workflow" / "cpu" / "notebooks"
-    folder.mkdir(parents=True, exist_ok=True)
-    outputs = [_glue(v.of.glue_name, v.to_json()) for v in verdicts]
-    (folder / f"{name}.ipynb").write_text(json.dumps({"cells": [{"cell_type": "code", "outputs": outputs}]}))
-    return {"name": name}
+def _glued(verdicts) -> dict[str, str]:
+    """What a notebook whose outputs glue ``verdicts`` glued, as ``report.book.glued`` reads it."""
+    return book.glued({"cells": [{"cell_type": "code", "outputs": [_glue(v.of.glue_name, v.to_json())
+                                                                   for v in verdicts]}]})
 
 
-def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path, monkeypatch):
+def test_the_verdicts_page_is_a_table_adjusted_by_holm():
     """Five claims tested, two significant before the adjustment: the one whose Holm p stays below 0.05 keeps its
     word, the other (p x 4 by Holm) is inconclusive after Holm and says what it was before; a claim no notebook
     judged says so; every claim's rule is under the table."""
@@ -114,10 +110,8 @@ def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path, monkeypatch):
     noisy = [claims.judge(name, seeds.one_sample([0.1, -0.2, 0.15])) for name in ("f6_shared", "f6_overfit",
                                                                                    "f6_llama")]
     assert strong.p < 0.005 and 0.01 < weak.p < 0.05 and all(v.word == seeds.INCONCLUSIVE for v in noisy)
-    monkeypatch.setattr(paths, "HOME", tmp_path)
-    made = {"preset": "cpu", "notebooks": [_executed(tmp_path, "f6_perplexity", [strong, *noisy]),
-                                           _executed(tmp_path, "f8_beta2", [weak])]}
-    page = pages.verdicts_markdown(made, tmp_path / "no-edition")
+    here = {"f6_perplexity": _glued([strong, *noisy]), "f8_beta2": _glued([weak])}
+    page = verdicts.verdicts_markdown("cpu", here, None)
     def row(name):
         claim = claims.CLAIMS[name]
         return next(line for line in page.splitlines()
@@ -127,7 +121,7 @@ def test_the_verdicts_page_is_a_table_adjusted_by_holm(tmp_path, monkeypatch):
     assert "| **reproduced**: " in row("f6_ours")
     f8 = row("f8_beta2")
     assert "**inconclusive after Holm (reproduced before)**" in f8 and f"p = {weak.p:.2g}, Holm " in f8
-    assert f8.endswith(f"| {pages.NO_GPU_VERDICT} |")
+    assert f8.endswith(f"| {verdicts.NO_GPU_VERDICT} |")
     assert "| not computed by this preset |" in row("f10_hypernet")
     assert claims.CLAIMS["f11_lastword"].paper_value in page and "The 5 claims tested here" in page
     for claim in claims.CLAIMS.values():

@@ -25,6 +25,7 @@ import zlib
 import pytest
 
 from diffeqformer import paths
+from diffeqformer.report import verdicts
 from diffeqformer.workflow import edition, pages, plan
 from diffeqformer.workflow.plan import toc_notebooks
 
@@ -435,21 +436,21 @@ def _glue(name: str, text: str) -> dict:
 
 
 def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by_side(home, tmp_path, committed):
-    """``pages.verdicts_markdown``: each headline claim (``claims.CLAIMS``) in a row with the paper's side, the verdict
-    glued by this build's notebook, and the GPU edition's, or that there is none yet."""
+    """``report.verdicts.verdicts_markdown``: each headline claim (``claims.CLAIMS``) in a row with the paper's side,
+    the verdict glued by this build's notebook, and the GPU edition's (``edition.glued_notebooks``), or that there is
+    none yet."""
     from diffeqformer.analysis import claims, seeds
+    from diffeqformer.report import book
 
-    executed = plan.folder("cpu") / "notebooks"  # where the cpu workflow's notebook job put it (home: paths.HOME)
-    executed.mkdir(parents=True)
     nb = _executed("f8_beta2")
     here = claims.judge("f8_beta2", seeds.one_sample([0.1, -0.2, 0.15]))
     nb["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", here.to_json()))
-    (executed / "f8_beta2.ipynb").write_text(json.dumps(nb))
-    result = {"preset": "cpu", "notebooks": [{"name": "f8_beta2"}]}  # the plan's parts the page reads
-    page = pages.verdicts_markdown(result, tmp_path / "no-edition")
+    result = {"f8_beta2": book.glued(nb)}
+    assert edition.glued_notebooks(tmp_path / "no-edition") is None
+    page = verdicts.verdicts_markdown("cpu", result, None)
     f8 = next(line for line in page.splitlines() if line.startswith("| F8 "))
     assert "beta2 = 0.95 helps DiffEqFormer and hurts GPT-2" in f8
-    assert "| **inconclusive**: " in f8 and f8.endswith(f"| {pages.NO_GPU_VERDICT} |")
+    assert "| **inconclusive**: " in f8 and f8.endswith(f"| {verdicts.NO_GPU_VERDICT} |")
     assert "| not computed by this preset |" in next(line for line in page.splitlines() if line.startswith("| F10 "))
     assert "p < 0.05" in page  # the rule is stated
 
@@ -459,5 +460,6 @@ def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by
     there = claims.judge("f8_beta2", seeds.one_sample([-0.3, -0.29, -0.32]))
     executed["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", there.to_json()))
     gpu_nb.write_text(json.dumps(executed))
-    f8 = next(line for line in pages.verdicts_markdown(result, committed).splitlines() if line.startswith("| F8 "))
+    page = verdicts.verdicts_markdown("cpu", result, edition.glued_notebooks(committed), edition.STAGED)
+    f8 = next(line for line in page.splitlines() if line.startswith("| F8 "))
     assert f8.split(" | ")[-1].startswith("**reproduced**: ") and "{doc}`GPU </gpu/f8_beta2>`" in f8

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import ast
 
-from diffeqformer.workflow import pages, plan as sources
-
-LAYERS = pages.LAYERS
+from diffeqformer._autodoc import LAYERS
+from diffeqformer.workflow.plan import module_files
 
 WITHIN_LAYER: set[tuple[str, str]] = set()
 """Imports allowed between modules of one layer (importer, imported)."""
@@ -32,13 +31,33 @@ class _RuntimeOnly(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
+def imported_modules(tree: ast.AST, modules, here: str = "", is_package: bool = False) -> set[str]:
+    """The package's ``modules`` that the code ``tree`` (module ``here``) imports anywhere, functions included, with
+    the packages above each (importing ``a.b.c`` runs ``a`` and ``a.b`` first)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = here.split(".") if is_package else here.split(".")[:-1]
+            module = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
+                else node.module or ""
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            found |= {m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules}
+    return found
+
+
 def _graph() -> dict[str, set[str]]:
     """Module -> the modules it imports when it runs (inside functions too), all by their names below the package."""
-    modules = sources.module_files()
+    modules = module_files()
     graph = {}
     for name, f in modules.items():
         tree = _RuntimeOnly().visit(ast.parse(f.read_text()))
-        found = sources.imported_modules(tree, modules, name, f.name == "__init__.py")
+        found = imported_modules(tree, modules, name, f.name == "__init__.py")
         # every import runs the packages above it: that edge is Python's, not the module's choice
         graph[_short(name)] = {_short(m) for m in found if m != name and not name.startswith(m + ".")}
     return graph
@@ -102,14 +121,14 @@ def test_no_import_cycle():
 
 
 def test_no_private_name_of_another_module():
-    modules = sources.module_files()
+    modules = module_files()
     used = []
     for name, f in modules.items():
         tree = ast.parse(f.read_text())
         aliases = {}  # local name -> one of our modules
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom):
-                found = sources.imported_modules(ast.Module([node], []), modules, name, f.name == "__init__.py")
+                found = imported_modules(ast.Module([node], []), modules, name, f.name == "__init__.py")
                 if not found:
                     continue  # not one of ours
                 source = None
@@ -132,7 +151,7 @@ def test_the_api_page_follows_the_data_path():
 
     sections = [line.removeprefix("## `diffeqformer.").removesuffix("`") for line in api_markdown().splitlines()
                 if line.startswith("## ")]
-    packages = {_short(name) for name, f in sources.module_files().items() if f.name == "__init__.py"}
+    packages = {_short(name) for name, f in module_files().items() if f.name == "__init__.py"}
     layer = {m: i for i, names in enumerate(LAYERS) for m in names}
     modules = [s for s in sections if s not in packages]
     assert [layer[m] for m in modules] == sorted(layer[m] for m in modules)

@@ -1,7 +1,7 @@
 """diffeqformer.workflow.plan and .presets: every preset validates and resolves into the jobs ``workflow/Snakefile``
 schedules (token caches, trainings with their markers, notebooks with the markers they read and the sources they
 import), bad parameters are rejected before anything runs, the registry and ``_toc.yml`` agree; and the pages the
-book job writes from the registry and the GPU measurements."""
+book job writes from the registry."""
 
 from __future__ import annotations
 
@@ -549,54 +549,6 @@ def test_presets_page_counts_the_runs_the_workflow_trains(planned):
     for preset in PRESETS:
         count = sum(len(job["runs"]) for job in planned(preset)["trainings"])
         assert f"| `{preset}` | {count} runs of " in page, preset
-
-
-def _measured(d_t, params, tps, peak, mfu=None, model="DiffEqFormerConfig"):
-    return {"model": model, "layers": 12, "hidden": 768, "seq": 1024, "time_embed_dim": d_t, "batch": 16,
-            "params": params, "tokens_per_second": tps, "peak_memory_gib": peak, "mfu": mfu}
-
-
-def test_gpu_page_reads_its_numbers_from_the_measurement_files(tmp_path):
-    """The GPU table and its sentence come from benchmarks/gpu/measure.py's JSON: ratio, MFU and the d_t growth are
-    the file's (here made up), and no file gives a sentence saying so, not an empty table."""
-    assert "No accelerator measurements" in pages.gpu_markdown(tmp_path)
-    result = {"date": "2026-01-02", "device": "Some GPU", "jax": "0.11.2", "peak_tflops": 500.0, "pairs": [
-        {"pair": "small", "ratio": 0.9, "diffeqformer": _measured(20, 2e8, 90_000, 4.0, 0.25),
-         "gpt2": _measured(None, 1e8, 100_000, 3.0, 0.30, "Gpt2Config")}],
-        "time_embed_dim": [_measured(80, 8e8, 81_000, 10.0, 0.2)]}
-    (tmp_path / "gpu-some-2026-01-02.json").write_text(json.dumps(result))
-    page = pages.gpu_markdown(tmp_path)
-    assert "**Some GPU**, 2026-01-02, JAX 0.11.2, batches of 16 sequences (small: 12 x 768, seq 1024)" in page
-    assert "500 TFLOP/s" in page
-    assert "| small | DiffEqFormer | 20 | 200M | 90,000 | 0.900 | 25.0% | 4.00 |" in page
-    assert "| small | GPT-2 |  | 100M | 100,000 |  | 30.0% | 3.00 |" in page
-    assert ("DiffEqFormer trains at 0.90 times GPT-2's tokens/s, the models at 25%-30% model FLOP utilisation. "
-            "From d_t = 20 to 80 the parameters grow 4.0 times, the peak memory 2.5 times, and tokens/s change by "
-            "-10%.") in page
-    # the committed measurements render
-    assert "TFLOP/s" in pages.gpu_markdown()
-
-
-def test_gpu_page_renders_a_ladder_of_levers(tmp_path):
-    """A ``measure.py --ladder`` file becomes one table: each row's levers, both models' numbers, the ratio, the change
-    from the pair's first row; a failed row shows the last line of its error."""
-    def pair(tps_ours, tps_gpt, batch=16):
-        ours = _measured(20, 2e8, tps_ours, 4.0, 0.25) | {"vocab": 50257, "batch": batch}
-        gpt = _measured(None, 1e8, tps_gpt, 3.0, 0.30, "Gpt2Config") | {"vocab": 50257, "batch": batch}
-        return {"diffeqformer": ours, "gpt2": gpt, "ratio": tps_ours / tps_gpt}
-
-    result = {"date": "2026-01-02", "device": "Some GPU", "jax": "0.11.2", "peak_tflops": 500.0, "pairs": [],
-              "ladder": [{"pair": "small", "row": "levanter-default", **pair(100_000, 100_000)},
-                         {"pair": "small", "row": "+cudnn-attention", "error": "Traceback\nValueError: no cuDNN"},
-                         {"pair": "small", "row": "+batch-32", **pair(150_000, 120_000, 32)}]}
-    (tmp_path / "gpu-some-2026-01-02-ladder.json").write_text(json.dumps(result))
-    page = pages.gpu_markdown(tmp_path)
-    assert "the speed levers one on top of another" in page and "500 TFLOP/s" in page
-    assert ("| small | levanter-default | 16 | 50,257 | 100,000 | 25.0% | 4.0 | 100,000 | 30.0% | 3.0 | 1.000 |  |"
-            in page)
-    assert "| small | +cudnn-attention | | | failed: ValueError: no cuDNN |" in page
-    assert ("| small | +batch-32 | 32 | 50,257 | 150,000 | 25.0% | 4.0 | 120,000 | 30.0% | 3.0 | 1.250 "
-            "| +50% / +20% |") in page
 
 
 def test_clock():

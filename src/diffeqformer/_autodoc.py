@@ -10,6 +10,41 @@ from __future__ import annotations
 
 import io
 
+LAYERS = [
+    ["paths", "numerics", "_autodoc", "dispatch", "devices"],
+    # diffeqformer.model: the model core, bottom up
+    ["model.time_embedding", "model.temporal", "model.attention"],
+    ["model.vector_field"],
+    ["model.transformer"],
+    ["model.baselines", "model.solve", "model"],
+    # diffeqformer.data: the synthetic language (its data, no analysis), then the corpora, which serve it to Levanter
+    ["data", "data.synthetic"],
+    ["data.corpora"],
+    ["data.tasks"],  # F11's downstream tasks from the corpus's held-out documents
+    ["data.__main__"],
+    ["config"],  # the typed configurations: load, parse overrides, validate, hash, dump
+    ["runs"],  # the run directory: its files, lock and lifecycle; a finished run's summary, config, metrics, model
+    ["train"],
+    ["finetune"],
+    ["population"],  # trains populations of training runs and of fine-tunings
+    # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
+    ["report", "report.figures", "report.book"],
+    # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
+    ["analysis", "analysis.seeds"],
+    ["analysis.claims"],  # the headline claims, each with its one primary test, and their verdicts
+    ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
+     "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
+    ["analysis.attribution"],
+    # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost
+    ["report.verdicts", "report.accelerators"],
+    # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition
+    ["workflow", "workflow.presets"], ["workflow.plan"], ["workflow.jobs", "workflow.edition"],
+    ["workflow.pages"], ["workflow.build"],
+]
+"""The package's modules (below ``diffeqformer.``) in the order data flows through them, from the bottom up: a
+module imports only modules of lower layers (``tests/test_layers.py`` checks it, and that every module is placed
+here); the book's API page lists the modules in this order."""
+
 
 def parses_cleanly(lines: list[str]) -> bool:
     """Whether docutils reads ``lines`` as reStructuredText without a warning or error."""

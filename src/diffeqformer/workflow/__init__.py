@@ -6,8 +6,8 @@ and the commands the jobs run.
 - ``plan``: the preset checked (notebooks, parameters and their types, ``_toc.yml``, configs) and resolved into the
   token caches, trainings and notebook executions, as plain data the Snakefile turns into rules.
 - ``jobs``: ``python -m diffeqformer.workflow.jobs tokens|train|notebook|book|publish``, what each job runs.
-- ``build`` (the book job), ``pages`` (the pages it writes into the book), ``edition`` (the GPU edition: pack on the
-  GPU machine, import here), ``cost`` (the paper preset's GPU hours, for the cluster page).
+- ``build`` (the book job), ``pages`` (the pages it writes into the book, their results' words from
+  ``diffeqformer.report``), ``edition`` (the GPU edition: pack on the GPU machine, import here).
 
 Adding a notebook is one entry per preset in ``presets`` and its line in ``_toc.yml``::
 

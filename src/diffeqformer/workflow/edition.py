@@ -455,6 +455,16 @@ def edition_notebooks(folder: Path | None = None) -> list[str]:
     return [nb for nb in order if nb in have] + sorted(have - set(order))
 
 
+def glued_notebooks(folder: Path | None = None) -> dict[str, dict[str, str]] | None:
+    """Notebook -> the values it glued (``report.book.glued``), for each notebook of the committed edition in
+    ``folder`` (``EDITION``); None where none is committed."""
+    folder = Path(folder or EDITION)
+    if load(folder) is None:
+        return None
+    return {nb: book.glued(json.loads((folder / "notebooks" / f"{nb}.ipynb").read_text()))
+            for nb in edition_notebooks(folder)}
+
+
 def stage(src: Path, folder: Path | None = None, repo: Path = paths.REPO) -> list[str]:
     """Write the committed edition of ``folder`` (``EDITION``) into the staged book ``src``: each notebook rendered
     (``render_notebook``) as ``gpu/<notebook>.ipynb``, listed under ``TOC_PAGE`` in ``src/_toc.yml`` (where that

@@ -11,8 +11,10 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
+import modulefinder
 import os
 import re
+import tempfile
 import typing
 from pathlib import Path
 from typing import Any, Mapping
@@ -61,27 +63,15 @@ _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "d
 
 
 def type_matches(value, annotation) -> bool:
-    """Whether ``value`` (plain JSON-like data) fits ``annotation`` (``int``, ``list[str]``, ``Optional[int]``...).
-    An int fits ``float``; a bool fits only ``bool``."""
-    if annotation is typing.Any:
-        return True
-    if annotation is None or annotation is type(None):
-        return value is None
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin is typing.Union:
-        return any(type_matches(value, a) for a in args)
-    if origin in (list, tuple):
-        return isinstance(value, (list, tuple)) and all(type_matches(v, args[0]) for v in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(type_matches(k, args[0]) and type_matches(v, args[1])
-                                               for k, v in value.items())
-    if annotation in (bool, int, float) and isinstance(value, bool):
-        return annotation is bool
-    if annotation is float:
-        return isinstance(value, (int, float))
-    if annotation in (list, tuple):
-        return isinstance(value, (list, tuple))
-    return isinstance(value, annotation)
+    """Whether ``value`` (plain JSON-like data) fits ``annotation`` (``int``, ``list[str]``, ``Optional[int]``...) by
+    pydantic's strict validation: an int fits ``float``; a bool fits only ``bool``; nothing is converted."""
+    from pydantic import TypeAdapter, ValidationError
+
+    try:
+        TypeAdapter(annotation).validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    return True
 
 
 def _expected_type(declared: dict):
@@ -298,41 +288,21 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-def imported_modules(tree: ast.AST, modules, here: str = "", is_package: bool = False) -> set[str]:
-    """The package's ``modules`` that the code ``tree`` (module ``here``) imports anywhere, functions included, with
-    the packages above each (importing ``a.b.c`` runs ``a`` and ``a.b`` first)."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = here.split(".") if is_package else here.split(".")[:-1]
-            module = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
-                else node.module or ""
-            names = [module] + [f"{module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            found |= {m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules}
-    return found
-
-
 def notebook_sources(notebook: Path) -> list[str]:
     """The package's source files a notebook can run: those its code cells import, and everything they import in
-    turn (lazy imports included); a notebook's job reruns when one of them changes. Not the workflow's own modules,
-    so that editing one preset re-executes only the notebooks whose parameters changed."""
-    modules = module_files()
+    turn, imports inside functions included (``modulefinder`` reads the bytecode); a notebook's job reruns when one of
+    them changes. Not the workflow's own modules, so that editing one preset re-executes only the notebooks whose
+    parameters changed."""
     cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
-    source = "\n".join("".join(c["source"]) for c in cells)
-    source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in source.splitlines())
-    todo, seen = imported_modules(ast.parse(source), modules), set()
-    while todo:
-        name = todo.pop()
-        seen.add(name)
-        f = modules[name]
-        todo |= imported_modules(ast.parse(f.read_text()), modules, name, f.name == "__init__.py") - seen
-    return sorted(str(modules[m]) for m in seen if not m.startswith("diffeqformer.workflow"))
+    lines = "\n".join("".join(c["source"]) for c in cells).splitlines()
+    source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in lines)  # shell, magics
+    finder = modulefinder.ModuleFinder(path=[str(PACKAGE.parent)])  # the package alone: nothing else is looked up
+    with tempfile.TemporaryDirectory() as scratch:
+        script = Path(scratch) / "notebook.py"
+        script.write_text(source)
+        finder.run_script(str(script))
+    return sorted(m.__file__ for name, m in finder.modules.items()
+                  if name.split(".")[0] == "diffeqformer" and not name.startswith("diffeqformer.workflow"))
 
 
 def book_sources() -> list[Path]:

@@ -1,6 +1,8 @@
-"""What a preset's trainings cost on GPUs (the cluster page's tables): each training's FLOPs, its GPU hours at the
-throughput measured on an H100 (``benchmarks/results/gpu-*.json``), and the memory its parameters and optimiser state
-take per GPU, whole or sharded.
+"""The accelerator measurements as the book shows them, and what a preset's trainings cost at their rates.
+
+``gpu_markdown``: the tables of ``benchmarks/gpu/measure.py``'s results (``benchmarks/results/gpu-*.json``), read from
+their JSON. ``cost_markdown``: the cluster page's tables, each training's FLOPs, its GPU hours at the throughput
+measured on an H100, and the memory its parameters and optimiser state take per GPU, whole or sharded.
 
 A training's FLOPs are three times (forward and backward) Levanter's ``flops_per_token`` of its model, times the
 tokens it trains on (``trainer.num_train_steps`` batches of ``model.max_seq_len`` tokens); a fine-tuning's model is its
@@ -15,11 +17,10 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Mapping
 
 from .. import config as configs
 from .. import paths
-from .plan import collect_runs
-from . import presets as registry
 
 RESULTS = paths.REPO / "benchmarks" / "results"
 """The accelerator measurements (``benchmarks/gpu/measure.py`` writes them)."""
@@ -116,12 +117,11 @@ def _rate(rates: dict, kind: str, shape: tuple[int, int]) -> Rate:
     return rates[max(mine, key=lambda k: k[1] * k[2] ** 2)]
 
 
-def trainings(preset: str = "paper", rates: dict | None = None) -> list[Training]:
-    """The cost of each training ``preset``'s notebooks read, in the registry's order."""
+def trainings(runs, rates: dict | None = None) -> list[Training]:
+    """The cost of each of ``runs`` (the workflow's ``Run`` values: ``key``, ``load()``), the first of each key."""
     rates = measured_rates() if rates is None else rates
-    found = collect_runs(list(registry.preset(preset).values()))
     out = []
-    for run in {r.key: r for r in found}.values():
+    for run in {r.key: r for r in runs}.values():
         config = run.load()
         model, vocab = trained_model(config), vocabulary(config.data)
         kind = "diffeqformer" if getattr(model, "time_dependent", False) else "baseline"
@@ -138,10 +138,11 @@ def _gib(n: float) -> str:
     return f"{n / 2**30:.1f}"
 
 
-def cost_markdown(preset: str = "paper", gpus: int = 8) -> str:
-    """The cluster page's tables: per model shape, its parameters and the memory of its training state whole and
-    sharded over ``gpus`` GPUs; per training, tokens, FLOPs and GPU hours at the measured rate; the total."""
-    rows = trainings(preset)
+def cost_markdown(runs, preset: str = "paper", gpus: int = 8) -> str:
+    """The cluster page's tables for the ``runs`` of ``preset``: per model shape, its parameters and the memory of its
+    training state whole and sharded over ``gpus`` GPUs; per training, tokens, FLOPs and GPU hours at the measured
+    rate; the total."""
+    rows = trainings(runs)
     shapes = {}
     for t in rows:
         if not t.finetuning:
@@ -161,3 +162,90 @@ def cost_markdown(preset: str = "paper", gpus: int = 8) -> str:
               f"throughput measured on {', '.join(f'{d} ({day})' for d, day in rates)} with one GPU per model, "
               f"which assumes that the steps scale linearly with the GPUs."]
     return "\n".join(lines) + "\n"
+
+
+def gpu_markdown(folder: Path = RESULTS) -> str:
+    """The accelerator measurements of ``folder`` as tables, read from their JSON (no number typed by hand): per
+    file, each DiffEqFormer / GPT-2 pair's parameters, tokens/s, their ratio, model FLOP utilisation and peak
+    memory; then DiffEqFormer at each time-embedding size measured (the first pair's model, whose own d_t is in the
+    pair's row)."""
+    files = sorted(folder.glob("gpu-*.json"))
+    if not files:
+        return "No accelerator measurements are committed yet (`benchmarks/gpu/measure.py` makes them).\n"
+
+    def row(size, name, m, ratio=""):
+        mfu = f"{m['mfu']:.1%}" if m.get("mfu") is not None else "n/a"
+        peak = f"{m['peak_memory_gib']:.2f}" if m.get("peak_memory_gib") is not None else "n/a"
+        return (f"| {size} | {name} | {m['time_embed_dim'] or ''} | {m['params'] / 1e6:.0f}M "
+                f"| {m['tokens_per_second']:,.0f} | {ratio} | {mfu} | {peak} |")
+
+    out = []
+    for file in files:
+        r = json.loads(file.read_text())
+        if r.get("ladder"):
+            out += ladder_markdown(r, file)
+            continue
+        batch = {m["batch"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"])}
+        sizes = {p["pair"]: p["diffeqformer"] for p in r["pairs"]}
+        shapes = "; ".join(f"{name}: {m['layers']} x {m['hidden']}, seq {m['seq']}" for name, m in sizes.items())
+        out += [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, batches of {', '.join(map(str, sorted(batch)))} "
+                f"sequences ({shapes}), bfloat16 matrix-product peak measured at {r['peak_tflops']:.0f} TFLOP/s "
+                f"(`{file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file}`):", "",
+                "| size | model | d_t | parameters | tokens/s | ratio to GPT-2 | MFU | peak GiB |",
+                "|---|---|---|---|---|---|---|---|"]
+        for p in r["pairs"]:
+            out.append(row(p["pair"], "DiffEqFormer", p["diffeqformer"], f"{p['ratio']:.3f}"))
+            out.append(row(p["pair"], "GPT-2", p["gpt2"]))
+        for m in r.get("time_embed_dim", []):
+            out.append(row(r["pairs"][0]["pair"], "DiffEqFormer", m))
+        out += ["", gpu_summary(r), ""]
+    return "\n".join(out) + "\n"
+
+
+def ladder_markdown(r: Mapping[str, Any], file: Path) -> list[str]:
+    """A ``measure.py --ladder`` result as a table: per pair, each row's levers (cumulative) with both models'
+    tokens/s, model FLOP utilisation and peak memory, the ratio, and each model's change from the pair's first row;
+    a row that failed shows its error's last line."""
+    name = file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file
+    out = [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, the speed levers one on top of another "
+           f"(`benchmarks/gpu/measure.py --ladder`), bfloat16 matrix-product peak measured at "
+           f"{r['peak_tflops']:.0f} TFLOP/s (`{name}`):", "",
+           "| size | levers | batch | vocabulary | DiffEqFormer tokens/s | MFU | peak GiB | GPT-2 tokens/s | MFU "
+           "| peak GiB | ratio | change from the first row |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    first: dict[str, Mapping[str, Any]] = {}
+    for e in r["ladder"]:
+        if "error" in e:
+            out.append(f"| {e['pair']} | {e['row']} | | | failed: {e['error'].strip().splitlines()[-1][:120]} "
+                       "| | | | | | | |")
+            continue
+        ours, gpt = e["diffeqformer"], e["gpt2"]
+        base = first.setdefault(e["pair"], e)
+        change = (f"{ours['tokens_per_second'] / base['diffeqformer']['tokens_per_second'] - 1:+.0%} / "
+                  f"{gpt['tokens_per_second'] / base['gpt2']['tokens_per_second'] - 1:+.0%}") if base is not e else ""
+        cells = [f"{m['tokens_per_second']:,.0f} | {m['mfu']:.1%} | {m['peak_memory_gib']:.1f}" for m in (ours, gpt)]
+        out.append(f"| {e['pair']} | {e['row']} | {ours['batch']} | {ours['vocab']:,} | {cells[0]} | {cells[1]} "
+                   f"| {e['ratio']:.3f} | {change} |")
+    return out + [""]
+
+
+def gpu_summary(r: Mapping[str, Any]) -> str:
+    """One sentence on a ``measure.py`` result: the DiffEqFormer / GPT-2 throughput ratios and the model FLOP
+    utilisation measured, and, where several time-embedding sizes were measured, how parameters, peak memory and
+    throughput grow from the smallest d_t to the largest (the paper's Figs. 15-16)."""
+    ratios = [p["ratio"] for p in r["pairs"]]
+    mfus = [m["mfu"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"]) if m.get("mfu") is not None]
+
+    def span(values, fmt):
+        low, high = format(min(values), fmt), format(max(values), fmt)
+        return low if low == high else f"{low}-{high}"
+
+    text = f"DiffEqFormer trains at {span(ratios, '.2f')} times GPT-2's tokens/s"
+    if mfus:
+        text += f", the models at {span(mfus, '.0%')} model FLOP utilisation"
+    sweep = sorted([r["pairs"][0]["diffeqformer"], *r.get("time_embed_dim", [])], key=lambda m: m["time_embed_dim"])
+    if len(sweep) > 1 and all(m.get("peak_memory_gib") for m in sweep):
+        a, b = sweep[0], sweep[-1]
+        text += (f". From d_t = {a['time_embed_dim']} to {b['time_embed_dim']} the parameters grow "
+                 f"{b['params'] / a['params']:.1f} times, the peak memory {b['peak_memory_gib'] / a['peak_memory_gib']:.1f} "
+                 f"times, and tokens/s change by {b['tokens_per_second'] / a['tokens_per_second'] - 1:+.0%}")
+    return text + "."
