@@ -297,23 +297,28 @@ def presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _smoke() -> dict[str, dict[str, Any]]:
-    """The smoke preset's entries: seconds of training per run."""
+    """The smoke preset's entries: seconds of training per run. Its two seeds of GPT-2 and DiffEqFormer are each one
+    population, as the cpu preset's seeds are, and its fine-tunings start from the first member of DiffEqFormer's or
+    GPT-2's (``--pretrain.population 2``)."""
+    def two(config: str) -> list[Run]:
+        return seeded(Run(config), 2, population=True)
+
+    def finetune(config: str) -> Run:
+        return Run(config, ("--pretrain.population", "2"), module="finetune")
+
     return {
         "f1_model": dict(run=Run("smoke/diffeqformer"), num_times=401),
-        "f2_spectra": dict(runs=seeded(Run("smoke/diffeqformer"), 2),
-                           baselines={"gpt": seeded(Run("smoke/gpt2"), 2)}),  # F6's two seeds of each
+        "f2_spectra": dict(runs=two("smoke/diffeqformer"), baselines={"gpt": two("smoke/gpt2")}),  # F6's seeds
         "f3_trajectories": dict(runs={"ours": Run("smoke/diffeqformer"), "shared": Run("smoke/shared")}),
         "f5_lyapunov": dict(run=Run("smoke/diffeqformer"), synthetic_runs=[Run("smoke/synthetic_diffeqformer")]),
-        # Two seeds of GPT-2 and DiffEqFormer: CI goes through the verdicts over seeds (seeds.RULE) once. (Trained
-        # alone, not as populations: the smoke fine-tunings read smoke/diffeqformer as their pretraining, and a
-        # fine-tuning checks its pretraining's hash as a run trained alone.)
-        "f6_perplexity": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2), "shared": Run("smoke/shared"),
-                                    "ours": seeded(Run("smoke/diffeqformer"), 2)}),
+        # Two seeds of GPT-2 and DiffEqFormer: CI goes through the verdicts over seeds (seeds.RULE) once.
+        "f6_perplexity": dict(runs={"gpt": two("smoke/gpt2"), "shared": Run("smoke/shared"),
+                                    "ours": two("smoke/diffeqformer")}),
         "f7_finetuning": dict(runs={
             "smoke-diffeqformer": Run("smoke/diffeqformer"), "smoke-gpt2": Run("smoke/gpt2"),
-            "smoke-finetune-diffeqformer-lora": Run("smoke/finetune_diffeqformer_lora", module="finetune"),
-            "smoke-finetune-diffeqformer-full": Run("smoke/finetune_diffeqformer_full", module="finetune"),
-            "smoke-finetune-gpt2-lora": Run("smoke/finetune_gpt2_lora", module="finetune")}),
+            "smoke-finetune-diffeqformer-lora": finetune("smoke/finetune_diffeqformer_lora"),
+            "smoke-finetune-diffeqformer-full": finetune("smoke/finetune_diffeqformer_full"),
+            "smoke-finetune-gpt2-lora": finetune("smoke/finetune_gpt2_lora")}),
         # One variant of the smoke model changes every field an ablation varies (beta2, d_t, hypernetwork, step
         # placement): each notebook still compares two runs that differ in its field, and CI trains one run, not
         # four.
@@ -326,8 +331,8 @@ def _smoke() -> dict[str, dict[str, Any]]:
         "x1_adaptive_steps": dict(run=Run("smoke/diffeqformer"), random_run=SMOKE_VARIANT, num_sequences=4,
                                   euler_steps=[1, 3, 6], fixed_steps=[2, 4], tolerances=[1e-2]),
         # F6's runs, a few examples per held-out task: CI goes through the harness, the tables and the verdicts
-        "f11_downstream": dict(runs={"gpt": seeded(Run("smoke/gpt2"), 2), "shared": Run("smoke/shared"),
-                                     "ours": seeded(Run("smoke/diffeqformer"), 2)}, num_examples=8, shots=[0, 1]),
+        "f11_downstream": dict(runs={"gpt": two("smoke/gpt2"), "shared": Run("smoke/shared"),
+                                     "ours": two("smoke/diffeqformer")}, num_examples=8, shots=[0, 1]),
     }
 
 
