@@ -83,9 +83,10 @@ class Cluster:
         return self.run("sinfo", "-h", "-N", "-o", "%T", check=False).stdout.strip()
 
     def jobs(self) -> list[dict]:
-        """Every job the controller still knows: id, name, state, exit code (``squeue`` with finished ones too)."""
-        out = self.run("squeue", "-h", "-t", "all", "-o", "%i|%j|%T").stdout
-        return [dict(zip(("id", "name", "state"), line.split("|"))) for line in out.splitlines() if line.strip()]
+        """Every job the controller still knows, finished ones too (``squeue``): id, name, state, CPUs."""
+        out = self.run("squeue", "-h", "-t", "all", "-o", "%i|%j|%T|%C").stdout
+        return [dict(zip(("id", "name", "state", "cpus"), line.split("|"))) for line in out.splitlines()
+                if line.strip()]
 
     def log(self, daemon: str) -> str:
         path = self.root / f"{daemon}.log"

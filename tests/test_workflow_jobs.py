@@ -403,3 +403,19 @@ def test_publishing_points_the_book_and_the_figures_at_the_presets(home):
     assert (home / "figures" / "index").read_text() == "q"
     assert (plan.folder("p") / "html" / "index").read_text() == "p"
     assert sorted(p.name for p in (home / "_build").iterdir()) == ["html", "published.json", "workflow"]
+
+
+def test_the_workflow_holding_the_checkout_removes_a_killed_workflows_locks(tmp_path):
+    """``hold_checkout``: the first holder removes the locks Snakemake left in ``.snakemake/locks``; a second workflow
+    while the first runs gets None and leaves them; the lock is free again once its holder has closed it."""
+    folder = tmp_path / ".snakemake"
+    (folder / "locks").mkdir(parents=True)
+    (folder / "locks" / "0.output.lock").write_text("runs/x\n")
+    first = jobs.hold_checkout(folder)
+    assert first is not None and not any((folder / "locks").iterdir())
+    (folder / "locks" / "0.output.lock").write_text("runs/x\n")  # the running workflow's own lock
+    assert jobs.hold_checkout(folder) is None and (folder / "locks" / "0.output.lock").exists()
+    first.close()
+    again = jobs.hold_checkout(folder)
+    assert again is not None and not (folder / "locks" / "0.output.lock").exists()
+    again.close()

@@ -458,6 +458,8 @@ def _summary(config: "Config", metrics, digest: str, wall_s: float) -> dict:
         "tokens_per_second": median_throughput(metrics),
         "wall_time_s": wall_s,
         "jax_backend": jax.default_backend(),
+        "processes": jax.process_count(),
+        "devices": jax.device_count(),
     }
 
 

@@ -57,6 +57,26 @@ def job_env(env) -> None:
         env.setdefault(name, value)
 
 
+def hold_checkout(folder: Path = Path(".snakemake")):
+    """The lock of the one workflow that runs in this directory (``folder/diffeqformer.lock``, held by this process
+    until it ends, however it ends), or None where another workflow holds it. Holding it, the locks that Snakemake
+    left in ``folder/locks`` are a killed workflow's (SIGKILL, a machine lost), which would refuse every later run
+    until ``--unlock``: they are removed. The Snakefile takes it in the main process of a local workflow."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held = open(folder / "diffeqformer.lock", "w")
+    try:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        held.close()
+        return None
+    stale = sorted((folder / "locks").glob("*.lock"))
+    for lock in stale:
+        lock.unlink()
+    if stale:
+        print(f"removed {len(stale)} lock(s) that an interrupted workflow left in {folder / 'locks'}", file=sys.stderr)
+    return held
+
+
 # ---------------------------------------------------------------------------------------------- training jobs
 
 
