@@ -191,7 +191,8 @@ def _wait(ready, seconds: float, message: str, made: Cluster, daemon: str) -> No
     deadline = time.monotonic() + seconds
     while not ready():
         if time.monotonic() > deadline:
-            tail = "\n".join(made.log(daemon).splitlines()[-15:]) or (made.root / f"{daemon}.out").read_text()[-2000:] \
-                if (made.root / f"{daemon}.out").exists() else made.log(daemon)
+            printed = made.root / f"{daemon}.out"
+            text = made.log(daemon) or (printed.read_text(errors="replace") if printed.exists() else "")
+            tail = "\n".join(text.splitlines()[-15:])
             raise RuntimeError(f"{message} within {seconds:.0f} s; the end of its log:\n{tail}")
         time.sleep(0.5)

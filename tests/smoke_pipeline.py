@@ -9,6 +9,7 @@ repository's, shared through a symbolic link.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -80,6 +81,13 @@ def run_workflow(home: Path, *extra: str, cores: int = 2, timeout: float = 1800,
     out = subprocess.run(command(home, *extra, cores=cores, **options), env=env, capture_output=True, text=True,
                          timeout=timeout)
     return PipelineRun(out.returncode, time.perf_counter() - start, out.stdout, out.stderr)
+
+
+def losses(run_dir: Path) -> list[dict]:
+    """Every line of a run's ``metrics.jsonl`` reduced to its losses: what two trainings of one run must share bit
+    for bit."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if "loss" in k} for line in lines if line.strip()]
 
 
 _done: list[SmokeBook] = []  # the fixture is imported by two test modules: run the pipeline once per process

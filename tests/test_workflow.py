@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from smoke_pipeline import PipelineRun, command, run_workflow, smoke_book  # noqa: F401 (session fixture)
+from smoke_pipeline import PipelineRun, command, losses, run_workflow, smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
 from diffeqformer.workflow.presets import presets
@@ -137,12 +137,8 @@ def test_a_run_trains_to_the_same_numbers_whatever_the_cores(smoke_book, smoke_p
     shutil.copy(smoke_book.home / tokens, home / tokens)
     out = run_workflow(home, f"train_{unit['name']}", cores=1)
     assert out.returncode == 0, out.explain()
-
-    def losses(root: Path) -> list:
-        lines = (root / "runs" / "smoke-gpt2" / "metrics.jsonl").read_text().splitlines()
-        return [{k: v for k, v in json.loads(line).items() if "loss" in k} for line in lines if line.strip()]
-
-    assert losses(home) == losses(smoke_book.home) and any(losses(home))
+    run = Path("runs") / "smoke-gpt2"
+    assert losses(home / run) == losses(smoke_book.home / run) and any(losses(home / run))
 
 
 def test_a_failing_job_prints_its_log_and_leaves_the_book(smoke_book, tmp_path):
