@@ -50,7 +50,7 @@ __all__ = [
 
 def __getattr__(name: str):
     """The model's public names, imported on first use (PEP 562): importing ``diffeqformer.paths`` or the workflow's
-    Papermill child does not load JAX, Levanter and the model (7 s here)."""
+    Papermill child does not wait for JAX, Levanter and the model to load (measurements page)."""
     if name in __all__:
         from . import model
 

@@ -35,9 +35,9 @@ from .numerics import check_positive_int
 
 LOOP_VERSION = 3
 """Version of the training loop's numerics, hashed into every run's config hash: runs trained by an older loop are
-trained again. 3: marin-levanter on JAX 0.11. (2 trained without buffer donation and with a strongly typed step
-counter, which jaxlib 0.7.2 needed for a resumed run to end bit-identical to an uninterrupted one; on JAX 0.11.2
-Levanter's own trainer does, donation and all: ``tests/test_train.py`` kills and resumes runs to check it.)"""
+trained again. 3: Levanter's own trainer (marin-levanter on JAX 0.11), buffer donation and all, with which a run
+killed and resumed ends bit-identical to an uninterrupted one (``tests/test_train.py`` kills and resumes runs to
+check it; the earlier versions: measurements page)."""
 
 
 DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"

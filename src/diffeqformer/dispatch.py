@@ -110,7 +110,7 @@ class FlatJit:
             with self._mapped():
                 shape = eqx.filter_eval_shape(self.fn, state, *rest)
                 # a leaf Haliax gives no sharding (None) is left to XLA, as named_jit leaves it; the others keep
-                # theirs (all of them were dropped when one leaf had none)
+                # theirs, rather than all of them dropped because one leaf has none
                 kwargs["out_shardings"] = _array_leaves(shape, infer_resource_partitions(shape, self.mapping))
         compiled = _Compiled(jax.jit(flat, donate_argnums=0, **kwargs))
         return compiled
@@ -177,9 +177,9 @@ _MAPS = (CausalLmDataset, NamedLmDataset)
 class BatchedMap(AsyncDataset):
     """A Levanter ``MappedAsyncDataset`` (its function of one example, no extra arguments) computed for a whole
     batch at once: one jitted, vmapped call and one copy to the host, in place of one jitted call per example
-    (Levanter's ``CausalLmDataset`` and ``NamedLmDataset`` each jit their function per example: on the cpu
-    preset's population of 3 x 16 sequences that was 96 Python dispatches a step in the loader's thread, which
-    shares the interpreter with the training loop). The examples are the same, array for array (integer and 0/1
+    (Levanter's ``CausalLmDataset`` and ``NamedLmDataset`` each jit their function per example: two Python
+    dispatches for every example of every batch, in the loader's thread, which shares the interpreter with the
+    training loop). The examples are the same, array for array (integer and 0/1
     arithmetic); they come back as host (NumPy) arrays, which the loader stacks for the device as it does its own."""
 
     def __init__(self, mapped: MappedAsyncDataset):

@@ -152,8 +152,8 @@ def main(config: FinetuneConfig) -> dict:
 DISCRETISATIONS = (9, 12, 18, 24)
 """Euler steps N of the fine-tuned DiffEqFormers (it is pretrained with 18): the paper's."""
 PRESET_DISCRETISATIONS = {"cpu": (9, 18, 24)}
-"""Presets that fine-tune fewer N: the cpu preset leaves out 12 (fewer steps, the same, more) to build the book
-within 40 minutes on two cores (a fine-tuning there costs about a minute)."""
+"""Presets that fine-tune fewer N: the cpu preset leaves out 12 (fewer steps, the same, more; each N is a
+fine-tuning per direction, method and seed) to keep its book's build short on a CPU machine (measurements page)."""
 DIRECTIONS = (("plays", "prose"), ("prose", "plays"))
 """(pretraining domain, fine-tuning domain) of the offline corpus: the paper's WikiText-103 <-> OpenWebText."""
 ONLINE_DIRECTIONS = (("wikitext103", "openwebtext"), ("openwebtext", "wikitext103"))

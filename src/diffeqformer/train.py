@@ -126,8 +126,8 @@ def trainer_config_of(config: Config, run_dir: Path) -> TrainerConfig:
         tracker=tuple(trackers),
         checkpointer=checkpointer,
         log_dir=run_dir / "logs",
-        # Levanter traces and lowers the train step once more to store its jaxpr and HLO as tracker artifacts
-        # (about 5 s per smoke run on this CPU); no part of this project reads them.
+        # Levanter traces and lowers the train step once more to store its jaxpr and HLO as tracker artifacts, which
+        # lengthens every run's start-up; no part of this project reads them.
         log_jaxprs=False,
         log_xla_hlo=False,
         require_accelerator=False if config.trainer.require_accelerator is None else config.trainer.require_accelerator,
@@ -157,7 +157,7 @@ def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConf
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
 """XLA options for the programs that run once at a run's start (``compiled_once``): the one that initialises a
 fresh model (``initial_state``) and the fine-tuning's adaptation of a pretrained one (``finetune.compiled_adapt``).
-At the default level (2) the initialisation's compilation was most of a run's start-up; at level 1 it compiles
+At the default level (2) the initialisation's compilation would be most of a run's start-up; at level 1 it compiles
 faster to the same states, bit for bit, while the training step stays at the default level, where it runs faster
 (measurements page)."""
 
@@ -290,8 +290,8 @@ NON_FINITE_LOSS = {"Loss is NaN": float("nan"), "Loss is Inf": float("inf")}
 def once_per_step(hook):
     """``hook`` run at most once per step. Levanter's trainer runs every hook once more after the last step (forced);
     when ``num_train_steps`` is a multiple of ``steps_per_eval`` (every config here) the evaluation of the last
-    step then ran twice, the same numbers logged twice: a whole evaluation per run (eight batches of a 24-layer model
-    in a fine-tuning, one per member in a population)."""
+    step would then run twice, logging the same numbers twice: a whole evaluation per run (eight batches of a 24-layer
+    model in a fine-tuning, one per member in a population)."""
     evaluated = set()
 
     def run(info):

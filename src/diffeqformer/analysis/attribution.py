@@ -94,10 +94,10 @@ def _rank(candidates: np.ndarray, truth: int) -> int:
 
     Only finite scores are ranked. A score that is not finite is no measurement of influence: NaN compares False
     with everything, and a sort or argmax places it by accident (``np.argmax`` returns the first NaN's index;
-    ``np.nan_to_num`` turned +inf into the largest float and -inf and NaN into a tie broken by position, so a true
-    token tied at -inf with the tokens after it was ranked first among them). So: a finite truth's rank is counted
-    among the finite scores (every non-finite one ranks below it), and a truth whose score is not finite ranks last
-    (``len(candidates)``). Ties between finite scores go to the earlier token (a stable sort).
+    ``np.nan_to_num`` would turn +inf into the largest float and -inf and NaN into a tie broken by position, so a
+    true token tied at -inf with the tokens after it would be ranked first among them). So: a finite truth's rank is
+    counted among the finite scores (every non-finite one ranks below it), and a truth whose score is not finite
+    ranks last (``len(candidates)``). Ties between finite scores go to the earlier token (a stable sort).
     """
     candidates = np.asarray(candidates, dtype=float)
     if not np.isfinite(candidates[truth]):

@@ -500,7 +500,8 @@ def _polynomial_runner(solver: SolverConfig, sphere: bool, pieces: bool) -> Call
             return _solve(field, y0, (power, q, k, v, beta, jumps, shift), ts, dt0, solver, sphere, jump_ts=jump_ts)
 
         # lax.map, not vmap: a vmapped adaptive solve runs every system for as many steps as the slowest one needs
-        # (fast growth needs 10^5 steps, weight sharing 20) at the batched cost; a sequential map does not.
+        # (fast growth needs orders of magnitude more than weight sharing) at the batched cost; a sequential map
+        # does not.
         return jax.lax.map(one, batch)
 
     return jax.jit(run)

@@ -249,8 +249,8 @@ class _LmBase(LmHeadModel[DiffEqFormerConfig]):
     def _embed(self, input_ids, key, pos_ids):
         length = input_ids.resolve_axis("position").size
         if self.embeddings.position_embeddings is not None and length > self.config.max_seq_len:
-            # The learned position table has max_seq_len rows; a lookup past its end does not fail (JAX 0.7 gave
-            # NaN, JAX 0.11 repeats the last row), so the model would silently read a sequence it cannot represent.
+            # The learned position table has max_seq_len rows; a lookup past its end does not fail (JAX clamps or
+            # fills an out-of-bounds gather), so the model would silently read a sequence it cannot represent.
             raise ValueError(f"a sequence of {length} tokens is longer than model.max_seq_len "
                              f"({self.config.max_seq_len}), the number of learned positions")
         if pos_ids is None:
@@ -287,7 +287,7 @@ class DiffEqFormerLMHeadModel(_LmBase):
         The features e(t) are computed in t's precision (float32 from ``time_grid``: sin(1000 t f) in bfloat16 would
         round the argument to a multiple of 4), then cast to the dtype of the block's parameters, so that W(t) and
         the state x keep the dtype the model computes in (bfloat16 under Levanter's ``p=f32,c=bfloat16`` policy: a
-        float32 W(t) made the Euler scan's carry float32 and the scan refused it)."""
+        float32 W(t) would make the Euler scan's carry float32, which the scan refuses)."""
         if isinstance(self.block, TemporalBlock):
             dtype = jax.tree_util.tree_leaves(eqx.filter(self.block, eqx.is_inexact_array))[0].dtype
             return self.block.materialize(self.time_embedding(t).astype(dtype))

@@ -166,10 +166,10 @@ CPU_SEEDS = 3
 each setting's seeds trained together as one population (``seeded(..., population=True)``)."""
 
 PRIMARY_SEEDS = 6
-"""Seeds of F6's primary comparison, DiffEqFormer against GPT-2, in the cpu and gpu presets: with three, the paired
-t-test of their final log-perplexities (seed spread about 3.3%) detects only a difference of about 11% 80% of the
-time; with six, under 5% (``seeds.detectable_difference``). The other notebooks read the first ``CPU_SEEDS`` of the
-same populations, so that their seeds stay matched with the other settings'."""
+"""Seeds of F6's primary comparison, DiffEqFormer against GPT-2, in the cpu and gpu presets: with six rather than
+three, the paired t-test of their final log-perplexities detects a difference less than half as large 80% of the
+time (``seeds.detectable_difference``; the seed spread: measurements page). The other notebooks read the first
+``CPU_SEEDS`` of the same populations, so that their seeds stay matched with the other settings'."""
 
 SIMULATION_SEEDS = 8
 """Simulations of each F3 system in the cpu and gpu presets: F3's test takes the simulation as its unit, and
@@ -263,9 +263,9 @@ def __getattr__(name: str):
 
 
 BUILDERS = {
-    # CI: seconds of training per run; checks that every notebook executes and the book builds.
+    # CI: a few training steps per run; checks that every notebook executes and the book builds.
     "smoke": lambda: _smoke(),
-    # `make book`: 64-d models on the offline Shakespeare corpus, about a minute per run on two CPU cores. The ablations
+    # `make book`: 64-d models on the offline Shakespeare corpus, small enough to train on a CPU. The ablations
     # vary the F6 models (cpu/diffeqformer, cpu/gpt2); d_t takes three values, not five. F11: one example of 30 tokens
     # and the query fill the models' 64.
     "cpu": lambda: single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
@@ -297,7 +297,7 @@ def presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 def _smoke() -> dict[str, dict[str, Any]]:
-    """The smoke preset's entries: seconds of training per run. Its two seeds of GPT-2 and DiffEqFormer are each one
+    """The smoke preset's entries: a few training steps per run. Its two seeds of GPT-2 and DiffEqFormer are each one
     population, as the cpu preset's seeds are, and its fine-tunings start from the first member of DiffEqFormer's or
     GPT-2's (``--pretrain.population 2``)."""
     def two(config: str) -> list[Run]:
