@@ -8,8 +8,14 @@ test and Holm's adjustment are checked the same way: by what they promise, simul
 import math
 
 import numpy as np
+import pandas as pd
 import pytest
+import statsmodels.formula.api as smf
 from scipy import stats
+from statsmodels.stats.contingency_tables import mcnemar as statsmodels_mcnemar
+from statsmodels.stats.multitest import multipletests
+from statsmodels.stats.power import TTestPower
+from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
 from diffeqformer.analysis.seeds import (CONTRADICTED, EXACT_LABELS, EXACT_SIGNS, INCONCLUSIVE, MCNEMAR, ONE_SAMPLE,
                                          PAIRED, REPRODUCED, SEED_SLOPE, SIGNIFICANT, SLOPE, UNTESTED, WELCH, all_runs,
@@ -304,3 +310,46 @@ def test_trend_no_more_than_five_percent_false_results():
     assert np.mean([trend(x, y).significant for y in null]) <= BOUND
     clear = draws(-0.4)
     assert np.mean([trend(x, y, seeds).significant for y in clear]) > np.mean([trend(x, y).significant for y in clear])
+
+
+def test_holm_and_mcnemar_are_statsmodels():
+    """Holm's adjustment against ``multipletests`` on the tested p-values alone; McNemar's p against statsmodels'
+    exact test of the full 2 x 2 table of hits (pandas' cross-tabulation)."""
+    p = [0.01, 0.04, math.nan, 0.03, 0.2, 0.004, 0.03]
+    tested = [q for q in p if not math.isnan(q)]
+    want = iter(multipletests(tested, method="holm")[1])
+    assert holm(p) == pytest.approx([math.nan if math.isnan(q) else next(want) for q in p], rel=1e-12, nan_ok=True)
+    rng = np.random.default_rng(45)
+    for pairs, share in ((20, 0.5), (60, 0.7), (200, 0.55)):
+        a, b = (rng.random(pairs) < share).astype(int), (rng.random(pairs) < 0.5).astype(int)
+        table = pd.crosstab(a, b).reindex(index=[0, 1], columns=[0, 1], fill_value=0).to_numpy()
+        assert mcnemar(a, b).p == pytest.approx(statsmodels_mcnemar(table, exact=True).pvalue, rel=1e-12)
+
+
+def test_trend_is_a_formula_fit():
+    """The slope, its p and interval against statsmodels' formula fit of ``y ~ x + C(seed)`` (one intercept and a
+    shift per seed), and ``y ~ x`` without seeds."""
+    rng = np.random.default_rng(46)
+    x = np.tile([1.0, 2.0, 4.0, 8.0], 3)
+    data = pd.DataFrame({"x": x, "seed": np.repeat([0, 1, 2], 4)})
+    data["y"] = 0.2 * x + data.seed + rng.normal(0, 0.3, len(x))
+    for formula, t in (("y ~ x + C(seed)", trend(data.x, data.y, data.seed)), ("y ~ x", trend(data.x, data.y))):
+        fit = smf.ols(formula, data).fit()
+        assert (t.slope, t.p, t.se, t.df) == pytest.approx(
+            (fit.params["x"], fit.pvalues["x"], fit.bse["x"], fit.df_resid), rel=1e-9)
+        assert (t.low, t.high) == pytest.approx(tuple(fit.conf_int(0.05).loc["x"]), rel=1e-9)
+
+
+def test_tost_and_power_are_the_libraries():
+    """The TOST p against ``ttost_paired`` and ``ttost_ind`` (Welch's variances) on the values themselves; the
+    paired design's smallest detectable difference is where statsmodels' power of the t-test is 80%."""
+    a, b = [0.31, 0.12, 0.25, 0.4, 0.18], [0.22, 0.15, 0.2, 0.33, 0.21]
+    paired, welch = compare(a, b, paired=True), compare(a, b)
+    for margin in (0.05, 0.2):
+        assert equivalence(paired, margin).p == pytest.approx(ttost_paired(np.array(a), np.array(b), -margin,
+                                                                           margin)[0], rel=1e-12)
+        assert equivalence(welch, margin).p == pytest.approx(ttost_ind(a, b, -margin, margin, usevar="unequal")[0],
+                                                             rel=1e-12)
+    for n in (3, 5, 8):
+        effect = detectable_difference(1.0, n - 1) / math.sqrt(n)  # in standard deviations of one difference
+        assert TTestPower().power(effect_size=effect, nobs=n, alpha=0.05) == pytest.approx(0.8, abs=1e-9)

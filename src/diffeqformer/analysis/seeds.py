@@ -38,11 +38,12 @@ contradicted when its 95% interval lies wholly outside the margin, inconclusive 
 Several claims tested at 5% each find some significant differences by chance: the verdicts page adjusts the
 headline claims' primary tests together by Holm's method (``holm``); every other comparison of the book is exploratory.
 
-Every number comes from ``scipy.stats`` (``ttest_rel``, ``ttest_ind(equal_var=False)``, ``binomtest``, the t and
-noncentral t distributions and their intervals). Why not "twice the standard error", the rule this replaced: with
-2-3 seeds a side Welch's t has 1-4 degrees of freedom, whose two-sided 5% critical values (12.7 at 1, 4.30, 3.18, 2.78
-at 4) are all far above 2, so that rule called many more than 5% of comparisons without a true difference results
-(``tests/test_seeds.py`` simulates it).
+Every number comes from a library, but Holm's adjustment (``holm`` says why): the t-tests and the power from
+``scipy.stats`` (``ttest_rel``, ``ttest_ind(equal_var=False)``, the noncentral t), the rest from statsmodels
+(``mcnemar``, ``proportion_confint``, ``OLS``, ``ttost_paired``, ``ttost_ind``). Why not "twice the standard error",
+the rule this replaced: with 2-3 seeds a side Welch's t has 1-4 degrees of freedom, whose two-sided 5% critical values
+(12.7 at 1, 4.30, 3.18, 2.78 at 4) are all far above 2, so that rule called many more than 5% of comparisons without a
+true difference results (``tests/test_seeds.py`` simulates it).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 from scipy import stats
+from statsmodels.regression.linear_model import OLS
+from statsmodels.stats import contingency_tables, proportion, weightstats
 
 LEVEL = 0.05
 """Significance level of every test (two-sided)."""
@@ -148,7 +151,8 @@ def spread(values: Iterable[float]) -> Spread:
 @functools.cache
 def _noncentrality(df: float) -> float:
     """The noncentrality at which a two-sided t-test at ``LEVEL`` with ``df`` degrees of freedom rejects with
-    probability ``POWER`` (the normal test's where df is infinite)."""
+    probability ``POWER`` (the normal test's where df is infinite). Not statsmodels' ``TTestPower``: it solves to
+    1e-5 only, and at some fractional (Welch) df its NaN far tail leads it to a wrong root."""
     from scipy.optimize import brentq
 
     dist = stats.norm if math.isinf(df) else None
@@ -393,7 +397,7 @@ def mcnemar(a: Sequence, b: Sequence) -> Comparison:
     (the same prompt by each seed's model).
 
     One outcome per pair: of the :math:`m` discordant pairs (one side 1, the other 0), :math:`k` favour a; under no
-    difference :math:`k \sim \mathrm{Binomial}(m, 1/2)`, tested two-sided by ``scipy.stats.binomtest``. The
+    difference :math:`k \sim \mathrm{Binomial}(m, 1/2)`, tested two-sided (statsmodels' exact ``mcnemar``). The
     difference is :math:`(k - (m - k)) / N` over the :math:`N` pairs, i.e. mean(a) - mean(b), and its interval is
     the exact (Clopper-Pearson) interval of :math:`k/m` mapped the same way (given m). With replicates, a pair
     favours a when a's outcomes summed over the replicates exceed b's: the replicates of one pair are not
@@ -417,13 +421,9 @@ def mcnemar(a: Sequence, b: Sequence) -> Comparison:
     se = math.sqrt(max(m, 1)) / n
     if m == 0:
         return Comparison(sa, sb, MCNEMAR, 0.0, 1.0, n, "pair", se, math.inf, bounds=lambda: (0.0, 0.0))
-    result = stats.binomtest(k, m, 0.5)
-
-    def bounds():
-        ci = result.proportion_ci(1 - LEVEL, method="exact")
-        return (2 * ci.low - 1) * m / n, (2 * ci.high - 1) * m / n
-
-    return Comparison(sa, sb, MCNEMAR, difference, float(result.pvalue), n, "pair", se, math.inf, bounds=bounds)
+    p = float(contingency_tables.mcnemar([[0, k], [m - k, 0]], exact=True).pvalue)
+    return Comparison(sa, sb, MCNEMAR, difference, p, n, "pair", se, math.inf, bounds=lambda: tuple(
+        (2 * q - 1) * m / n for q in proportion.proportion_confint(k, m, LEVEL, method="beta")))
 
 
 @dataclass(frozen=True)
@@ -471,10 +471,10 @@ def trend(x: Sequence[float], y: Sequence[float], seeds: Sequence | None = None)
     ``seeds`` (the seed of each value) gives each seed its own intercept :math:`\alpha_s`: seed k of every setting
     shares its data order, and what it shares then cancels from the slope, as it does from a paired difference
     (with two settings the test is the paired t-test, the slope the mean difference over the settings' distance).
-    Without ``seeds``, one intercept: ``scipy.stats.linregress``'s test. Degrees of freedom: values less seeds
-    less one. The interval is :math:`\hat\beta \pm t_{0.975,\,df}\,\mathrm{se}`. Where every value lies on the
-    line (no residual spread) the t statistic is d/0: the test is then the exact sign-flip test of the seeds'
-    slopes (all equal: p = 2 / 2^seeds), without an interval."""
+    Without ``seeds``, one intercept: ``scipy.stats.linregress``'s test. ``OLS`` fits x and a column per seed, with
+    values less seeds less one degrees of freedom. Where every value lies on the line (residuals within 1e-12 of
+    the values: rounding) the t statistic is d/0: the test is then the exact sign-flip test of the seeds' slopes
+    (all equal: p = 2 / 2^seeds; p = 1 where each seed's values are equal), without an interval."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"a trend needs one x per value, got shapes {x.shape} and {y.shape}")
@@ -482,28 +482,21 @@ def trend(x: Sequence[float], y: Sequence[float], seeds: Sequence | None = None)
     labels = np.zeros(len(x), dtype=int) if seeds is None else np.unique(np.asarray(seeds), return_inverse=True)[1]
     if len(labels) != len(x):
         raise ValueError(f"one seed per value: {len(labels)} seeds for {len(x)} values")
-    groups = int(labels.max()) + 1 if len(labels) else 0
-    # within each seed, distances from the seed's means: the per-seed intercepts drop out
-    xc, yc = x.copy(), y.copy()
-    for g in range(groups):
-        xc[labels == g] -= x[labels == g].mean()
-        yc[labels == g] -= y[labels == g].mean()
-    sxx = float(xc @ xc)
-    if sxx == 0:
+    groups = int(labels.max()) + 1
+    # the slope, then one intercept per seed; centred, so that the fit's rounding scales with the values' spread
+    design = np.column_stack([x - x.mean(), np.eye(groups)[labels]])
+    if np.linalg.matrix_rank(design) <= groups:
         raise ValueError("a trend needs at least two settings of x within a seed")
-    slope = float(xc @ yc) / sxx
-    df = len(x) - groups - 1
-    test = SLOPE if seeds is None else SEED_SLOPE
+    fit = OLS(y - y.mean(), design).fit()
+    slope, df, test = float(fit.params[0]), int(fit.df_resid), SLOPE if seeds is None else SEED_SLOPE
     if df < 1:
         return Trend(slope, math.nan, math.nan, math.nan, df, len(x), groups, test)
-    residual = yc - slope * xc
-    se = math.sqrt(float(residual @ residual) / df / sxx)
-    if se == 0:  # every point on the line: scipy's t would be d/0
-        p = 1.0 if slope == 0 else min(1.0, 2.0 ** (1 - groups))
-        return Trend(slope, math.nan, math.nan, p, df, len(x), groups, EXACT_SIGNS, 0.0)
-    t = stats.t(df)
-    half = float(t.ppf(1 - LEVEL / 2)) * se
-    return Trend(slope, slope - half, slope + half, float(2 * t.sf(abs(slope) / se)), df, len(x), groups, test, se)
+    if fit.ssr <= 1e-24 * float(y @ y):  # every point on the line: the t statistic would be d/0
+        flat = len(set(zip(labels.tolist(), y.tolist()))) == groups
+        return Trend(0.0 if flat else slope, math.nan, math.nan, 1.0 if flat else min(1.0, 2.0 ** (1 - groups)), df,
+                     len(x), groups, EXACT_SIGNS, 0.0)
+    low, high = fit.conf_int(LEVEL)[0]
+    return Trend(slope, float(low), float(high), float(fit.pvalues[0]), df, len(x), groups, test, float(fit.bse[0]))
 
 
 @dataclass(frozen=True)
@@ -580,9 +573,9 @@ class Equivalence(Judged):
 
 
 def equivalence(comparison: Comparison, margin: float) -> Equivalence:
-    """``Equivalence`` of ``comparison`` within +-``margin`` (> 0): the TOST of the comparison's own t-test (its
-    standard error and degrees of freedom); where the values have no spread, the exact sign-flip test of each side
-    (n equal differences within the margin: p = 1 / 2^n)."""
+    """``Equivalence`` of ``comparison`` within +-``margin`` (> 0): the TOST of its t-test (``ttost_paired``, or
+    ``ttost_ind`` with Welch's variances), of McNemar's difference the normal TOST of its standard error; where the
+    values have no spread, the exact sign-flip test of each side (n equal differences within the margin: 1 / 2^n)."""
     if not (math.isfinite(margin) and margin > 0):
         raise ValueError(f"an equivalence margin must be positive, got {margin!r}")
     c = comparison
@@ -591,25 +584,26 @@ def equivalence(comparison: Comparison, margin: float) -> Equivalence:
     if c.exact or c.se == 0:
         p = 2.0 ** (-c.n) if abs(c.difference) < margin else 1.0
         return Equivalence(c, margin, p)
-    dist = stats.t(c.df) if math.isfinite(c.df) else stats.norm
-    p_low = float(dist.sf((c.difference + margin) / c.se))  # H0: difference <= -margin
-    p_high = float(dist.cdf((c.difference - margin) / c.se))  # H0: difference >= +margin
-    return Equivalence(c, margin, max(p_low, p_high))
+    a, b = np.asarray(c.a.values), np.asarray(c.b.values)
+    if c.test in (PAIRED, ONE_SAMPLE):
+        p = weightstats.ttost_paired(a, b, -margin, margin)[0]
+    elif c.test == WELCH:
+        p = weightstats.ttost_ind(a, b, -margin, margin, usevar="unequal")[0]
+    else:  # H0: difference <= -margin, H0: difference >= +margin
+        p = max(stats.norm.sf((c.difference + margin) / c.se), stats.norm.cdf((c.difference - margin) / c.se))
+    return Equivalence(c, margin, float(p))
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
     r"""Holm's adjustment of p-values tested together (NaN, an untested one, stays NaN and is not counted): sorted
     ascending, the i-th of m becomes :math:`\max_{j \le i} \min(1, (m - j + 1)\,p_{(j)})`. An adjusted p below
-    ``LEVEL`` keeps the family's chance of any false "significant" at most ``LEVEL``."""
-    p = np.asarray(p_values, dtype=float)
-    out = np.full(p.shape, math.nan)
+    ``LEVEL`` keeps the family's chance of any false "significant" at most ``LEVEL``. Not statsmodels'
+    ``multipletests(method="holm")``, the same numbers: it runs a full garbage collection on every call."""
+    p = np.array(p_values, dtype=float)
     tested = np.flatnonzero(~np.isnan(p))
-    m = len(tested)
-    running = 0.0
-    for rank, i in enumerate(tested[np.argsort(p[tested], kind="stable")]):
-        running = max(running, min(1.0, (m - rank) * float(p[i])))
-        out[i] = running
-    return out.tolist()
+    order = tested[np.argsort(p[tested], kind="stable")]
+    p[order] = np.minimum(1.0, np.maximum.accumulate(p[order] * np.arange(len(order), 0, -1)))
+    return p.tolist()
 
 
 def intersection(tests: Sequence[Judged], direction: int) -> tuple[str, Judged]:
