@@ -173,6 +173,12 @@ def cluster(root: Path, *, ready_s: float = 60.0):
         _wait(lambda: made.node_state() == "idle", ready_s, "the node did not become idle", made, "slurmd")
         yield made
     finally:
+        if len(daemons) == len(DAEMONS):  # jobs a failed test left queued or running end with the cluster
+            made.run("scancel", "--full", "--user", "root", check=False)
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and any(
+                    j["state"] in ("PENDING", "RUNNING", "COMPLETING") for j in made.jobs()):
+                time.sleep(0.5)
         for p in reversed(daemons):
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGTERM)

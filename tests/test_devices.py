@@ -296,3 +296,33 @@ def test_a_killed_process_ends_the_other_and_the_run_resumes(pair, tmp_path):
     for a, b in zip(_parameters(run_dir), _parameters(pair), strict=True):
         np.testing.assert_array_equal(a, b)
     assert runs.read_metrics(run_dir)["train/loss"].equals(runs.read_metrics(pair)["train/loss"])
+
+
+WATCHED = ("import sys, time\nfrom diffeqformer import devices\ndevices.watched('run')\nprint('child', flush=True)\n"
+           "time.sleep(60)\n")
+"""A process that goes on in a child under ``devices.watched``, as a process of a run of several does."""
+
+
+@pytest.mark.parametrize("who", ["the job", "another process"])
+def test_a_watched_process_says_in_one_line_what_stopped_it(who):
+    """SIGTERM sent to the job (to the watching parent, as SLURM's scancel or a pre-emption does) stops the child and
+    says so; the child killed by something else (a collective's abort, the out-of-memory killer) says that; either
+    way exit code 1 and one line."""
+    import signal
+    import time
+
+    import psutil
+
+    proc = subprocess.Popen([sys.executable, "-c", WATCHED], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    assert proc.stdout.readline() == "child\n"
+    time.sleep(0.2)  # the parent sets its handlers just after the fork, by when the child may have printed
+    if who == "the job":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        psutil.Process(proc.pid).children()[0].kill()
+    _, err = proc.communicate(timeout=30)
+    lines = err.strip().splitlines()
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: run: "), err
+    expected = "was stopped by SIGTERM, sent to the job" if who == "the job" else "ended on SIGKILL"
+    assert expected in lines[0], err

@@ -419,3 +419,13 @@ def test_the_workflow_holding_the_checkout_removes_a_killed_workflows_locks(tmp_
     again = jobs.hold_checkout(folder)
     assert again is not None and not (folder / "locks" / "0.output.lock").exists()
     again.close()
+
+
+def test_a_job_the_cluster_refuses_is_reported_with_the_profile_field_to_edit():
+    """``jobs.slurm_refusals``: each distinct refusal of sbatch in a workflow's log, once, with the field that asked for
+    it; a log without one gives nothing."""
+    log = ("SLURM sbatch failed. The error message was 'sbatch: error: Batch job submission failed: Invalid partition "
+           "name specified'.\n    sbatch call:\n        sbatch -p nowhere ...\n") * 2
+    assert jobs.slurm_refusals(log) == ["error: the cluster refused a job (Invalid partition name): edit "
+                                        "slurm_partition (default-resources in the profile's config.yaml)"]
+    assert jobs.slurm_refusals("Invalid partition name, said a user\nall done") == []

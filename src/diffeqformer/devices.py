@@ -73,13 +73,21 @@ def watched(name: str) -> None:
     if child == 0:
         _die_with(parent)
         return
+    passed_on = []
+
+    def pass_on(received, frame):
+        passed_on.append(received)
+        os.kill(child, received)
+
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
-        signal.signal(number, lambda received, frame: os.kill(child, received))
+        signal.signal(number, pass_on)
     _, status = os.waitpid(child, 0)
     sys.stdout.flush()
     if os.WIFSIGNALED(status):
-        stopped(name, f"this process of the run ended on {signal.Signals(os.WTERMSIG(status)).name} (another process "
-                      f"of the run stopped, or did not start within {INIT_TIMEOUT} seconds; see above)")
+        ended = signal.Signals(os.WTERMSIG(status)).name
+        stopped(name, f"this process of the run was stopped by {ended}, sent to the job (cancelled or pre-empted)"
+                if os.WTERMSIG(status) in passed_on else f"this process of the run ended on {ended} (another process "
+                f"of the run stopped, or did not start within {INIT_TIMEOUT} seconds; see above)")
     os._exit(os.waitstatus_to_exitcode(status))
 
 
@@ -154,6 +162,10 @@ def start(trainer):
     wait = wait_seconds(INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT)
     if coordinator and rank:  # process 0 starts the coordinator; the others wait for it here, where Python can
         _wait_for_coordinator(coordinator, wait)
+    # JAX's preemption service takes SIGTERM for a sync point that Levanter's loop never polls, so that a cancelled or
+    # pre-empted job would train on, unseen by its scheduler: without it SIGTERM ends the process, and the next start
+    # resumes from the last checkpoint
+    jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(coordinator, processes, rank, device_ids, initialization_timeout=wait,
                                heartbeat_timeout_seconds=wait_seconds(HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT))
     return started

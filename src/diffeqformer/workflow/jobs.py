@@ -28,7 +28,7 @@ unmaps it when freed, so that each of XLA's CPU steps (which allocates its buffe
 The trained parameters are the same, bit for bit. glibc reads them at a process's start; elsewhere they are
 ignored."""
 ONE_ARENA = ("glibc.malloc.arena_max=1",)
-"""Added for a training job pinned to its cores: one heap for all its threads, whose own arenas otherwise gave freed
+"""Added for a training job pinned to its cores: one heap for all its threads, whose own arenas otherwise give freed
 memory back as well. Not for the jobs that run on every core, where it slows XLA's multi-threaded compilation."""
 SHARED_DEVICE = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
 """JAX's settings for every job: on a GPU, JAX takes 75% of the device's memory when a process starts, so that a
@@ -38,8 +38,31 @@ PRUNE_CHECKPOINTS = "DIFFEQFORMER_PRUNE_CHECKPOINTS"
 """Environment variable: ``1`` deletes a run's Levanter checkpoints once the run is complete (the notebooks read its
 ``model.eqx`` and ``complete.json``), so that a preset's runs fit a small disk."""
 IOPUB_TIMEOUT_S = 300
-"""How long a cell's output may lag behind its end before Papermill gives up on it (nbclient's 4 s failed a cell
-that had finished on a busy machine)."""
+"""How long a cell's output may lag behind its end before Papermill gives up on it (nbclient's default, 4 s, can
+fail a cell that has finished, on a busy machine)."""
+
+
+SLURM_REFUSALS = {
+    "Invalid partition name": "slurm_partition (default-resources in the profile's config.yaml)",
+    "Invalid account": "slurm_account (default-resources in the profile's config.yaml)",
+    "More processors requested than permitted": "cpus_per_task (default-resources in the profile's config.yaml)",
+    "Invalid generic resource": "gpus (training in the profile's cluster.yaml)",
+    "Memory required by task is not available": "mem_mb (default-resources in the profile's config.yaml)",
+    "Requested node configuration is not available": "nodes, tasks or gpus (training in the profile's cluster.yaml), "
+                                                     "cpus_per_task or mem_mb (default-resources)",
+}
+"""What ``sbatch`` says when the cluster refuses a job, and the profile field that asked for it."""
+
+
+def slurm_refusals(log: str) -> list[str]:
+    """One line for each distinct refusal of ``sbatch`` in a workflow's log, naming the profile field to edit (the
+    Snakefile's ``onerror`` prints them)."""
+    found = {}
+    for line in log.splitlines():
+        for said, field in SLURM_REFUSALS.items():
+            if "sbatch" in line and said.lower() in line.lower():
+                found.setdefault(said, f"error: the cluster refused a job ({said}): edit {field}")
+    return list(found.values())
 
 
 def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> str:
