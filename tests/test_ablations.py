@@ -240,8 +240,10 @@ def test_time_embedding_table_and_headline(tmp_path):
     assert text["memory_growth"].startswith(f"{per_parameter:.1f} B per added parameter (16 expected)")
     assert "XLA's plan of the step at batch 16" in text["memory_growth"]
     verdicts = ablations.time_embedding_verdicts(table, batch=16)
-    assert verdicts["f9_memory"].word == (seeds.CONTRADICTED if per_parameter >= 8 else seeds.REPRODUCED)
-    assert verdicts["f9_memory"].effect == pytest.approx(per_parameter) and math.isnan(verdicts["f9_memory"].p)
+    # judged as the paper words it: the memory's growth (x1.50) over the parameters' growth
+    assert verdicts["f9_memory"].word == (seeds.REPRODUCED if 0.5 / (ratio - 1) < 0.5 else seeds.CONTRADICTED)
+    assert verdicts["f9_memory"].effect == pytest.approx(0.5 / (ratio - 1)) and math.isnan(verdicts["f9_memory"].p)
+    assert f"costs {per_parameter:.1f} B" in verdicts["f9_memory"].note  # the stricter reading, exploratory
     assert text["memory_rss"].startswith(f"{50 * 2**20 / (table.params.iloc[1] - table.params.iloc[0]):.1f} B")
     assert table[f"{ablations.PARAMETER_BYTES} B x params MiB"].tolist() == pytest.approx(
         (table.params * 16 / 2**20).tolist())
@@ -289,18 +291,22 @@ def test_time_embedding_trend_over_every_d_t():
     assert ablations.time_embedding_trend(_dt_table([2, 8], [[6.0, 6.1], [5.9]])).test == "t-test of the slope"
 
 
-def test_memory_growth_is_judged_per_added_parameter():
-    """A known line: 2 GiB fixed and b bytes per parameter. 16 B a parameter is no saving, whatever the ratio of
-    the ends (which any fixed memory makes smaller than the parameters'); 4 B would be one."""
+def test_memory_growth_is_judged_as_the_paper_words_it_and_per_added_parameter():
+    """A known line: 2 GiB fixed and b bytes per parameter. The paper's claim, memory growing less than half as much
+    as the parameters, holds for the fixed part's sake; the stricter reading, exploratory: 16 B a parameter is no
+    saving, 4 B would be one."""
     params = [100e6, 400e6, 1000e6]
     for b, saving in [(16.0, False), (14.0, False), (4.0, True)]:
         g = ablations.memory_growth(params[::-1], [2 * 2**30 + b * p for p in params[::-1]], "a line")
         assert g.params == tuple(params) and g.per_parameter == pytest.approx(b) and g.fixed == pytest.approx(2**31)
         assert g.memory_ratio < g.params_ratio  # the ratio form holds in every case
         assert g.far_less is saving
+        relative = (g.memory_ratio - 1) / (g.params_ratio - 1)
+        assert g.growth_ratio == pytest.approx(relative) and g.grows_far_less is (relative < 0.5)
         verdict = ablations.memory_verdict(g)
-        assert verdict.startswith("Reproduced (a line)" if saving else "Contradicted (a line)")
-        assert f"costs {b:.1f} B against the 16 B" in verdict and "because 2.00 GiB of it does not grow" in verdict
+        holds = "holds" if relative < 0.5 else "does not hold"
+        assert verdict.startswith(f"Fig. 16's claim, as the paper words it, {holds} in this sweep (a line)")
+        assert f"costs {b:.1f} B against the 16 B" in verdict and "2.00 GiB of the memory does not grow" in verdict
     assert ablations.memory_growth([1, 2], [10, 20], "x").parameter_state == (16.0, 32.0)
     with pytest.raises(ValueError, match="two or more parameter counts"):
         ablations.memory_growth([5, 5], [1, 2], "x")

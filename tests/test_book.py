@@ -83,20 +83,23 @@ def test_the_workflow_refuses_a_notebook_that_clones_another_repository(tmp_path
         plan.make("smoke", notebooks_dir=notebooks)
 
 
-def test_the_reader_view_hides_code_and_keeps_outputs():
+def test_the_reader_view_hides_code_and_keeps_outputs_but_what_was_printed():
+    printed = {"output_type": "stream", "name": "stderr", "text": "step 3/10, 2.1 s"}
     nb = {"cells": [
         {"cell_type": "markdown", "metadata": {}, "source": "# Title\n\nA question?"},
         {"cell_type": "code", "metadata": {"tags": ["remove-cell"]}, "source": "import google.colab", "outputs": []},
         {"cell_type": "code", "metadata": {"tags": ["parameters"]}, "source": "x = 1", "outputs": []},
         {"cell_type": "code", "metadata": {"tags": ["injected-parameters"]}, "source": "x = 2", "outputs": []},
-        {"cell_type": "code", "metadata": {}, "source": "plot(x)", "outputs": [{"output_type": "display_data"}]},
+        {"cell_type": "code", "metadata": {}, "source": "plot(x)", "outputs": [{"output_type": "display_data"}, printed]},
         {"cell_type": "code", "metadata": {"tags": ["hide-cell"]}, "source": "y = 3", "outputs": []},
     ]}
     view = book.reader_view(json.loads(json.dumps(nb)))
     assert [c["metadata"].get("tags") for c in view["cells"]] == [
         None, ["remove-cell"], ["parameters", "hide-input"], ["injected-parameters", "hide-input"], ["hide-input"],
         ["hide-cell"]]
-    assert [c.get("outputs") for c in view["cells"]] == [c.get("outputs") for c in nb["cells"]]
+    assert [c.get("outputs") for c in view["cells"]] == [
+        [o for o in c["outputs"] if o is not printed] if "outputs" in c else None for c in nb["cells"]]
+    assert view["cells"][4]["outputs"] == [{"output_type": "display_data"}]
 
 
 def test_mathjax_is_copied_from_the_installed_package(tmp_path):

@@ -2,9 +2,11 @@
 book's own server: no missing or broken image, no broken internal link (page or anchor), no Python traceback in an
 output cell, no request that leaves the book, every formula typeset (none left as raw TeX), and on every notebook
 page an "Open in Colab" link, at least as many images as the notebook saved figures (each followed by its caption),
-no figure printed as its text (``<Figure size ...>``), no Colab cell and no code shown open. A full-page screenshot
-of every page goes to ``_build/screenshots/`` (the test prints where). Skipped, saying why, where Chromium or
-Playwright is missing (.ci/run installs Debian's chromium)."""
+no figure printed as its text (``<Figure size ...>``), no Colab cell and no code shown open; a page with
+headline claims opens with their verdicts in the verdicts page's words, and calls nothing reproduced elsewhere; no
+table is wider than the text column, no table cell says "nan" and no printed output (a log) is shown. A
+full-page screenshot of every page goes to ``_build/screenshots/`` (the test prints where). Skipped, saying why,
+where Chromium or Playwright is missing (.ci/run installs Debian's chromium)."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
 from diffeqformer.workflow.presets import presets
+from diffeqformer.analysis import claims, seeds
 from diffeqformer.report import book
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
@@ -74,6 +77,9 @@ _INSPECT = r"""async () => {
     copy.querySelectorAll('code.literal, script, style').forEach(e => e.remove());
     const figure_reprs = copy.textContent.match(/<Figure size [^>]*>/g) || [];
     const verdict = document.getElementById('what-it-shows');
+    const opening = document.querySelector('article.bd-article div.admonition.verdict');
+    const outside = document.querySelector('article.bd-article').cloneNode(true);
+    outside.querySelectorAll('div.admonition.verdict').forEach(e => e.remove());
     const images = Array.from(document.querySelectorAll('.cell_output img'));
     return {
         url: location.href,
@@ -96,12 +102,34 @@ _INSPECT = r"""async () => {
         colab_cell: document.body.textContent.includes('google.colab'),
         open_code: Array.from(document.querySelectorAll('.cell_input'))
             .filter(e => e.checkVisibility()).map(e => e.innerText.slice(0, 80)),
-        // what follows the title: the page's question, a paragraph that ends with a question mark
+        // what follows the title (and the verdict that opens a page with claims): the page's question, a
+        // paragraph that ends with a question mark
         first_after_title: (() => {
             const h1 = document.querySelector('article.bd-article h1');
-            const next = h1 && h1.nextElementSibling;
+            let next = h1 && h1.nextElementSibling;
+            if (next && next === opening) next = next.nextElementSibling;
             return next ? {tag: next.tagName.toLowerCase(), text: next.innerText.trim()} : null;
         })(),
+        opening: opening ? {text: opening.innerText,
+                            follows_title: opening.previousElementSibling ===
+                                document.querySelector('article.bd-article h1'),
+                            items: Array.from(opening.querySelectorAll('li')).map(li => ({
+                                claim: (li.querySelector('em') || {innerText: ''}).innerText,
+                                word: (li.querySelector('strong') || {innerText: ''}).innerText}))} : null,
+        outside_opening: outside.innerText,
+        printed: Array.from(document.querySelectorAll('.cell_output .output.stream, .cell_output .output.stderr'))
+            .map(e => e.innerText.slice(0, 80)),
+        nan_cells: Array.from(document.querySelectorAll('article.bd-article td')).map(td => td.innerText)
+            .filter(t => /\bnan\b/i.test(t)),
+        // tables wider than the text column (those in a collapsed block aside): cut off or scrolled sideways
+        wide_tables: Array.from(document.querySelectorAll('article.bd-article table'))
+            .filter(t => !t.closest('details:not([open])'))
+            .filter(t => t.scrollWidth > document.querySelector('article.bd-article').clientWidth + 2)
+            .map(t => (t.querySelector('th, td') || t).innerText.slice(0, 60) + ` (${t.scrollWidth} px)`),
+        // each table row's cells: the bold word of a cell where it has one, else its text
+        verdict_rows: Array.from(document.querySelectorAll('table tbody tr')).map(
+            tr => Array.from(tr.querySelectorAll('td')).map(
+                td => (td.querySelector('strong') || td).innerText.trim())),
         math: document.querySelectorAll('.math').length,
         typeset: document.querySelectorAll('mjx-container').length,
         typeset_in_text: document.querySelectorAll('article.bd-article mjx-container').length,
@@ -283,6 +311,48 @@ def saved_figures(figures_dir) -> dict[str, list[str]]:
     return out
 
 
+def _plain(text: str) -> str:
+    """Text as written in the source: Sphinx prints an apostrophe as a typographic one."""
+    return text.replace("\u2019", "'").replace("\u2018", "'")
+
+
+def verdicts_page(info: dict) -> dict[str, str]:
+    """The Verdicts page's word for each headline claim (its paper text -> the word of the preset's column)."""
+    words = {}
+    for row in info["verdict_rows"]:
+        for claim in claims.CLAIMS.values():
+            if len(row) >= 3 and _plain(row[0]).endswith(f": {claim.paper}"):
+                words[claim.paper] = row[2]
+    assert len(words) == len(claims.CLAIMS), f"the verdicts page has rows for {sorted(words)}"
+    return words
+
+
+STRONG = re.compile(r"as the paper reports|\breproduced\b", flags=re.I)
+"""What a page may say of a claim only where the verdicts page calls it reproduced: in its opening, which says what
+the verdicts page says."""
+
+
+def _verdict_problems(name: str, info: dict, headline: dict[str, str]) -> list[str]:
+    """A page with headline claims opens with them, under its title, with the verdicts page's words, none with
+    "nan"; outside that opening it calls nothing reproduced (the rule's own words aside)."""
+    mine = [c for c in claims.CLAIMS.values() if c.notebook == name]
+    opening = info["opening"]
+    if not mine:
+        return ["a verdict opens a page without a headline claim"] if opening else []
+    if not opening:
+        return ["no verdict opens the page"]
+    found = [] if opening["follows_title"] else ["the verdict does not follow the title"]
+    items = {_plain(i["claim"]): i["word"] for i in opening["items"]}
+    found += [f"the page's verdict on {c.paper!r} is {items.get(c.paper)!r}, the verdicts page's "
+              f"{headline[c.paper]!r}" for c in mine if items.get(c.paper) != headline[c.paper]]
+    if re.search(r"\bnan\b", opening["text"], flags=re.I):
+        found.append("'nan' in the page's verdict")
+    text = " ".join(info["outside_opening"].split()).replace(" ".join(seeds.RULE.split()), "")
+    found += [f"outside its verdict the page says {m[0]!r}: ...{text[max(0, m.start() - 80):m.end() + 40]}..."
+              for m in STRONG.finditer(text)]
+    return found
+
+
 def test_every_page_as_a_reader_sees_it(served_book, smoke_book):  # noqa: F811
     """The checks of the module docstring on every page; prints images per notebook page against the figures the
     notebook saved (from the provenance records)."""
@@ -297,6 +367,7 @@ def test_every_page_as_a_reader_sees_it(served_book, smoke_book):  # noqa: F811
         assert f"/notebooks/{nb}.html" in names, f"notebook page {nb} not reachable from the index"
     assert {"/book/intro.html", "/book/reproducing.html", "/book/api.html"} <= names
 
+    headline = verdicts_page(pages[f"{served_book}/book/verdicts.html"])
     figures = saved_figures(smoke_book.home / "figures")
     assert figures.get("f2_spectra"), "F2 saved no figure: the check below would prove nothing"
     print(f"{'page':42s} {'images':>6s} {'figures saved':>13s}")
@@ -317,6 +388,10 @@ def test_every_page_as_a_reader_sees_it(served_book, smoke_book):  # noqa: F811
         if info["colab_cell"]:
             found.append("the Colab cell is on the page")
         found += [f"code shown open: {c!r}" for c in info["open_code"]]
+        found += _verdict_problems(name, info, headline)
+        found += [f"a table wider than the text column: {t}" for t in info["wide_tables"]]
+        found += [f"'nan' in a table cell: {t!r}" for t in info["nan_cells"]]
+        found += [f"printed output (a log) on the page: {t!r}" for t in info["printed"]]
         first = info["first_after_title"] or {"tag": "nothing", "text": ""}
         if first["tag"] != "p" or not first["text"].endswith("?"):
             found.append(f"the title is followed by <{first['tag']}> {first['text'][:80]!r}, not by the page's "

@@ -73,19 +73,27 @@ def test_an_interval_is_cut_at_the_largest_possible_effect():
 def test_significant_but_negligible_and_equivalence():
     tiny = claims.judge("f6_ours", seeds.compare([5.000, 5.001, 5.002], [5.004, 5.0055, 5.0065], paired=True))
     assert tiny.word == seeds.REPRODUCED and tiny.negligible and "negligible" in tiny.text()
-    assert "by a negligible amount" in claims.meaning([tiny])
     same = claims.judge("f7_full", seeds.compare([0.005, -0.015, 0.015], [0.0] * 3, paired=True))
     assert same.word == seeds.REPRODUCED and "equivalence shown 80% of the time within" in same.text()
     vague = claims.judge("f7_full", seeds.compare([0.2, -0.15, 0.05], [0.0] * 3, paired=True))
-    assert vague.word == seeds.INCONCLUSIVE and "is not decided at this scale" in claims.meaning([vague])
+    assert vague.word == seeds.INCONCLUSIVE
+    assert verdicts.pointing(vague.of, vague.effect) == "within the margin of +-5.0%"  # +3.4%, yet not shown
+    far = claims.judge("f7_full", seeds.compare([0.2, 0.05, 0.1], [0.0] * 3, paired=True))
+    assert verdicts.pointing(far.of, far.effect) == "outside the margin of +-5.0%"
 
 
-def test_the_table_of_a_page():
-    verdicts = [claims.judge("f10_hypernet", seeds.compare([6.0, 6.01, 5.99], [5.9, 5.92, 5.88], paired=True)),
-                claims.untested("f6_llama", "no Llama")]
-    table = claims.table(verdicts)
-    assert list(table.verdict) == [seeds.CONTRADICTED, seeds.UNTESTED]
-    assert list(table.columns) == ["verdict", "effect (95% CI)", "p", "over", "detectable at 80%", "test"]
+def test_a_claim_with_parts_shows_each_parts_sign():
+    """F2 needs both radii to grow: the intersection-union test decides by the part against the claim, and the
+    verdict keeps both parts' effects, which its page's opening shows with their directions."""
+    grows, shrinks = seeds.one_sample([0.3, 0.25, 0.35]), seeds.one_sample([-1.3, -1.4, -1.2])
+    v = claims.intersection("f2_growth", {"the QK radius": shrinks, "the OV radius": grows})
+    assert v.word == seeds.CONTRADICTED and v.note == "decided by the QK radius" and v.effect == pytest.approx(-1.3)
+    assert [name for name, *_ in v.parts] == ["the QK radius", "the OV radius"]
+    assert claims.Verdict.from_json(v.to_json()) == v
+    sentence = verdicts.claim_sentence((v, 0.01), 3)
+    assert sentence.startswith(f"**contradicted**: {v.effect_text()}, pointing against the paper; ")
+    assert "the QK radius -1.30" in sentence and "the OV radius +0.30" in sentence
+    assert sentence.count("against the paper") == 2 and sentence.count("with the paper") == 1
 
 
 def _glue(name: str, text: str) -> dict:
@@ -126,3 +134,36 @@ def test_the_verdicts_page_is_a_table_adjusted_by_holm():
     assert claims.CLAIMS["f11_lastword"].paper_value in page and "The 5 claims tested here" in page
     for claim in claims.CLAIMS.values():
         assert f"- **{claim.figure}**, {claim.paper}: {claim.test}; {claim.rule}." in page
+
+
+def test_a_page_opens_with_the_verdicts_page_verdict():
+    """A figure's page opens with the same adjusted verdicts as the verdicts page: a word Holm's adjustment changed
+    says so there too, an inconclusive one which way its estimate points; a page without a headline claim has no
+    opening."""
+    weak = claims.judge("f8_beta2", seeds.one_sample([-0.05, -0.03, -0.04]))
+    strong = claims.judge("f6_ours", seeds.compare([5.0, 5.2, 4.9, 5.1, 5.0], [5.3, 5.49, 5.21, 5.4, 5.31],
+                                                   paired=True))
+    shared = claims.judge("f6_shared", seeds.one_sample([-0.1, -0.2, 0.15]))  # the weight-shared model better
+    noisy = [claims.judge(name, seeds.one_sample([0.1, -0.2, 0.15])) for name in ("f6_overfit", "f6_llama")]
+    here = {"f6_perplexity": _glued([strong, shared, *noisy]), "f8_beta2": _glued([weak])}
+    judged = verdicts.holm_verdicts(here)
+    f8 = verdicts.opening_markdown("f8_beta2", judged, "cpu")
+    assert f8.startswith("```{admonition} The verdict at the cpu preset\n:class: verdict\n")
+    assert (f"**inconclusive after Holm (reproduced before)**: {weak.effect_text()}, pointing with the paper; "
+            f"{seeds.p_text(weak.p)}, {judged['f8_beta2'][1]:.2g} after Holm's adjustment across 5 claims") in f8
+    assert "**inconclusive after Holm (reproduced before)**" in verdicts.verdicts_markdown("cpu", here, None)
+    f6 = verdicts.opening_markdown("f6_perplexity", judged, "cpu")
+    assert "*DiffEqFormer reaches a lower" in f6 and f"**reproduced**: {strong.effect_text()}, pointing with" in f6
+    assert f"**inconclusive**: {shared.effect_text()}, pointing against the paper" in f6
+    assert verdicts.opening_markdown("f1_model", judged, "cpu") is None
+    assert "**not computed by this preset**" in verdicts.opening_markdown("f9_time_embedding", judged, "cpu")
+
+
+def test_the_opening_follows_the_title():
+    nb = {"cells": [{"cell_type": "markdown", "metadata": {}, "source": "# F8: beta2\n\n**The question.** ..."},
+                    {"cell_type": "code", "metadata": {}, "source": "x = 1", "outputs": []}]}
+    book.reader_view(nb, "VERDICT")
+    assert [c["source"] for c in nb["cells"][:3]] == ["# F8: beta2", "VERDICT", "**The question.** ..."]
+    assert nb["cells"][3]["metadata"]["tags"] == ["hide-input"]
+    with pytest.raises(ValueError, match="title"):
+        book.reader_view({"cells": [{"cell_type": "code", "metadata": {}, "source": "", "outputs": []}]}, "V")

@@ -135,3 +135,19 @@ def test_a_figure_saved_twice_makes_the_same_svg(shown):
     figures.save_figure(_line_figure(), "nb_test_line", caption="A line.")
     strip = lambda b: re.sub(rb"<dc:date>[^<]*</dc:date>", b"", b)  # noqa: E731
     assert strip((out / "nb_test_line.svg").read_bytes()) == strip(first)
+
+
+def test_a_wide_table_shows_its_main_columns_and_the_rest_collapsed(shown):
+    """More than ``SHOWN_COLUMNS`` columns do not fit the book's column: the page shows ``main`` (or the first
+    ones), the whole table below in a collapsed block; the CSV keeps every column; ``main`` must name columns."""
+    import pandas as pd
+
+    out, displayed, _ = shown
+    frame = pd.DataFrame({f"c{i}": [float(i)] for i in range(10)})
+    figures.save_table(frame, "nb_test_wide", caption="a wide table", main=["c9", "c0"])
+    html = format_display_data(displayed[0])[0]["text/html"]
+    head = html[:html.index("<details>")]
+    assert html.count("<details>") == 1 and head.index("c9") < head.index("c0") and "c5" not in head
+    assert list(pd.read_csv(out / "nb_test_wide.csv", index_col=0).columns) == list(frame.columns)
+    with pytest.raises(ValueError, match="no_such"):
+        figures.save_table(frame, "nb_test_wide2", caption="x", main=["no_such"])

@@ -135,3 +135,14 @@ def test_the_config_has_its_defaults_filled_in(tmp_path):
     assert configs.config_field(config, "optimizer.beta2") == 0.999
     with pytest.raises(AttributeError, match="model.time_embed_dims"):
         configs.config_field(config, "model.time_embed_dims")
+
+
+def test_each_of_the_papers_models_has_its_own_label():
+    """``runs.model_label``: the weight-shared model and the Llama variant are DiffEqFormer configurations, and the
+    book names them apart (a caption once listed three models as "diffeqformer")."""
+    from diffeqformer.config import load_config
+
+    labels = {name: runs.model_label(load_config(paths.CONFIG / "cpu" / f"{name}.yaml").model)
+              for name in ("diffeqformer", "shared", "diffeqformer_llama", "gpt2", "llama")}
+    assert labels == {"diffeqformer": "DiffEqFormer", "shared": "weight-shared",
+                      "diffeqformer_llama": "DiffEqFormer-Llama", "gpt2": "GPT-2", "llama": "Llama"}

@@ -168,6 +168,18 @@ def model_type(model) -> str:
     return model.get_choice_name(type(model))
 
 
+def model_label(model) -> str:
+    """How the book names a model configuration: its registered type, told apart where one type holds several of
+    the paper's models (a DiffEqFormer with time-independent weights is the weight-shared model; its Llama variant
+    is DiffEqFormer-Llama)."""
+    kind = model_type(model)
+    if kind != "diffeqformer":
+        return {"gpt2": "GPT-2", "llama": "Llama"}.get(kind, kind)
+    if not getattr(model, "time_dependent", True):
+        return "weight-shared"
+    return "DiffEqFormer-Llama" if getattr(model, "variant", "") == "llama" else "DiffEqFormer"
+
+
 def load_model(run, *, merged: bool = False):
     """The trained model of a finished run, rebuilt from its configuration (no Levanter checkpoint machinery): a
     training run's model, or a fine-tuning's, built from ``pretrain_config.yaml`` and adapted as it was fine-tuned

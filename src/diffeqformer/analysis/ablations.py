@@ -15,6 +15,7 @@ import argparse
 import json
 import math
 import resource
+import dataclasses
 import statistics
 import subprocess
 import sys
@@ -341,6 +342,10 @@ def finetune_verdicts(table) -> dict[str, claims.Verdict]:
     groups = [k for ks in full["pretrain seeds"] for k in ks]
     if len(set(x)) >= 2:
         out["f7_overfit"] = claims.judge("f7_overfit", trend(x, y, groups), unit=PRETRAINING)
+        if out["f7_overfit"].word == seeds.UNTESTED:  # say why the rises that did move do not decide it
+            out["f7_overfit"] = dataclasses.replace(out["f7_overfit"], note=out["f7_overfit"].note + (
+                "; the rises of the other direction's fine-tunings, which do move, are exploratory (the table "
+                "below): the paper's claim is about the target that stands for WikiText-103"))
     else:
         out["f7_overfit"] = claims.untested("f7_overfit", "this preset fine-tunes fewer than two N fully on the "
                                                           "target standing for WikiText-103")
@@ -530,14 +535,14 @@ def time_embedding_trend(table) -> Trend:
 
 def time_embedding_verdicts(table, *, batch: int | None = None) -> dict[str, claims.Verdict]:
     """The verdicts on F9's claims: ``f9_dt`` from ``time_embedding_trend``, ``f9_memory`` a measurement
-    (``memory_verdict``: what an added parameter costs, against half of ``PARAMETER_BYTES``)."""
+    (``MemoryGrowth.grows_far_less``: the memory's growth against the parameters' over d_t)."""
     out = {"f9_dt": claims.judge("f9_dt", time_embedding_trend(table))}
     memory = next((c for c in MEMORY_SOURCES if c in table and table[c].notna().all()), None)
     if memory is None:
         out["f9_memory"] = claims.untested("f9_memory", "the preset measured no memory")
     else:
         growth = time_embedding_memory(table, memory, batch=batch)
-        out["f9_memory"] = claims.measured("f9_memory", growth.far_less, growth.per_parameter,
+        out["f9_memory"] = claims.measured("f9_memory", growth.grows_far_less, growth.growth_ratio,
                                            note=f"{memory_explanation(growth)} ({growth.source})")
     return out
 
@@ -679,9 +684,23 @@ class MemoryGrowth:
         return tuple(PARAMETER_BYTES * p for p in self.params)
 
     @property
+    def growth_ratio(self) -> float:
+        """How much the memory grows for what the parameters grow, from the fewest parameters to the most: the ratio
+        of their relative growths, (memory ratio - 1) / (parameter ratio - 1); 1 when the memory grows as fast as
+        the parameters."""
+        return (self.memory_ratio - 1) / (self.params_ratio - 1)
+
+    @property
+    def grows_far_less(self) -> bool:
+        """Fig. 16's claim as the paper words it: the memory grows by less than half as much as the parameters
+        (``growth_ratio`` below 1/2)."""
+        return self.growth_ratio < 0.5
+
+    @property
     def far_less(self) -> bool:
-        """Whether an added parameter costs less than half of ``PARAMETER_BYTES``: what "memory grows far less than
-        the parameter count" would have to mean for it to say more than that the memory has a fixed part."""
+        """The stricter reading (exploratory): whether an added parameter costs less than half of
+        ``PARAMETER_BYTES``. Any memory that does not grow with the parameters makes ``grows_far_less`` easier to
+        meet; this asks what each added parameter costs."""
         return self.per_parameter < PARAMETER_BYTES / 2
 
     def text(self) -> str:
@@ -732,24 +751,24 @@ def gpu_memory_growth(path: str | Path) -> tuple[MemoryGrowth, "pandas.DataFrame
 
 
 def memory_verdict(growth: MemoryGrowth) -> str:
-    """Fig. 16's claim (peak memory grows far less than the parameter count) on what it means: the ratio of memories
-    is always below the ratio of parameters when part of the memory does not grow with d_t, so it is judged by what
-    an added parameter costs against ``PARAMETER_BYTES`` (``MemoryGrowth.far_less``): reproduced or contradicted, a
-    measurement (``claims.measured``), then ``memory_explanation``."""
-    word = "Reproduced" if growth.far_less else "Contradicted"
-    return f"{word} ({growth.source}): {memory_explanation(growth)}"
+    """Whether Fig. 16's claim (peak memory grows far less than the parameter count), as the paper words it
+    (``MemoryGrowth.grows_far_less``), holds in a sweep that is not the book's headline measurement (the GPU
+    benchmark's), then ``memory_explanation``, with the stricter, exploratory reading."""
+    word = "holds" if growth.grows_far_less else "does not hold"
+    return f"Fig. 16's claim, as the paper words it, {word} in this sweep ({growth.source}): " \
+           f"{memory_explanation(growth)}"
 
 
 def memory_explanation(growth: MemoryGrowth) -> str:
-    """What an added parameter costs against its training state, and why the memory grows less than the
-    parameters all the same."""
-    half = ", less than half" if growth.far_less else ""
-    cost = (f"an added parameter costs {growth.per_parameter:.1f} B against the {PARAMETER_BYTES} B of its own "
-            f"training state (f32 parameter, gradient, Adam's two moments){half}")
-    return (f"{cost}. Memory grows x{growth.memory_ratio:.2f} where the parameters grow x{growth.params_ratio:.2f} "
-            f"because {_bytes(growth.fixed)} of it does not grow with d_t (activations, the weights generated for a "
-            "forward pass, workspace): that part is what the paper's explanation, weights computed once per forward "
-            "pass, is about.")
+    """How much the memory grew for what the parameters grew, then, exploratory, what an added parameter costs
+    against its training state and why the memory grows less than the parameters all the same."""
+    half = "less" if growth.far_less else "more"
+    return (f"memory x{growth.memory_ratio:.2f} where the parameters grow x{growth.params_ratio:.2f}: "
+            f"{growth.growth_ratio:.2f} of their growth. Exploratory, stricter: an added parameter costs "
+            f"{growth.per_parameter:.1f} B against the {PARAMETER_BYTES} B of its own training state (f32 parameter, "
+            f"gradient, Adam's two moments), {half} than half, and {_bytes(growth.fixed)} of the memory does not grow "
+            "with d_t (activations, the weights generated for a forward pass, workspace): that part is what the "
+            "paper's explanation, weights computed once per forward pass, is about.")
 
 
 def _status_mib(field: str) -> float | None:
@@ -860,7 +879,7 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
       process of its own (``compile_mib``: that process's peak) into a private persistent compilation cache, and
       measured in a second one that loads it (``step_from_cache``; on the CPU both run oneDNN as XLA's library,
       ``ONEDNN_CACHEABLE_FLAG``, since the training's custom calls make programs the cache cannot keep: with them the
-      second process compiled again and its peak was the compiler's);
+      second process would compile again and its peak would be the compiler's);
     * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
     * ``xla_planned_mib``: what XLA planned for the compiled step (``memory_parts``: arguments + outputs - the
       outputs written into the donated parameters and optimiser state + temporaries), planned, not measured, and its
@@ -1009,14 +1028,14 @@ def plot_memory(growths: Mapping[str, MemoryGrowth]):
 
 def plot_time_embedding(table):
     """Figs. 14-16 in one figure: perplexity (the mean over seeds, and each seed's as a dot), parameter count,
-    training throughput and measured memory against d_t."""
+    training throughput and the peak memory that F9's verdict judges (``MEMORY_SOURCES``) against d_t."""
     import matplotlib.pyplot as plt
 
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     panels = [("final ppl", "final validation perplexity"), ("params", "parameters"), (speed, "training tokens/s")]
-    memory = "device peak MiB" if "device peak MiB" in table else "training MiB"
-    if memory in table:
-        panels.append((memory, "measured peak memory (MiB)"))
+    memory = next((c for c in MEMORY_SOURCES if c in table and table[c].notna().all()), None)
+    if memory is not None:  # the memory the verdict judges (time_embedding_memory)
+        panels.append((memory, f"peak memory (MiB):\n{MEMORY_SOURCES[memory]}"))
     fig, axes = plt.subplots(1, len(panels), figsize=(3.3 * len(panels), 3.2))
     for ax, (column, title) in zip(axes, panels):
         ax.plot(table.d_t, table[column], marker="o", label="mean over seeds" if column == "final ppl" else None)

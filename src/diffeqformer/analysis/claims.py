@@ -4,11 +4,12 @@ A figure's page may compare many things; exactly one test per claim decides its 
 the primary test of ``CLAIMS``. Everything else a page tests is exploratory (it says so, and F11 says how many of its
 secondary comparisons would come out significant by chance). Where a claim needs several things at once (F2: both
 matrices; F6: weight sharing worse than both models), the combining rule is the intersection-union test
-(``seeds.intersection``), stated in the claim's ``rule``. The verdicts page adjusts the primary tests of every
-headline claim together by Holm's method (``seeds.holm``); a figure's page gives the unadjusted p.
+(``intersection``), stated in the claim's ``rule``. The book adjusts the primary tests of every headline claim
+together by Holm's method (``report.verdicts``): the verdicts page and the opening of each figure's page show the
+same adjusted verdicts.
 
-A notebook judges its claims with ``judge`` (or ``measured``, for a claim that is a measurement without seeds) and
-glues each ``Verdict`` under ``Claim.glue_name`` (``Verdict.glue``): the verdicts page reads them back
+A notebook judges its claims with ``judge`` (``intersection``; ``measured``, for a claim that is a measurement without
+seeds) and glues each ``Verdict`` under ``Claim.glue_name`` (``publish``): the book's job reads them back
 (``Verdict.from_json``).
 """
 
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
@@ -50,7 +52,8 @@ class Claim:
     rule: str
     """How the verdict follows from the test, in one sentence (the combining rule, where several tests combine)."""
     says: str
-    """What the claim says at this scale, as a clause: "DiffEqFormer ends below GPT-2" (``meaning``)."""
+    """What the claim says at this scale, as a clause: "DiffEqFormer ends below GPT-2" (the opening of its page,
+    ``report.verdicts.opening_markdown``)."""
     direction: int
     """The sign of the effect the paper claims (+1 or -1); 0 for a claim of equivalence (``margin``)."""
     scale: str = PERCENT
@@ -177,11 +180,12 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
           "reproduced when perplexity falls as d_t doubles at p < 0.05", "perplexity falls as d_t grows",
           -1, unit=" per doubling"),
     Claim("f9_memory", "F9", "f9_time_embedding", "peak memory grows far less than the parameter count with d_t "
-          "(Fig. 16)", "the least-squares line of the measured peak memory of a training step against the parameter "
-          "count: what an added parameter costs", "reproduced when an added parameter costs less than half of the 16 "
-          "B of its own training state; a measurement (one per d_t), not a test over seeds",
-          "an added parameter costs less than half of its 16 B of training state",
-          -1, PLAIN, " B per parameter", 1, measured=True),
+          "(Fig. 16)", "from the smallest d_t to the largest, the relative growth of the peak memory of a training "
+          "step over the parameter count's: (memory ratio - 1) / (parameter ratio - 1); what an added parameter "
+          "costs is exploratory", "reproduced when the memory grows by less than half as much as the parameters "
+          "(below 0.5); a measurement (one per d_t), not a test over seeds",
+          "the peak memory grows by less than half as much as the parameter count",
+          -1, PLAIN, " of the parameters' growth", 2, measured=True),
     Claim("f10_hypernet", "F10", "f10_hypernetwork", "the per-weight hypernetwork beats one MLP shared by every "
           "weight (Fig. 18)", f"{LOG_RATIO_TEST}, per-weight MLPs less one shared MLP",
           "reproduced when the per-weight design's perplexity is lower at p < 0.05",
@@ -218,6 +222,9 @@ class Verdict:
     test: str
     note: str = ""
     """What else the reader needs (which test decided an intersection, why there is no interval)."""
+    parts: tuple = ()
+    """For a claim that needs several things at once (``intersection``): per part, (its name, effect, 95% interval
+    low and high in the claim's units, p), so that each part's sign shows."""
 
     @property
     def of(self) -> Claim:
@@ -272,21 +279,23 @@ class Verdict:
         return "; ".join(words)
 
     def to_json(self) -> str:
-        return json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
-                           for k, v in asdict(self).items()})
+        def plain(v):
+            return None if isinstance(v, float) and math.isnan(v) else [plain(x) for x in v] if isinstance(
+                v, (list, tuple)) else v
+
+        return json.dumps({k: plain(v) for k, v in asdict(self).items()})
 
     @classmethod
     def from_json(cls, text: str) -> "Verdict":
         values = json.loads(text)
+        values["parts"] = tuple(tuple(math.nan if x is None else x for x in part) for part in values.get("parts", ()))
         return cls(**{k: (math.nan if v is None and k in FLOATS else v) for k, v in values.items()})
 
-    def glue(self) -> str:
-        """Glue the verdict for the verdicts page (``Claim.glue_name``, as JSON) and for the page's prose
-        (``<name>_verdict``: ``text``); returns ``text``."""
+    def glue(self) -> None:
+        """Glue the verdict (as JSON, under ``Claim.glue_name``) for the book's job (``report.verdicts``)."""
         from ..report import figures
 
         figures.glue(self.of.glue_name, self.to_json())
-        return figures.glue(f"{self.claim}_verdict", self.text())
 
 
 FLOATS = ("effect", "low", "high", "p", "detectable")
@@ -328,6 +337,19 @@ every model scored 0, both methods ranked every prompt alike. The exact tests ha
 'inconclusive' with a detectable effect of 0 (or an interval from 0 to 0) would say the opposite."""
 
 
+def intersection(name: str, tests: Mapping[str, seeds.Judged]) -> Verdict:
+    """``Verdict`` of claim ``name``, which needs every one of ``tests`` (part name -> its test) in the claim's
+    direction: the intersection-union test's word (``seeds.intersection``), the numbers of the test that decides it
+    (its name in the note) and every part's effect, interval and p (``Verdict.parts``)."""
+    claim = CLAIMS[name]
+    word, deciding = seeds.intersection(list(tests.values()), claim.direction)
+    which = next(k for k, t in tests.items() if t is deciding)
+    parts = tuple((k, claim.written(t.effect), claim.written(t.low), claim.written(t.high), float(t.p))
+                  for k, t in tests.items())
+    note = f"{which} is untested" if word == seeds.UNTESTED else f"decided by {which}"
+    return dataclasses.replace(judge(name, deciding, note=note), word=word, parts=parts)
+
+
 def measured(name: str, reproduced: bool, effect: float, note: str = "") -> Verdict:
     """``Verdict`` of a claim that is a measurement without seeds (``Claim.measured``): reproduced or contradicted
     by what was measured, without p."""
@@ -343,65 +365,8 @@ def untested(name: str, note: str) -> Verdict:
     return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, 0, "seed", "", note)
 
 
-def _sentence(verdict: Verdict) -> str:
-    """One claim's verdict in words, meaning first (``meaning``)."""
-    c, v = verdict.of, verdict
-    paper = f"; the paper: {c.paper_value}" if c.paper_value else ""
-    if v.word == seeds.UNTESTED:
-        return f"Whether {c.says} is untested here ({v.note or 'too few seeds'})."
-    if v.word == seeds.REPRODUCED:
-        size = " by a negligible amount" if v.negligible else ""
-        return f"{c.says[:1].upper()}{c.says[1:]}{size}, as the paper reports ({v.effect_text()}{paper})."
-    if v.word == seeds.CONTRADICTED:
-        how = "as measured" if c.measured else "significant the other way"
-        return (f"Against the paper, it is not so that {c.says}: {v.effect_text()}, {how}"
-                f"{' but negligible' if v.negligible else ''}{paper}.")
-    if c.measured:
-        return f"{c.says[:1].upper()}{c.says[1:]}: not measured."
-    within = ("equivalence would be shown 80% of the time only within +-" if c.margin is not None
-              else "this design detects 80% of the time only an effect of ")
-    return (f"Whether {c.says} is not decided at this scale: {v.effect_text()}, {seeds.p_text(v.p)}; {within}"
-            f"{v.detectable_text().lstrip('+')}{paper}.")
-
-
-def meaning(verdicts) -> str:
-    """What the verdicts say about the paper's claims, a sentence each, meaning first (for a page's "What it
-    shows")."""
-    return " ".join(_sentence(v) for v in verdicts)
-
-
-def publish(verdicts: Mapping[str, Verdict], prefix: str) -> None:
-    """Glue every verdict (``Verdict.glue``: its JSON for the verdicts page, its text as ``<claim>_verdict``) and
-    their ``meaning`` as ``<prefix>_meaning``, for a figure's page."""
-    from ..report import figures
-
+def publish(verdicts: Mapping[str, Verdict]) -> None:
+    """Glue every verdict (``Verdict.glue``) for the book: its job adjusts them together (``report.verdicts``) and
+    opens each figure's page with its claims' verdicts, as the verdicts page shows them."""
     for verdict in verdicts.values():
         verdict.glue()
-    figures.glue(f"{prefix}_meaning", meaning(verdicts.values()))
-
-
-TABLE_CAPTION = ("Each claim's verdict from its one primary test (named on the method page and under the verdicts "
-                 "page's table), the effect with its 95% interval in the claim's units, the p-value before Holm's "
-                 "adjustment across the headline claims (the verdicts page adjusts it), the units the test rests on, "
-                 "and the smallest effect the design detects 80% of the time (for a claim of equivalence: the "
-                 "smallest margin it shows 80% of the time).")
-"""The caption of ``table`` on a figure's page."""
-TABLE_FORMATS = {"p": "{:.2g}"}
-"""How ``table``'s numbers are written (``report.figures.save_table``)."""
-
-
-def table(verdicts):
-    """The verdicts as a small table for a figure's page: per claim (its words), the verdict, the effect with its
-    95% interval in the claim's units, the unadjusted p, the units it rests on, and the smallest effect the design
-    detects 80% of the time (for an equivalence claim: the smallest margin it shows 80% of the time)."""
-    import pandas as pd
-
-    rows = []
-    for v in verdicts:
-        c = v.of
-        rows.append({"claim": c.paper, "verdict": v.word + (" (negligible)" if v.negligible else ""),
-                     "effect (95% CI)": v.effect_text() if v.word != seeds.UNTESTED else "",
-                     "p": v.p, "over": f"{v.n} {v.unit}{'' if v.n == 1 else 's'}" if v.n else "",
-                     "detectable at 80%": v.detectable_text() if v.word != seeds.UNTESTED else "",
-                     "test": v.test})
-    return pd.DataFrame(rows).set_index("claim")

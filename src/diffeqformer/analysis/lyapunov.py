@@ -247,7 +247,7 @@ def _qr_step(phi, rows, h):
 def _tangent_step(blocks, k, x, phis, outs, pos_ids, axes, h: float, rows_fn):
     """Euler step ``k`` (a traced index into the stacked weights ``blocks``) of the state and of every (output, input)
     tangent matrix; compiled once per shape. (Taking step k's weights out of the stack outside the compiled step,
-    op by op, cost more than the step itself: measurements page.)"""
+    op by op, costs more than the step itself: measurements page.)"""
     block = _layer(blocks, k)
 
     def one_out(out, phi):
@@ -285,7 +285,7 @@ def _dataset(exps: np.ndarray, outs: Sequence[int], n: int, tokens: Sequence[str
     causal = np.arange(n)[None, :] <= np.asarray(outs)[:, None]  # tokens after `out` cannot influence it
     exps = np.where(causal[..., None], exps, np.nan)
     # D_KY has a limit when exponents are -inf (a direction collapsed: lambda_{k+1} = -inf adds nothing), none when
-    # one is NaN or +inf; np.nan_to_num made those finite (NaN -> 0, +-inf -> +-max float) and D_KY a number.
+    # one is NaN or +inf; np.nan_to_num would make those finite (NaN -> 0, +-inf -> +-max float) and D_KY a number.
     defined = causal & ~np.any(np.isnan(exps) | np.isposinf(exps), axis=-1)
     kaplan_yorke = np.asarray(kaplan_yorke_dimension(np.where(defined[..., None], exps, 0.0)))
     ds = xr.Dataset(
@@ -682,6 +682,12 @@ def tokens_html(tokens: Sequence[str], scores, *, output_position: int | None = 
     return '<div style="font-family:monospace;line-height:1.9">' + "".join(spans) + "</div>"
 
 
+SCORE_LABELS = {"max_exponent": "largest Lyapunov exponent (per unit t)",
+                "sum_exponents": "sum of the Lyapunov exponents (per unit t)",
+                "kaplan_yorke": "Kaplan-Yorke dimension"}
+"""What each score of a ``lyapunov_map`` is, for a colour bar."""
+
+
 def plot_lyapunov_map(ds: xr.Dataset, score: str = "max_exponent", ax=None):
     """Heat map of a ``lyapunov_map`` score: output position (rows) x input token (columns)."""
     import matplotlib.pyplot as plt
@@ -697,14 +703,14 @@ def plot_lyapunov_map(ds: xr.Dataset, score: str = "max_exponent", ax=None):
         text = ds["text"].values
         ax.set_xticks(range(ds.sizes["token"]), text, rotation=90, fontsize=7)
         ax.set_yticks(range(ds.sizes["output"]), [text[int(o)] for o in ds["output"].values], fontsize=7)
-    ax.figure.colorbar(im, ax=ax, shrink=0.8)
+    ax.figure.colorbar(im, ax=ax, shrink=0.8, label=SCORE_LABELS.get(score, score.replace("_", " ")))
     return ax.figure
 
 
 def _earlier_only(scores: "pd.DataFrame") -> tuple[list[str], np.ndarray]:
     """Methods and their scores [method, token] with the output position itself set to NaN: its own score (the
     token's influence on itself) dwarfs every other, and the question is which earlier token matters. Scores that
-    are not finite are NaN too (left uncoloured): one -inf made a row's min-max scale infinite and the row blank."""
+    are not finite are NaN too (left uncoloured): one -inf would make a row's min-max scale infinite, the row blank."""
     methods = [c for c in scores.columns if c != "text"]
     values = scores[methods].to_numpy(dtype=float).T.copy()
     values[~np.isfinite(values)] = np.nan

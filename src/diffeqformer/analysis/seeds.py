@@ -627,12 +627,6 @@ def chance_count(tests: int) -> float:
     return LEVEL * tests
 
 
-def log_compare(a: Sequence[float], b: Sequence[float], *, paired: bool) -> Comparison:
-    """``compare`` of log(a) against log(b) (e.g. perplexities): its difference and interval are log ratios, which
-    ``percent`` turns into percent changes of the ratio a / b."""
-    return compare(np.log(np.asarray(a, dtype=float)), np.log(np.asarray(b, dtype=float)), paired=paired)
-
-
 def percent(log_ratio: float) -> float:
     """A log ratio as a percent change: 100 (e^x - 1)."""
     return 100.0 * math.expm1(log_ratio) if math.isfinite(log_ratio) else log_ratio

@@ -42,7 +42,6 @@ step, so a trend read off it is aliased; t = 0 is off the grid too. Plots of a g
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import json
 from dataclasses import dataclass
@@ -570,7 +569,8 @@ def growth_shown(growth: pd.DataFrame) -> pd.DataFrame:
 
 
 def _interval(c) -> str:
-    return "" if c.untested else f"[{c.low:+.2f}, {c.high:+.2f}]"
+    """``[-0.12, +0.40]``; empty without one (untested, or an exact test where the seeds have no spread)."""
+    return "" if c.untested or not np.isfinite(c.low) else f"[{c.low:+.2f}, {c.high:+.2f}]"
 
 
 def _values(values, fmt: str) -> str:
@@ -610,14 +610,8 @@ def growth_verdict(growth: pd.DataFrame, model: str = "ours"):
     """The verdict (``claims.Verdict``) on Fig. 2a-b's claim that the magnitudes of the QK and OV eigenvalues grow
     with t (``claims.CLAIMS["f2_growth"]``): the intersection-union test of the QK and the OV slopes over the seeds
     (``depth_growth``), decided by the one against the claim or with the larger p."""
-    from .seeds import intersection
-
     rows = growth[growth.model == model].set_index("matrix")
-    tests = {m: rows.loc[m, "comparison"] for m in ("qk", "ov")}
-    word, deciding = intersection(list(tests.values()), +1)
-    which = next(m for m, c in tests.items() if c is deciding).upper()
-    verdict = claims.judge("f2_growth", deciding, note=f"decided by the {which} radius")
-    return dataclasses.replace(verdict, word=word)
+    return claims.intersection("f2_growth", {f"the {m.upper()} radius": rows.loc[m, "comparison"] for m in ("qk", "ov")})
 
 
 def verdicts(layers: Mapping[str, Sequence[xr.Dataset]], *, ode: str = "ours") -> dict:

@@ -1,10 +1,11 @@
-"""The book as its readers see it: notebook pages that open with their question, then the figures and the verdict;
+"""The book as its readers see it: notebook pages that open with their verdict, then their question and figures;
 the Colab cell's clone URL; formulas typeset offline.
 
 **Reader-first pages.** ``reader_view`` is what the book job does to every executed notebook before Jupyter Book
 renders it: every code cell's source goes behind a "Show code cell source" toggle (MyST-NB's ``hide-input`` tag;
-its outputs stay), so that a page reads as its question (the first Markdown cell), its figures with their captions
-and its verdict ("What it shows"). Only the copy the book is built from changes: the notebooks keep their code open.
+its outputs stay), and the page's verdicts (``report.verdicts.opening_markdown``) follow its title, so that a page
+reads as its answer, its question (the first Markdown cell), its figures with their captions and what they show.
+Only the copy the book is built from changes: the notebooks keep their code open.
 
 **The Colab cell.** Every notebook's first code cell, on Colab only, clones the repository and installs it. Colab
 opens the notebook file alone, so the clone URL is written in the cell; it must be ``_config.yml``'s
@@ -107,12 +108,23 @@ def sync_colab_cells(notebooks: list[Path] | None = None, config: Path = CONFIG)
     return changed
 
 
-def reader_view(nb: dict) -> dict:
+def reader_view(nb: dict, opening: str | None = None) -> dict:
     """The notebook (its JSON, changed in place and returned) as the book shows it: every code cell that is not
     removed or hidden already is tagged ``hide-input`` (its outputs stay on the page; its source is behind a toggle).
-    Papermill's injected-parameters cell is one of them."""
+    Papermill's injected-parameters cell is one of them. What a cell printed (its stream outputs: progress, timings,
+    logs) is left out. ``opening`` (Markdown: the page's verdicts), where given, follows the page's title, before its
+    question."""
+    if opening is not None:
+        first = nb["cells"][0]
+        title, _, rest = _source(first).partition("\n")
+        if first["cell_type"] != "markdown" or not title.startswith("# "):
+            raise ValueError("a notebook's first cell must be Markdown opening with its title ('# ...')")
+        nb["cells"][:1] = [{"cell_type": "markdown", "metadata": {}, "source": source}
+                           for source in (title, opening, rest.strip("\n")) if source]
     for cell in nb["cells"]:
         if cell["cell_type"] == "code":
+            # what a cell printed (progress, timings, library logs) is for whoever runs it, not for the reader
+            cell["outputs"] = [o for o in cell.get("outputs", []) if o.get("output_type") != "stream"]
             tags = cell.setdefault("metadata", {}).setdefault("tags", [])
             if not any(t in HIDDEN for t in tags):
                 tags.append("hide-input")
@@ -140,9 +152,9 @@ def glued(nb: dict) -> dict[str, str]:
     return out
 
 
-def write_reader_view(executed: Path, dest: Path) -> None:
-    """``reader_view`` of the executed notebook at ``executed``, written to ``dest``."""
-    nb = reader_view(json.loads(Path(executed).read_text()))
+def write_reader_view(executed: Path, dest: Path, opening: str | None = None) -> None:
+    """``reader_view`` of the executed notebook at ``executed`` (with ``opening``), written to ``dest``."""
+    nb = reader_view(json.loads(Path(executed).read_text()), opening)
     Path(dest).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
 
 

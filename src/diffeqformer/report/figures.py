@@ -22,13 +22,13 @@ import os
 import re
 import struct
 import subprocess
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import paths
 from ..runs import config as run_config
-from ..runs import model_config, model_type, run_path
+from ..runs import model_config, model_label, model_type, run_path
 from ..runs import summary as finished_summary
 
 FORMATS = ("png", "svg")
@@ -69,13 +69,12 @@ def run_summary(run_dir) -> dict:
 
 
 def scale_of(run_dir) -> str:
-    """One line stating the scale of a run, e.g. ``diffeqformer, 6 steps, 128-d, seq 128; shakespeare (all),
-    300 training steps``."""
+    """One line stating the scale of a run, e.g. ``DiffEqFormer, 6 steps, 128-d, seq 128; shakespeare (all),
+    300 training steps`` (the model named by ``runs.model_label``)."""
     s = run_summary(run_dir)
     m, d = s["model"], s["data"]
-    kind = model_type(m)
-    depth = f"{m.num_layers} {'steps' if kind == 'diffeqformer' else 'layers'}"
-    return (f"{kind}, {depth}, {m.hidden_dim}-d, seq {m.max_seq_len}; "
+    depth = f"{m.num_layers} {'steps' if model_type(m) == 'diffeqformer' else 'layers'}"
+    return (f"{model_label(m)}, {depth}, {m.hidden_dim}-d, seq {m.max_seq_len}; "
             f"{d.dataset} ({d.domain}), {s['train_steps']} training steps")
 
 
@@ -99,7 +98,7 @@ def _model_name(run_dir) -> str:
 
 
 def _models_and_seeds(runs, scales) -> str:
-    """``5 runs of 3 models (gpt2, 2 seeds; diffeqformer; diffeqformer, 2 seeds)``: the seed copies of a run
+    """``5 runs of 3 models (GPT-2, 2 seeds; weight-shared; DiffEqFormer, 2 seeds)``: the seed copies of a run
     (``<name>-seed<k>``, ``workflow.presets.seeded``) count as one model."""
     models: dict[str, list] = {}
     for r, sc in zip(runs, scales):
@@ -194,8 +193,8 @@ def save_figure(fig, name: str, *, caption: str, paper: str | None = None, show:
 
     The PNG file is shown, not ``fig``: displaying a figure object gives an image only where the kernel's inline
     backend has registered its PNG formatter, which happens when pyplot first loads the backend. A figure built
-    with ``matplotlib.figure.Figure`` in a notebook that never draws through pyplot (F2 and X1 once did) was shown
-    as its text, ``<Figure size 1300x340 with 5 Axes>``, and the book had no image.
+    with ``matplotlib.figure.Figure`` in a notebook that never draws through pyplot would be shown as its text,
+    ``<Figure size 1300x340 with 5 Axes>``, and the book would have no image.
     """
     import matplotlib
 
@@ -227,14 +226,27 @@ def saved_image(png: Path):
     return Image(data=data, format="png", width=round(width * SCREEN_DPI / PNG_DPI))
 
 
+SHOWN_COLUMNS = 7
+"""Columns a table shows at most on its page, its index's among them (more do not fit the book's column); the whole
+table follows in a collapsed block."""
+
+
 def save_table(frame, name: str, *, caption: str, paper: str | None = None, show: bool = True,
-               floatfmt: str = "{:.1f}", formats: Mapping[str, str] | None = None) -> Record:
+               floatfmt: str = "{:.1f}", formats: Mapping[str, str] | None = None,
+               main: Sequence[str] | None = None) -> Record:
     """Save a pandas DataFrame as ``<name>.csv`` with ``<name>.json`` (provenance) beside the figures, and show it
     (numbers formatted with ``floatfmt``, or ``formats[column]`` for the columns it names, e.g. ``{"beta2": "{:g}"}``
-    where one decimal would show 0.95 as 0.9; missing values as a dash) with its caption."""
-    unknown = set(formats or ()) - set(frame.columns)
+    where one decimal would show 0.95 as 0.9; missing values as a dash) with its caption. A table of more than
+    ``SHOWN_COLUMNS`` columns (its index's counted) shows ``main`` (default: its first columns that fit), the whole
+    table below in a collapsed block."""
+    unknown = (set(formats or ()) | set(main or ())) - set(frame.columns)
     if unknown:
-        raise ValueError(f"save_table({name!r}): formats names columns the table does not have: {sorted(unknown)}")
+        raise ValueError(f"save_table({name!r}): formats or main name columns the table does not have: "
+                         f"{sorted(unknown)}")
+    fit = max(1, SHOWN_COLUMNS - frame.index.nlevels)
+    if main is not None and len(main) > fit:
+        raise ValueError(f"save_table({name!r}): main names {len(main)} columns, more than fit beside its index "
+                         f"({fit})")
     out = _check_name(name)
     frame.to_csv(out / f"{name}.csv")
     record = _record(name, [f"{name}.csv"], caption, paper)
@@ -243,13 +255,18 @@ def save_table(frame, name: str, *, caption: str, paper: str | None = None, show
         from IPython.display import HTML, Markdown, display
 
         def fmt(x, spec):
-            if x is None or x is pd.NA or (isinstance(x, float) and x != x):  # X1's tsit5 row had steps <NA>
+            if x is None or x is pd.NA or (isinstance(x, float) and x != x):  # missing: None, pandas' NA or NaN
                 return "–"
             return spec.format(x) if isinstance(x, float) else str(x)
 
         specs = {**dict.fromkeys(frame.columns, floatfmt), **(formats or {})}
         shown = frame.apply(lambda column: column.map(lambda x: fmt(x, specs[column.name])))
-        display(HTML(shown.to_html(escape=True)))
+        if len(frame.columns) <= fit:
+            display(HTML(shown.to_html(escape=True)))
+        else:
+            columns = list(main or frame.columns[:fit])
+            display(HTML(shown[columns].to_html(escape=True) + f"<details><summary>All {len(frame.columns)} "
+                         f"columns</summary>{shown.to_html(escape=True)}</details>"))
         display(Markdown(f"**{name}.** {record['caption']}"))
     return record
 

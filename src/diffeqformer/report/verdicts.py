@@ -1,9 +1,12 @@
-"""The Verdicts page: every headline claim of the paper (``analysis.claims.CLAIMS``) with the verdict its notebook
-glued in this build and in the GPU edition, Holm-adjusted across the claims tested in each, and how each claim is
-decided (the method page shows that list too)."""
+"""The book's verdicts, adjusted once: every headline claim of the paper (``analysis.claims.CLAIMS``) with the verdict
+its notebook glued, Holm-adjusted across the claims tested in the build (``holm_verdicts``), in two places that
+therefore say the same: the Verdicts page (this build beside the GPU edition, and how each claim is decided) and the
+opening of each figure's page (``opening_markdown``: the adjusted verdict, its effect and interval, and which way
+the estimate points against the paper's claim, each part's where a claim has parts)."""
 
 from __future__ import annotations
 
+import math
 from typing import Mapping
 
 from ..analysis import claims, seeds
@@ -40,6 +43,30 @@ def verdicts_markdown(preset: str, here: Mapping[str, Mapping[str, str]],
     return "\n".join(out + ["", "How each claim is decided:", "", claims_markdown()])
 
 
+def bottom_line_markdown(preset: str, here: Mapping[str, Mapping[str, str]]) -> str:
+    """The intro's bottom line: how many headline claims each adjusted verdict has at ``preset`` (``here``: notebook ->
+    its glued values), then per claim its page, the adjusted word, the effect and which way it points, linked to the
+    verdicts page."""
+    judged = holm_verdicts(here)
+    words = [adjusted_word(*found).split(" after ")[0] if found else "not computed" for found in judged.values()]
+    counts = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(
+        (seeds.REPRODUCED, seeds.CONTRADICTED, seeds.INCONCLUSIVE, seeds.UNTESTED, "not computed")) if w in words)
+    out = [f"At the `{preset}` preset this book was built with, the paper's {len(judged)} headline claims are "
+           f"{counts}, after Holm's adjustment across the claims tested ({{doc}}`/book/verdicts` has the "
+           f"intervals, the p-values and the GPU edition):", "",
+           "| claim | verdict | effect (95% CI) |", "|---|---|---|"]
+    for claim in claims.CLAIMS.values():
+        found = judged.get(claim.name)
+        if found is None or found[0].word == seeds.UNTESTED:
+            effect = ""
+        else:
+            effect = found[0].effect_text() + ("" if found[1] is None else f", {pointing(claim, found[0].effect)}")
+        word = adjusted_word(*found) if found else "not computed by this preset"
+        out.append(f"| {claim.figure} ({{doc}}`page </notebooks/{claim.notebook}>`): {claim.paper} | {word} | "
+                   f"{effect} |")
+    return "\n".join(out) + "\n"
+
+
 def claims_markdown() -> str:
     """Every headline claim (``claims.CLAIMS``) with its one primary test and how the verdict follows from it, one
     item each: on the method page and under the verdicts page's table."""
@@ -59,6 +86,86 @@ def holm_verdicts(notebooks: Mapping[str, Mapping[str, str]] | None) -> dict[str
     return {n: (v, adjusted.get(n)) if v is not None else None for n, v in found.items()}
 
 
+def adjusted_word(verdict: claims.Verdict, adjusted: float | None) -> str:
+    """The verdict's word after Holm's adjustment (``adjusted``: its adjusted p, None for a claim without one): a
+    significant word whose adjusted p is not below 0.05 becomes ``inconclusive after Holm (<word> before)``. An
+    equivalence claim contradicted by its two-sided interval (not by its p, the TOST's) keeps its word."""
+    word = verdict.word
+    holds = adjusted is None or (verdict.of.margin is not None and word == seeds.CONTRADICTED)
+    if word in (seeds.REPRODUCED, seeds.CONTRADICTED) and not holds and not adjusted < seeds.LEVEL:
+        return f"{seeds.INCONCLUSIVE} after Holm ({word} before)"
+    return word
+
+
+def pointing(claim: claims.Claim, effect: float) -> str:
+    """Which way an estimate points against the claim: ``with the paper``, ``against the paper`` or, for a claim of
+    equivalence, whether it lies within the margin."""
+    if claim.margin is not None:
+        inside = abs(effect) <= abs(claim.written(claim.margin))
+        margin = claim.format(claim.written(claim.margin), sign=False)
+        return f"{'within' if inside else 'outside'} the margin of +-{margin}"
+    if effect == 0 or math.isnan(effect):
+        return "in neither direction"
+    return "with the paper" if (effect > 0) == (claim.direction > 0) else "against the paper"
+
+
+def _parts_text(verdict: claims.Verdict) -> str:
+    c = verdict.of
+    return "; ".join(f"{name} {c.format(effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)}, "
+                     f"{seeds.p_text(p)}, pointing {pointing(c, effect)})"
+                     for name, effect, low, high, p in verdict.parts)
+
+
+def claim_sentence(found: tuple | None, tested: int) -> str:
+    """One claim's adjusted verdict for its page's opening: the word in bold, which way the estimate points, the
+    effect with its interval, p before and after Holm's adjustment across the ``tested`` claims, the smallest effect
+    the design detects, and each part of a claim with parts."""
+    if found is None:
+        return "**not computed by this preset**"
+    verdict, adjusted = found
+    c = verdict.of
+    word = adjusted_word(verdict, adjusted)
+    if verdict.word == seeds.UNTESTED:
+        return f"**{word}**: {verdict.note or 'too few seeds'}."
+    if adjusted is None:
+        return f"**{word}**, {c.says} as measured: {verdict.effect_text()}" + (f"; {verdict.note}" if verdict.note
+                                                                                 else "") + "."
+    margin = c.margin is not None
+    out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {verdict.effect_text()}, "
+           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {seeds.p_text(verdict.p)}, "
+           f"{adjusted:.2g} after Holm's adjustment across {tested} claims; "
+           f"{verdict.test} over {verdict.n} {verdict.unit}{'' if verdict.n == 1 else 's'}")
+    if not word.startswith(seeds.REPRODUCED) and not word.startswith(seeds.CONTRADICTED):
+        label = "equivalence shown 80% of the time within" if c.margin is not None else "detectable 80% of the time"
+        out += f"; {label}: {verdict.detectable_text()}"
+    if verdict.parts:
+        out += f". Each part: {_parts_text(verdict)}"
+    elif verdict.note:
+        out += f"; {verdict.note}"
+    return out + (f". The paper: {c.paper_value}." if c.paper_value else ".")
+
+
+OPENING_CLASS = "verdict"
+"""The CSS class of a page's opening verdict (the browser test finds it by it)."""
+
+
+def opening_markdown(notebook: str, judged: Mapping[str, tuple | None], preset: str) -> str | None:
+    """The opening of a figure's page: its headline claims' verdicts (``judged``: ``holm_verdicts`` of the build), a
+    sentence each (``claim_sentence``), in an admonition, linked to the Verdicts page; None for a page without a
+    headline claim."""
+    mine = [c for c in claims.CLAIMS.values() if c.notebook == notebook]
+    if not mine:
+        return None
+    tested = sum(v is not None and v[1] is not None for v in judged.values())
+    items = [f"- *{c.paper}*: {claim_sentence(judged.get(c.name), tested)}" for c in mine]
+    # no backticks in the title: a fence's info string cannot hold any (CommonMark)
+    return "\n".join([f"```{{admonition}} The verdict at the {preset} preset", f":class: {OPENING_CLASS}",
+                      *items, "", f"The rule, for every test on this page: {seeds.RULE}. A headline claim's verdict "
+                      "is significant only when its p after Holm's adjustment across the book's claims is below 0.05; "
+                      "every other comparison on the page is exploratory. Every headline claim with its primary test: "
+                      "{doc}`/book/verdicts`.", "```"])
+
+
 def _verdict_cell(found: tuple | None, missing: str) -> str:
     """One verdict in a table cell: the word after Holm's adjustment in bold, the effect with its interval, the
     unadjusted and adjusted p, and the smallest effect detected 80% of the time; a word that Holm's adjustment
@@ -69,11 +176,7 @@ def _verdict_cell(found: tuple | None, missing: str) -> str:
     if adjusted is None:
         return f"**{verdict.word}**" + (f": {verdict.effect_text()}" if verdict.word != seeds.UNTESTED else
                                         f" ({verdict.note})" if verdict.note else "")
-    word = verdict.word
-    # an equivalence claim is contradicted by its two-sided interval, not by its p (the TOST's): Holm leaves it
-    holds = verdict.of.margin is not None and word == seeds.CONTRADICTED
-    if word in (seeds.REPRODUCED, seeds.CONTRADICTED) and not holds and not adjusted < seeds.LEVEL:
-        word = f"{seeds.INCONCLUSIVE} after Holm ({verdict.word} before)"
     negligible = ", negligible" if verdict.negligible else ""
-    return (f"**{word}**{negligible}: {verdict.effect_text()}; p = {verdict.p:.2g}, Holm {adjusted:.2g}; "
+    return (f"**{adjusted_word(verdict, adjusted)}**{negligible}: {verdict.effect_text()} "
+            f"({pointing(verdict.of, verdict.effect)}); p = {verdict.p:.2g}, Holm {adjusted:.2g}; "
             f"detectable: {verdict.detectable_text()}")

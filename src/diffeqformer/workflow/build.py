@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from .. import paths
-from ..report import book as report
+from ..report import book as report, verdicts
 from . import edition
 from .jobs import check_figures, swap_in
 from .pages import generated_pages
@@ -36,9 +36,13 @@ def stage(preset: str, src: Path, figures: Path) -> None:
     (src / "notebooks").mkdir()
     figures.mkdir()
     saved_by: dict[str, str] = {}
+    here = {job["name"]: report.glued(json.loads((work / "notebooks" / f"{job['name']}.ipynb").read_text()))
+            for job in made["notebooks"]}
+    judged = verdicts.holm_verdicts(here)
     for job in made["notebooks"]:
         nb = job["name"]
-        report.write_reader_view(work / "notebooks" / f"{nb}.ipynb", src / "notebooks" / f"{nb}.ipynb")
+        report.write_reader_view(work / "notebooks" / f"{nb}.ipynb", src / "notebooks" / f"{nb}.ipynb",
+                                 verdicts.opening_markdown(nb, judged, preset))
         for name in check_figures(work / "notebook-figures" / nb, nb):
             if name in saved_by:
                 raise SystemExit(f"error: figure {name!r} is saved by both {saved_by[name]} and {nb}")
@@ -48,7 +52,7 @@ def stage(preset: str, src: Path, figures: Path) -> None:
     edition.stage(src)
     generated = src / "book" / "_generated"
     generated.mkdir(parents=True, exist_ok=True)
-    for name, text in generated_pages(made).items():
+    for name, text in generated_pages(made, here).items():
         (generated / name).write_text(text)
 
 

@@ -15,7 +15,6 @@ from .. import paths
 from .._autodoc import LAYERS
 from ..config import FinetuneConfig
 from ..report import accelerators, verdicts
-from ..report.book import glued
 from ..runs import is_complete, summary
 from . import edition, presets as registry
 from .edition import clock
@@ -23,17 +22,16 @@ from .plan import benchmark_seconds, collect_runs, folder, join_populations, mod
 from .presets import Run
 
 
-def generated_pages(plan: Mapping[str, Any]) -> dict[str, str]:
-    """Pages the book job writes into the book (below ``book/_generated/``) for ``plan``'s preset. Only numbers that
-    stay the same when nothing is re-run enter them, so that a book with nothing new to show is not rebuilt."""
-    executed = folder(plan["preset"]) / "notebooks"
-    here = {job["name"]: glued(json.loads((executed / f"{job['name']}.ipynb").read_text()))
-            for job in plan["notebooks"]}
+def generated_pages(plan: Mapping[str, Any], here: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """Pages the book job writes into the book (below ``book/_generated/``) for ``plan``'s preset, whose notebooks
+    glued ``here`` (notebook -> its glued values). Only numbers that stay the same when nothing is re-run enter them,
+    so that a book with nothing new to show is not rebuilt."""
     paper = collect_runs(list(registry.preset("paper").values()))
     return {"timings.md": timings_markdown(plan), "presets.md": presets_markdown(), "api.md": api_markdown(),
             "gpu.md": accelerators.gpu_markdown(), "gpu_edition.md": gpu_edition_markdown(),
             "verdicts.md": verdicts.verdicts_markdown(plan["preset"], here, edition.glued_notebooks(), edition.STAGED),
-            "claims.md": verdicts.claims_markdown(), "cluster.md": accelerators.cost_markdown(paper, "paper")}
+            "claims.md": verdicts.claims_markdown(), "cluster.md": accelerators.cost_markdown(paper, "paper"),
+            "bottom_line.md": verdicts.bottom_line_markdown(plan["preset"], here)}
 
 
 NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no
