@@ -59,6 +59,11 @@ def test_a_measure_that_does_not_move_leaves_its_claim_untested():
     assert same.text().startswith(f"untested (4 pairs; {claims.NOTHING_MOVED}")
     balanced = claims.judge("f5_agreement", seeds.mcnemar([1, 0, 1, 1], [0, 1, 1, 1]))  # differs, cancels to 0
     assert balanced.word == seeds.INCONCLUSIVE and balanced.low < 0 < balanced.high
+    why = "another measure moved"  # said only where the claim stays untested
+    assert claims.judge("f6_overfit", pairs, if_untested=why).note == f"{claims.NOTHING_MOVED}; {why}"
+    assert claims.judge("f6_overfit", seeds.compare([0.1], [0.2], paired=True), if_untested=why).note.endswith(why)
+    assert claims.judge("f6_overfit", seeds.compare([0.0] * 6, [0.01] * 6, paired=True), if_untested=why).note == \
+        moved.note
 
 
 def test_an_interval_is_cut_at_the_largest_possible_effect():

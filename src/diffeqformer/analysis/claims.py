@@ -301,10 +301,12 @@ class Verdict:
 FLOATS = ("effect", "low", "high", "p", "detectable")
 
 
-def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None = None) -> Verdict:
+def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None = None,
+          if_untested: str = "") -> Verdict:
     """``Verdict`` of claim ``name`` from its primary test ``judged`` (a ``seeds.Comparison``, ``Trend`` or, for a
     claim with a ``margin``, the comparison tested for equivalence by ``seeds.equivalence``); ``unit`` names what the
-    test counts when it is not a seed (a simulation, a pretraining seed)."""
+    test counts when it is not a seed (a simulation, a pretraining seed); ``if_untested`` is added to the note of an
+    untested verdict (why what did move at this scale does not decide the claim)."""
     claim = CLAIMS[name]
     if claim.measured:
         raise ValueError(f"{name} is a measurement: use claims.measured")
@@ -320,11 +322,14 @@ def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None =
     else:
         base = judged.comparison if isinstance(judged, seeds.Equivalence) else judged
         n, counted, low, high = base.n, base.unit, base.low, base.high
+    why = f"; {if_untested}" if if_untested else ""
     if claim.margin is None and judged.nothing_moved:
         return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, n, unit or counted,
-                       judged.test, NOTHING_MOVED + (f"; {note}" if note else ""))
+                       judged.test, NOTHING_MOVED + (f"; {note}" if note else "") + why)
     if judged.exact and not note:
         note = "no spread between the units: the exact test of their signs decides"
+    if word == seeds.UNTESTED:
+        note += why
     detectable = judged.detectable
     return Verdict(name, word, claim.written(judged.effect), claim.written(low), claim.written(high),
                    float(judged.p), claim.written(detectable) if math.isfinite(detectable) else detectable, n,

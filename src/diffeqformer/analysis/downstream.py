@@ -26,7 +26,6 @@ accuracies into means over seeds and verdicts by ``seeds.RULE``.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import importlib.metadata
 import math
 import time
@@ -540,11 +539,8 @@ def verdicts(results: pd.DataFrame) -> dict:
     for task in PRIMARY_TASKS:
         row = found[found.task == task] if len(found) else found
         if len(row):
-            verdict = claims.judge("f11_lastword", row.comparison.iloc[0])
-            if verdict.word == seeds.UNTESTED:  # say why the last word's perplexity, which moves, does not decide it
-                verdict = dataclasses.replace(verdict, note=verdict.note + (
-                    "; the perplexity of the last word, which moves at every scale, is exploratory (below): the "
-                    "paper's claim is about answering it right"))
-            return {"f11_lastword": verdict}
+            return {"f11_lastword": claims.judge("f11_lastword", row.comparison.iloc[0], if_untested=(
+                "the perplexity of the last word, which moves at every scale, is exploratory (below): the paper's "
+                "claim is about answering it right"))}
     return {"f11_lastword": claims.untested("f11_lastword", "the preset evaluated no zero-shot last-word task of "
                                                             "DiffEqFormer and GPT-2")}

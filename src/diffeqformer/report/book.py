@@ -152,12 +152,6 @@ def glued(nb: dict) -> dict[str, str]:
     return out
 
 
-def write_reader_view(executed: Path, dest: Path, opening: str | None = None) -> None:
-    """``reader_view`` of the executed notebook at ``executed`` (with ``opening``), written to ``dest``."""
-    nb = reader_view(json.loads(Path(executed).read_text()), opening)
-    Path(dest).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
-
-
 # ------------------------------------------------------------------------------------------------ MathJax, offline
 
 MATHJAX_PATH = "mathjax/tex-chtml.js"

@@ -135,7 +135,7 @@ def claim_sentence(found: tuple | None, tested: int) -> str:
            f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {seeds.p_text(verdict.p)}, "
            f"{adjusted:.2g} after Holm's adjustment across {tested} claims; "
            f"{verdict.test} over {verdict.n} {verdict.unit}{'' if verdict.n == 1 else 's'}")
-    if not word.startswith(seeds.REPRODUCED) and not word.startswith(seeds.CONTRADICTED):
+    if word.startswith(seeds.INCONCLUSIVE):
         label = "equivalence shown 80% of the time within" if c.margin is not None else "detectable 80% of the time"
         out += f"; {label}: {verdict.detectable_text()}"
     if verdict.parts:

@@ -36,13 +36,13 @@ def stage(preset: str, src: Path, figures: Path) -> None:
     (src / "notebooks").mkdir()
     figures.mkdir()
     saved_by: dict[str, str] = {}
-    here = {job["name"]: report.glued(json.loads((work / "notebooks" / f"{job['name']}.ipynb").read_text()))
-            for job in made["notebooks"]}
+    executed = {job["name"]: json.loads((work / "notebooks" / f"{job['name']}.ipynb").read_text())
+                for job in made["notebooks"]}
+    here = {nb: report.glued(notebook) for nb, notebook in executed.items()}
     judged = verdicts.holm_verdicts(here)
-    for job in made["notebooks"]:
-        nb = job["name"]
-        report.write_reader_view(work / "notebooks" / f"{nb}.ipynb", src / "notebooks" / f"{nb}.ipynb",
-                                 verdicts.opening_markdown(nb, judged, preset))
+    for nb, notebook in executed.items():
+        view = report.reader_view(notebook, verdicts.opening_markdown(nb, judged, preset))
+        (src / "notebooks" / f"{nb}.ipynb").write_text(json.dumps(view, indent=1, ensure_ascii=False) + "\n")
         for name in check_figures(work / "notebook-figures" / nb, nb):
             if name in saved_by:
                 raise SystemExit(f"error: figure {name!r} is saved by both {saved_by[name]} and {nb}")
