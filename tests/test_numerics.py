@@ -44,8 +44,9 @@ def test_cached_computes_once_and_writes_atomically(tmp_path):
         path.write_text(value)
 
     path = tmp_path / f"thing-{digest({'a': 1})}.txt"
-    assert cached(path, compute, save=save, load=lambda p: p.read_text()) == "value"
-    assert cached(path, compute, save=save, load=lambda p: p.read_text()) == "value"
+    step = {"save": save, "load": lambda p: p.read_text(), "suffix": ".txt"}
+    assert cached(tmp_path, "thing", {"a": 1}, compute, **step) == "value"
+    assert cached(tmp_path, "thing", {"a": 1}, compute, **step) == "value"
     assert len(calls) == 1 and path.with_suffix(".json").read_text() == "sidecar"
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([path.name, path.with_suffix(".json").name])
 
@@ -53,12 +54,11 @@ def test_cached_computes_once_and_writes_atomically(tmp_path):
         path.write_text(value[:2])
         raise OSError("disk full")
 
-    other = tmp_path / "other.txt"
     with pytest.raises(OSError, match="disk full"):
-        cached(other, compute, save=broken, load=lambda p: p.read_text())
-    assert not other.exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        cached(tmp_path, "other", {"a": 2}, compute, save=broken, load=lambda p: p.read_text(), suffix=".txt")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
         [path.name, path.with_suffix(".json").name])  # no half-written file, no temporary folder left
-    assert cached(None, compute, save=save, load=lambda p: p.read_text()) == "value" and len(calls) == 3
+    assert cached(None, "thing", {"a": 1}, compute, **step) == "value" and len(calls) == 3
 
 
 def test_digest_is_the_sorted_json_hash():

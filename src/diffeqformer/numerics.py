@@ -88,17 +88,18 @@ def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
     return path
 
 
-def cached(path: str | Path | None, compute: Callable[[], T], *, save: Callable[[T, Path], Any],
-           load: Callable[[Path], T]) -> T:
-    """``load(path)`` if ``path`` exists, else ``compute()``, written with ``save(value, path)`` and returned.
+def cached(cache_dir: str | Path | None, name: str, key: Any, compute: Callable[[], T], *,
+           save: Callable[[T, Path], Any], load: Callable[[Path], T], suffix: str) -> T:
+    """The one cached step of the analyses: ``load`` of ``cache_dir/<name>-<digest(key)><suffix>`` if that file
+    exists, else ``compute()``, written there with ``save(value, path)`` and returned.
 
-    ``path`` names the result by a hash of everything it depends on (``digest``, ``fingerprint``), so a file that
+    ``key`` is everything the result depends on, as JSON (a model enters by its ``fingerprint``), so a file that
     exists is the result asked for; it is written with ``write_atomically``, so one that exists is complete. With
-    ``path=None`` the result is computed and nothing is read or written.
+    ``cache_dir=None`` the result is computed and nothing is read or written.
     """
-    if path is None:
+    if cache_dir is None:
         return compute()
-    path = Path(path)
+    path = Path(cache_dir) / f"{name}-{digest(key)}{suffix}"
     if path.exists():
         return load(path)
     value = compute()

@@ -23,7 +23,7 @@ from levanter.utils.tree_utils import inference_mode
 from tqdm.auto import tqdm
 
 from ..data.synthetic import VOCABULARY, Prompt, encode
-from ..numerics import cached, digest, fingerprint
+from ..numerics import cached, fingerprint
 from .lyapunov import METHOD_KEYS, attribution_scores
 from .seeds import MCNEMAR, Comparison, compare, mcnemar
 
@@ -46,13 +46,12 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir
     ``truth_finite`` (whether its score is finite), ``nonfinite`` (how many candidates' scores are not), ``task``,
     ``correct_prediction``, ``length``; ``summarize`` turns it into hit rates.
     """
-    path = None
-    if cache_dir is not None:
-        if methods is not None:
-            raise ValueError("cache_dir caches the default methods only")
-        path = Path(cache_dir) / f"attribution-{_benchmark_key(model, items)}.csv"
-    return cached(path, lambda: _benchmark(model, items, methods, progress),
-                  save=lambda frame, p: frame.to_csv(p, index=False), load=pd.read_csv)
+    if cache_dir is not None and methods is not None:
+        raise ValueError("cache_dir caches the default methods only")
+    # version 2: ranks over finite scores only, and the truth_finite and nonfinite columns
+    key = {"model": fingerprint(model), "prompts": [dataclasses.asdict(p) for p in items], "version": 2}
+    return cached(cache_dir, "attribution", key, lambda: _benchmark(model, items, methods, progress),
+                  save=lambda frame, p: frame.to_csv(p, index=False), load=pd.read_csv, suffix=".csv")
 
 
 def _benchmark(model, items: list[Prompt], methods, progress: bool) -> pd.DataFrame:
@@ -115,12 +114,6 @@ def _logits(model, ids):
 @eqx.filter_jit
 def _compiled_logits(model, ids):
     return model(ids, AttentionMask.causal()).rearrange(("position", "vocab")).array
-
-
-def _benchmark_key(model, items: list[Prompt]) -> str:
-    """Hash of the model (configuration and weights) and of the prompts: the benchmark's cache key."""
-    # version 2: ranks over finite scores only, and the truth_finite and nonfinite columns
-    return digest({"model": fingerprint(model), "prompts": [dataclasses.asdict(p) for p in items], "version": 2})
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:

@@ -44,7 +44,7 @@ from levanter.eval_harness import LmEvalHarnessConfig, TaskConfig
 from levanter.layers.attention import AttentionMask
 
 from ..data import tasks as held_out
-from ..numerics import check_positive_int, digest, fingerprint
+from ..numerics import check_positive_int, fingerprint
 from . import seeds
 
 PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "lambada_openai", "logiqa", "mmlu", "piqa", "sciq",
@@ -283,11 +283,10 @@ def cached_evaluate(run, tasks: Sequence[str], shots: Sequence[int], *, task_fil
     tasks = check_tasks(tasks)
     key = {"model": fingerprint(model), "tasks": tasks, "shots": list(shots), "max_examples": max_examples,
            "task_files": None if task_files is None else task_files.hashes, "lm_eval": _lm_eval_version()}
-    path = None if cache_dir is None else Path(cache_dir) / f"downstream-{digest(key)}.csv"
     include = None if task_files is None else task_files.directory
-    return cached(path, lambda: evaluate(model, tokenizer, tasks, shots, include_path=include,
-                                         max_examples=max_examples, batch_size=batch_size),
-                  save=lambda frame, p: frame.to_csv(p, index=False), load=pd.read_csv)
+    return cached(cache_dir, "downstream", key, lambda: evaluate(model, tokenizer, tasks, shots, include_path=include,
+                                                                 max_examples=max_examples, batch_size=batch_size),
+                  save=lambda frame, p: frame.to_csv(p, index=False), load=pd.read_csv, suffix=".csv")
 
 
 def evaluate_runs(runs: dict, tasks: Sequence[str], shots: Sequence[int], *,

@@ -65,7 +65,7 @@ from levanter.utils.tree_utils import inference_mode
 
 from ..model.solve import solve_hidden
 from ..model.transformer import DiffEqFormerLMHeadModel
-from ..numerics import cached, check_positive_int, digest, fingerprint
+from ..numerics import cached, check_positive_int, fingerprint
 from ..report.figures import log_perplexity_axis
 
 if TYPE_CHECKING:
@@ -445,16 +445,13 @@ def perplexity_vs_euler_steps(model: DiffEqFormerLMHeadModel, data, steps: Seque
                                                  tolerances=(), batch_size=batch_size))
 
 
-def sweep_hash(model: DiffEqFormerLMHeadModel, data: TokenData, config: SweepConfig) -> str:
-    """16 hex digits of the SHA-256 of the model's fingerprint, the data's digest and the sweep configuration."""
-    return digest({"model": fingerprint(model), "data": data.digest(), "sweep": dataclasses.asdict(config)})
-
-
 def cached_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig, cache_dir: str | Path) -> pd.DataFrame:
-    """``solver_sweep``, read from ``cache_dir/solver-sweep-<sweep_hash>.csv`` when it was computed before."""
+    """``solver_sweep``, read from ``cache_dir/solver-sweep-<hash>.csv`` when it was computed before (the hash covers
+    the model's fingerprint, the data's digest and the sweep configuration)."""
     data = as_token_data(data, model)
-    path = Path(cache_dir) / f"solver-sweep-{sweep_hash(model, data, config)}.csv"
-    return cached(path, lambda: solver_sweep(model, data, config), save=save_sweep, load=load_sweep)
+    key = {"model": fingerprint(model), "data": data.digest(), "sweep": dataclasses.asdict(config)}
+    return cached(cache_dir, "solver-sweep", key, lambda: solver_sweep(model, data, config), save=save_sweep,
+                  load=load_sweep, suffix=".csv")
 
 
 def save_sweep(frame: pd.DataFrame, path: str | Path) -> Path:

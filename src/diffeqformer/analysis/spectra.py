@@ -58,7 +58,7 @@ from haliax import NamedArray
 
 from ..model.transformer import DiffEqFormerLMHeadModel, DiscreteDiffEqFormerLMHeadModel
 from ..model.vector_field import ParallelBlock
-from ..numerics import cached, check_positive_int, digest, fingerprint, load_netcdf, one_blas_thread, save_netcdf
+from ..numerics import cached, check_positive_int, fingerprint, load_netcdf, one_blas_thread, save_netcdf
 from . import claims
 
 if TYPE_CHECKING:
@@ -680,8 +680,8 @@ def cached_spectra(model, cache_dir: str | Path, times=None, **kwargs) -> xr.Dat
     """
     key = {"model": fingerprint(model), "times": None if times is None else np.asarray(times, np.float64).tolist(),
            **kwargs}
-    return cached(Path(cache_dir) / f"spectra-{digest(key)}.nc", lambda: spectra(model, times, **kwargs),
-                  save=save_spectra, load=load_spectra)
+    return cached(cache_dir, "spectra", key, lambda: spectra(model, times, **kwargs), save=save_spectra,
+                  load=load_spectra, suffix=".nc")
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import math
 import re
@@ -242,9 +241,14 @@ class ModelTrajectoryConfig:
             raise ValueError(f"beta must be positive or None, got {self.beta!r}")
 
 
+def _key_of(config: TrajectoryConfig | ModelTrajectoryConfig) -> dict:
+    """The configuration as the cache's key: its type and every field."""
+    return {"type": type(config).__name__, **dataclasses.asdict(config)}
+
+
 def config_hash(config: TrajectoryConfig | ModelTrajectoryConfig) -> str:
-    """First 16 hex digits of the SHA-256 of the configuration's canonical JSON (the cache key)."""
-    return digest({"type": type(config).__name__, **dataclasses.asdict(config)})
+    """First 16 hex digits of the SHA-256 of the configuration's canonical JSON (the datasets' ``config_hash``)."""
+    return digest(_key_of(config))
 
 
 def config_from_attrs(attrs: dict) -> TrajectoryConfig | ModelTrajectoryConfig:
@@ -526,8 +530,8 @@ def simulate(config: TrajectoryConfig = TrajectoryConfig(), *, cache_dir: Path |
     configuration field (``config`` as JSON for ``config_from_attrs``). With ``cache_dir``, the Dataset is read from /
     written to ``cache_dir/trajectories-<config_hash>.nc``.
     """
-    path = None if cache_dir is None else Path(cache_dir) / f"trajectories-{config_hash(config)}.nc"
-    return cached(path, lambda: _simulate(config), save=save_netcdf, load=load_netcdf)
+    return cached(cache_dir, "trajectories", _key_of(config), lambda: _simulate(config), save=save_netcdf,
+                  load=load_netcdf, suffix=".nc")
 
 
 def _simulate(config: TrajectoryConfig) -> xr.Dataset:
@@ -634,11 +638,8 @@ def simulate_model(
     ``cache_dir/model-trajectories-<hash>.nc``, the hash covering the configuration and the model's weights.
     """
     model_key = fingerprint(model)
-    path = None
-    if cache_dir is not None:
-        key = hashlib.sha256(f"{config_hash(config)}-{model_key}".encode()).hexdigest()[:16]
-        path = Path(cache_dir) / f"model-trajectories-{key}.nc"
-    return cached(path, lambda: _simulate_model(model, config, model_key), save=save_netcdf, load=load_netcdf)
+    return cached(cache_dir, "model-trajectories", {**_key_of(config), "model": model_key},
+                  lambda: _simulate_model(model, config, model_key), save=save_netcdf, load=load_netcdf, suffix=".nc")
 
 
 def _simulate_model(model: "DiffEqFormerLMHeadModel", config: ModelTrajectoryConfig, model_key: str) -> xr.Dataset:
