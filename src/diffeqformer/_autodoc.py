@@ -35,6 +35,9 @@ LAYERS = [
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution"],
+    # diffeqformer.report again: the words and the plots of the analyses' data
+    ["report.words"],
+    ["report.plots"],
     # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost
     ["report.verdicts", "report.accelerators"],
     # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition
