@@ -1,31 +1,172 @@
-"""F5's attribution benchmark: how often each attribution method of ``lyapunov.attribution_scores`` ranks the true
-token of a synthetic prompt (``synthetic.prompts``) first (hit@1) or in its top three (hit@3).
-
-The synthetic language knows which earlier token each prediction depends on (the antecedent of a pronoun, the first
-occurrence of a copied word); scoring the methods against it turns the paper's qualitative Fig. 3 into a measurement.
-``attribution_benchmark`` ranks the methods' scores per prompt (cached by a hash of the model and the prompts),
-``summarize`` and ``over_seeds`` turn the ranks into hit rates, ``plot_summary`` draws them, ``claim`` tests the paper's
-claim on the per-prompt hits and ``headline`` gives the numbers the book quotes.
+"""F5's attribution: the methods compared with the token-level Lyapunov exponents (attention, attention rollout,
+gradient x input), and the benchmark that scores them on the synthetic language (``synthetic.prompts``), whose
+prompts know which earlier token each prediction depends on (the antecedent of a pronoun, the first occurrence of a
+copied word): how often each method ranks that token first (hit@1) or in its top three (hit@3).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from pathlib import Path
+from typing import Sequence
 
 import equinox as eqx
 import haliax as hax
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pandas as pd
+from haliax import NamedArray
 from levanter.layers.attention import AttentionMask
 from levanter.utils.tree_utils import inference_mode
 from tqdm.auto import tqdm
 
 from ..data.synthetic import VOCABULARY, Prompt, encode
+from ..model.transformer import DiffEqFormerLMHeadModel
 from ..numerics import cached, fingerprint
-from .lyapunov import METHOD_KEYS, attribution_scores
+from . import lyapunov
 from .seeds import MCNEMAR, Comparison, compare, mcnemar
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The attribution methods
+
+
+def attention_weights(model: DiffEqFormerLMHeadModel, token_ids, *, prepared=None) -> np.ndarray:
+    """Attention probabilities [L, heads, query, key] of each Euler step, along the forward trajectory
+    (``prepared``: ``lyapunov.prepare(model, token_ids)``, where the caller has it)."""
+    model, ids, x0, blocks, pos_ids = prepared if prepared is not None else lyapunov.prepare(model, token_ids)
+    return np.asarray(_attention_probs(blocks, x0.array, pos_ids, x0.axes, model.config.num_layers))
+
+
+@eqx.filter_jit
+def _attention_probs(blocks, x, pos_ids, axes, num_steps: int):
+    xs = lyapunov.states(blocks, x, pos_ids, axes, num_steps)
+    probs = []
+    for k in range(num_steps):
+        block = lyapunov.step_weights(blocks, k)
+        pos = pos_ids.astype(jnp.float32) if block.attn.rot_embs is not None else pos_ids  # as ParallelBlock does
+        p = attention_probabilities(block.attn, block.attn_norm(hax.named(xs[k], axes)), AttentionMask.causal(),
+                                    pos_ids=pos)
+        probs.append(p.rearrange(("heads", "position", "key_position")).array)
+    return jnp.stack(probs)
+
+
+def attention_probabilities(attn, x: NamedArray, mask: AttentionMask | NamedArray | None, *,
+                            pos_ids: NamedArray | None = None) -> NamedArray:
+    """Attention probabilities [..., heads, position, key_position] of Levanter's ``Attention`` module ``attn`` on
+    x [..., position, embed] (already normed), softmax_j(s * q_i . k_j) over the keys j that ``mask`` allows.
+
+    Levanter has no public function that returns them (``Attention.__call__`` returns only the output), so they are
+    built as its vanilla backend builds them, from the module's public parts and every option of its config:
+    projections, QK norm, RoPE, sliding window, scale s (``scaling_factor``, default 1/sqrt(head_size)), float32
+    logits with ``upcast_attn``, ``logits_soft_cap``. ``o_proj`` of (probabilities . values) is the module's output
+    (``tests/test_lyapunov.py`` checks it, for the gpt and llama variants)."""
+    config = attn.config
+    if pos_ids is None:
+        pos_ids = hax.arange(x.resolve_axis("position"))  # Attention's own default
+    q, k, _ = lyapunov.queries_keys_values(attn, x, x, pos_ids, pos_ids)
+    if config.sliding_window is not None and isinstance(mask, AttentionMask):
+        mask = mask.with_sliding_window(config.sliding_window)
+    if isinstance(mask, AttentionMask):
+        mask = mask.materialize(q.resolve_axis("position"), k.resolve_axis("key_position"))
+    scale = config.scaling_factor if config.scaling_factor is not None else 1.0 / math.sqrt(q.axis_size("head_size"))
+    dtype = jnp.float32 if config.upcast_attn else x.dtype
+    logits = hax.dot((q * scale).astype(dtype), k.astype(dtype), axis="head_size")
+    if config.logits_soft_cap is not None:
+        logits = hax.tanh(logits / config.logits_soft_cap) * config.logits_soft_cap
+    if mask is not None:
+        logits = hax.where(mask, logits, -1e9)
+    probs = hax.nn.softmax(logits, axis="key_position").astype(q.dtype)
+    return probs.flatten_axes(("kv_head", "q_heads_per_group"), "heads")
+
+
+def raw_attention_scores(model, token_ids, output_position: int = -1) -> np.ndarray:
+    """Attention of ``output_position`` to each token, averaged over heads and steps: [n]."""
+    return _raw_attention(attention_weights(model, token_ids), output_position)
+
+
+def _raw_attention(att: np.ndarray, output_position: int) -> np.ndarray:
+    return att.mean(axis=(0, 1))[output_position]
+
+
+def attention_rollout(model, token_ids, output_position: int = -1) -> np.ndarray:
+    """Attention rollout (Abnar & Zuidema 2020) with the ODE's residual: step k maps x -> x + h A_k x, so
+    the token-mixing matrix of a step is (I + h mean_heads A_k) / (1 + h) (rows sum to one); its product over steps."""
+    return _rollout(attention_weights(model, token_ids), output_position)
+
+
+def _rollout(att: np.ndarray, output_position: int) -> np.ndarray:
+    att = att.mean(axis=1)  # [L, n, n]
+    L, n, _ = att.shape
+    h = 1.0 / L
+    roll = np.eye(n)
+    for k in range(L):
+        roll = ((np.eye(n) + h * att[k]) / (1 + h)) @ roll
+    return roll[output_position]
+
+
+def gradient_x_input(model: DiffEqFormerLMHeadModel, token_ids, output_position: int = -1) -> np.ndarray:
+    """|sum_d (d logit_target / d e_in,d) * e_in,d| per token, target = the model's top next-token prediction."""
+    model, ids, x0, blocks, pos_ids = lyapunov.prepare(model, token_ids)
+    out = jnp.asarray(output_position % x0.array.shape[0], jnp.int32)
+    return np.asarray(_grad_x_input(model, blocks, x0.array, pos_ids, x0.axes, out)[0])
+
+
+@eqx.filter_jit
+def _grad_x_input(model, blocks, x0, pos_ids, axes, out):
+    def target_logits(x):
+        final = model.ln_f(hax.named(lyapunov.states(blocks, x, pos_ids, axes, model.config.num_layers)[-1], axes))
+        return hax.dot(final, model.get_lm_head(), axis=model.Embed).rearrange(("position", "vocab")).array[out]
+
+    target = jnp.argmax(target_logits(x0))
+    grad = jax.grad(lambda x: target_logits(x)[target])(x0)
+    return jnp.abs(jnp.sum(grad * x0, axis=-1)), target
+
+
+METHODS = ("lyapunov (max exponent)", "lyapunov (sum)", "raw attention", "attention rollout", "gradient x input")
+"""The attribution methods of ``attribution_scores`` (and of ``attribution.attribution_benchmark``), in this order."""
+METHOD_KEYS = dict(zip(METHODS, ("lyapunov_max", "lyapunov_sum", "attention", "rollout", "grad_x_input")))
+"""A short identifier of each method (for file and glue names)."""
+
+
+def attribution_scores(model: DiffEqFormerLMHeadModel, token_ids, output_position: int = -1, *,
+                       tokens: Sequence[str] | None = None) -> pd.DataFrame:
+    """Every attribution method's score of each input token for the prediction at ``output_position``.
+
+    One row per token (index ``token``), one column per name in ``METHODS``, plus ``text`` when ``tokens`` are
+    given: the Lyapunov scores of ``token_lyapunov`` (largest exponent and sum of all exponents of the token's tangent
+    dynamics), ``raw_attention_scores``, ``attention_rollout`` and ``gradient_x_input``. Tokens after the output
+    position get NaN (a causal model cannot use them). The weights, the trajectory and the attention maps are computed
+    once and shared by the methods. ``df.attrs``: ``output_position`` (non-negative) and ``predicted_token``, the
+    model's top next-token prediction there (the logit that gradient x input differentiates).
+    """
+    prepared = lyapunov.prepare(model, token_ids)
+    n = prepared.x0.array.shape[0]
+    out = output_position % n
+    lyap = lyapunov.token_lyapunov(model, token_ids, output_position=out, tokens=tokens, prepared=prepared)
+    att = attention_weights(model, token_ids, prepared=prepared)
+    after = np.arange(n) > out
+    columns = {
+        METHODS[0]: lyap.max_exponent.values,
+        METHODS[1]: lyap.sum_exponents.values,
+        METHODS[2]: _raw_attention(att, out),
+        METHODS[3]: _rollout(att, out),
+    }
+    model_, _, x0, blocks, pos_ids = prepared
+    gxi, predicted = _grad_x_input(model_, blocks, x0.array, pos_ids, x0.axes, jnp.asarray(out, jnp.int32))
+    columns[METHODS[4]] = np.asarray(gxi)
+    df = pd.DataFrame({k: np.where(after, np.nan, np.asarray(v, dtype=float)) for k, v in columns.items()},
+                      index=pd.RangeIndex(n, name="token"))
+    if tokens is not None:
+        df.insert(0, "text", list(tokens))
+    df.attrs["output_position"] = out
+    df.attrs["predicted_token"] = int(predicted)
+    return df
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The benchmark
 
 
 def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir: str | Path | None = None,
@@ -38,7 +179,7 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir
     -inf where a step's tangent map I + h J is singular) ranks below every finite one, and a true token whose own
     score is not finite ranks last, whatever the other scores; each row says how often this happened.
     ``methods``: ``{name: fn(model, ids, out) -> scores [n]}``; by default every method of
-    ``lyapunov.attribution_scores`` (``lyapunov.METHODS``), computed together per prompt. With ``cache_dir`` (default
+    ``attribution_scores`` (``METHODS``), computed together per prompt. With ``cache_dir`` (default
     methods only) the table is read from / written to ``cache_dir/attribution-<hash>.csv``, the hash covering the
     model's configuration and weights and the prompts. ``progress``: show a progress bar (a notebook executed by
     Papermill would store every update of it).
@@ -156,82 +297,8 @@ def over_seeds(summary: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def plot_summary(summary: pd.DataFrame):
-    """Hit@1 (dark) and hit@3 (light) of every method, one panel per task (means over seeds, each seed's hit@1 as a
-    dot where there are several), with a random ranking's hit@1 and hit@3 as dashed and dotted lines; the model's
-    accuracy on the task is in the panel's title."""
-    import matplotlib.pyplot as plt
-
-    mean = over_seeds(summary)
-    tasks = list(dict.fromkeys(mean["task"]))
-    fig, axes = plt.subplots(1, len(tasks), figsize=(4.6 * len(tasks), 3.8), sharey=True, squeeze=False,
-                             layout="constrained")
-    for ax, task in zip(axes[0], tasks):
-        sub = mean[mean["task"] == task]
-        x = np.arange(len(sub))
-        ax.bar(x - 0.2, sub["hit_at_1"], width=0.4, color="C0", label="hit@1")
-        ax.bar(x + 0.2, sub["hit_at_3"], width=0.4, color="C0", alpha=0.4, label="hit@3")
-        if sub["seeds"].max() > 1:
-            for i, method in enumerate(sub["method"]):
-                per_seed = summary[(summary["task"] == task) & (summary["method"] == method)]["hit_at_1"]
-                ax.plot(np.full(len(per_seed), i - 0.2), per_seed, "o", ms=3, color="k",
-                        label="hit@1 of each seed" if i == 0 else None)
-        ax.axhline(sub["chance_at_1"].mean(), color="0.3", ls="--", lw=1, label="random ranking, hit@1")
-        ax.axhline(sub["chance_at_3"].mean(), color="0.3", ls=":", lw=1, label="random ranking, hit@3")
-        ax.set_xticks(x, sub["method"], rotation=30, ha="right", fontsize=8)
-        ax.set_ylim(0, 1)
-        seeds = int(sub["seeds"].max())
-        ax.set_title(f"{task}: model accuracy {sub['model_accuracy'].iloc[0]:.2f}, "
-                     f"{int(sub['prompts'].iloc[0])} prompts" + (f", {seeds} seeds" if seeds > 1 else ""),
-                     fontsize=9)
-    axes[0, 0].set_ylabel("fraction of prompts")
-    axes[0, 0].legend(fontsize=7, frameon=False)
-    fig.suptitle("Does the top-ranked input token match the ground truth?", fontsize=10)
-    return fig
-
-
 CLAIM = ("lyapunov (max exponent)", "raw attention")
 """The paper's claim, compared per task: the largest Lyapunov exponent attributes better than attention weights."""
-
-
-def headline(results: pd.DataFrame) -> dict[str, str]:
-    """The numbers (as text) the book's prose quotes about the benchmark, keyed for ``figures.glue``, from the
-    per-prompt results of ``attribution_benchmark`` (with a ``seed`` column where there are several seeds' models).
-
-    For each task t and method (short key k of ``lyapunov.METHOD_KEYS``): ``hit1_t_k`` (mean over seeds, ``± sd``
-    with several), ``hit3_t_k``, ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none);
-    per task: ``accuracy_t``, ``chance1_t``, ``chance3_t``, ``prompts_t``, ``seeds_t``, ``best_t`` (the method with
-    the highest mean hit@1, ties listed; "none" when every method ties), ``claim_t`` (the largest exponent's hit@1
-    against attention's: ``verdicts``' text), ``nonfinite_t`` and ``truth_nonfinite_t`` (``summarize``'s counts of
-    scores that were not finite, summed over the methods and seeds: the hit rates rank finite scores only).
-    """
-    summary = summarize(results)
-    mean = over_seeds(summary)
-    out = {}
-    for task, sub in mean.groupby("task", sort=False):
-        for row in sub.itertuples():
-            key = METHOD_KEYS.get(row.method, row.method.replace(" ", "_"))
-            sd = "" if pd.isna(row.hit_at_1_sd) else f" ± {row.hit_at_1_sd:.2f}"
-            out[f"hit1_{task}_{key}"] = f"{row.hit_at_1:.2f}{sd}"
-            out[f"hit3_{task}_{key}"] = f"{row.hit_at_3:.2f}"
-            correct = row.hit_at_1_correct
-            out[f"hit1_correct_{task}_{key}"] = "n/a" if pd.isna(correct) else f"{correct:.2f}"
-        out[f"accuracy_{task}"] = f"{sub['model_accuracy'].iloc[0]:.2f}"
-        out[f"chance1_{task}"] = f"{sub['chance_at_1'].iloc[0]:.2f}"
-        out[f"chance3_{task}"] = f"{sub['chance_at_3'].iloc[0]:.2f}"
-        out[f"prompts_{task}"] = f"{int(sub['prompts'].iloc[0])}"
-        seeds = int(sub["seeds"].max())
-        out[f"seeds_{task}"] = f"{seeds} seed" + ("s" if seeds > 1 else "")
-        out[f"nonfinite_{task}"] = f"{int(sub['nonfinite_scores'].sum())}"
-        out[f"truth_nonfinite_{task}"] = f"{int(sub['truth_nonfinite'].sum())}"
-        best = list(sub[sub["hit_at_1"] == sub["hit_at_1"].max()]["method"])
-        if len(best) == len(sub):
-            out[f"best_{task}"] = f"none: all methods tie at {sub['hit_at_1'].max():.2f}"
-        else:
-            out[f"best_{task}"] = best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1]
-        if set(CLAIM) <= set(sub["method"]):
-            out[f"claim_{task}"] = verdicts(results)[f"f5_{task}"].text()
-    return out
 
 
 def verdicts(results: pd.DataFrame) -> dict:

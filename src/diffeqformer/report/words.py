@@ -7,8 +7,84 @@ function takes the data an analysis returned and returns text (Markdown where it
 
 from __future__ import annotations
 
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from ..analysis import attribution, lyapunov, spectra
+
 # ----------------------------------------------------------------------------------------------------------------------
 # F2: eigenvalue spectra (analysis.spectra)
+
+
+def growth_trend(comparison, slopes: Sequence[float]) -> str:
+    """How a spectral radius moves with depth, as a phrase, from ``spectra.depth_growth``'s test and per-seed slopes."""
+    if all(s == 0 for s in slopes):
+        return "is constant"
+    if comparison.untested:
+        return f"is untested ({comparison.verdict.split(': ', 1)[1]})"
+    if not comparison.significant:
+        return "shows no trend its seeds can tell from their spread (inconclusive)"
+    return "grows with depth" if comparison.difference > 0 else "shrinks with depth"
+
+
+def growth_words(row) -> str:
+    """One row of ``spectra.depth_growth`` in words: ``slope -1.20 per unit t (x0.37 over the grid), 95% CI [-2.1,
+    -0.3], p = 0.03, one-sample t-test over 3 seeds: significant``; untested: ``slope ... (x0.37 over the grid):
+    untested: 1 seed``."""
+    c = row["comparison"]
+    head = f"slope {row['slope']:+.2f} per unit t (x{row['factor']:.2f} over the grid)"
+    return f"{head}: {c.verdict}" if c.untested else f"{head}, {c.interval(2)} over {c.n} seeds: {c.verdict}"
+
+
+def _values(values, fmt: str) -> str:
+    return ", ".join("n/a" if not np.isfinite(v) else format(v, fmt) for v in values)
+
+
+def growth_table(growth: pd.DataFrame) -> pd.DataFrame:
+    """``spectra.depth_growth`` as the book shows it: the trend in words, the test's 95% interval (blank without one:
+    untested, or an exact test of seeds without spread) and p, the per-seed values as text."""
+    out = growth.drop(columns=["comparison", "slopes", "spearman", "peak_time", "positivity"])
+    out.insert(out.columns.get_loc("verdict") + 1, "trend",
+               [growth_trend(c, s) for c, s in zip(growth.comparison, growth.slopes)])
+    out.insert(out.columns.get_loc("verdict"), "95% CI", [
+        "" if c.untested or not np.isfinite(c.low) else f"[{c.low:+.2f}, {c.high:+.2f}]" for c in growth.comparison])
+    out.insert(out.columns.get_loc("verdict"), "p", [c.p for c in growth.comparison])
+    out["slope per seed"] = [_values(v, "+.2f") for v in growth.slopes]
+    out["Spearman per seed"] = [_values(v, "+.2f") for v in growth.spearman]
+    out["peak t per seed"] = [_values(v, ".2f") for v in growth.peak_time]
+    return out
+
+
+def spectra_headline(layers: Mapping[str, Sequence], zoom=None, *, ode: str = "ours") -> dict[str, str]:
+    """The numbers (as text) F2's prose quotes, keyed for ``figures.glue``.
+
+    ``layers``: every model's spectra on its own depth grid, one dataset per seed (``spectra.seed_spectra``);
+    ``zoom``: the ODE's spectra on a grid that resolves e(t) (``spectra.resolving_times``); ``ode``: the key of the
+    DiffEqFormer. Per model key k and matrix m, from ``spectra.depth_growth``: ``trend_k_m`` (``growth_trend``),
+    ``growth_k_m`` (``growth_words``), ``spearman_k_m``, ``peak_k_m``, ``positivity_k_m`` (per seed),
+    ``change_layers_k_m``, ``seeds_k``; ``points`` (the ODE's Euler steps); with ``zoom``: ``change_zoom_m``,
+    ``zoom_spacing``, ``period`` (2 pi / s).
+    """
+    out = {}
+    for row in spectra.depth_growth(layers).itertuples(index=False):
+        key = f"{row.model}_{row.matrix}"
+        out[f"trend_{key}"] = growth_trend(row.comparison, row.slopes)
+        out[f"growth_{key}"] = growth_words(row._asdict())
+        out[f"spearman_{key}"] = _values(row.spearman, "+.2f")
+        out[f"peak_{key}"] = _values(row.peak_time, ".2f")
+        out[f"positivity_{key}"] = _values(row.positivity, "+.2f")
+        out[f"change_layers_{key}"] = f"{row.change:.2f}"
+        out[f"seeds_{row.model}"] = str(row.seeds)
+    out["points"] = str(layers[ode][0].sizes[spectra.depth_dim(layers[ode][0])])
+    if zoom is not None:
+        zoom_change = spectra.mean_change(zoom)
+        for m in spectra.MATRICES:
+            out[f"change_zoom_{m}"] = f"{float(zoom_change[m]):.3f}"
+        out["zoom_spacing"] = f"{float(np.diff(zoom['time'].values).mean()):.2g}"
+        out["period"] = f"{2 * np.pi / spectra.config_of(zoom).sinusoidal_scale:.2g}"
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -17,6 +93,87 @@ from __future__ import annotations
 
 # ----------------------------------------------------------------------------------------------------------------------
 # F5: Lyapunov exponents and attribution (analysis.lyapunov, analysis.attribution)
+
+
+def lyapunov_headline(scores: pd.DataFrame, timing: pd.DataFrame | None = None, *, tokenizer=None,
+                      top: int = 3) -> dict[str, str]:
+    """The numbers and tokens (as text) F5's prose quotes about one example, keyed for ``figures.glue``.
+
+    ``scores``: ``attribution.attribution_scores`` (with ``text``); ``timing``: ``lyapunov.timings``. Keys: ``tokens``,
+    ``output_token`` (the token at the output position), ``top_<key>`` per method (``attribution.METHOD_KEYS``): its
+    ``top`` highest-scoring earlier tokens, quoted, best first (the output position itself is left out, as in the
+    attribution benchmark; only finite scores are ranked, so fewer than ``top`` when fewer are finite);
+    ``nonfinite_example``, how many earlier tokens' scores are not finite, summed over the methods; with ``timing``:
+    ``time_fast``, ``time_direct`` (median seconds), ``speedup``, ``max_difference`` (over the exponents finite in
+    both methods), ``finite_exponents`` (their number) and ``nonfinite_exponents`` (the others, non-finite in both);
+    with ``tokenizer``: ``predicted``, the model's top next token at the output position.
+    """
+    out = scores.attrs["output_position"]
+    labels = list(scores["text"]) if "text" in scores else [str(i) for i in scores.index]
+
+    def quoted(i):
+        return repr(labels[i].strip() or labels[i])
+
+    result = {"tokens": f"{len(scores)}", "output_token": quoted(out)}
+    if tokenizer is not None:
+        word = lyapunov.one_line(tokenizer.decode([scores.attrs["predicted_token"]]))
+        result["predicted"] = repr(word.strip() or word)
+    earlier = scores.iloc[:out]
+    nonfinite = 0
+    for method, key in attribution.METHOD_KEYS.items():
+        values = earlier[method].astype(float)
+        finite = np.isfinite(values)
+        nonfinite += int((~finite).sum())
+        best = values[finite].nlargest(top).index  # nlargest keeps +-inf: +inf would come first
+        result[f"top_{key}"] = ", ".join(quoted(i) for i in best)
+    result["nonfinite_example"] = f"{nonfinite}"
+    if timing is not None:
+        result["time_fast"] = f"{timing['median_s'].iloc[0]:.2g}"
+        result["time_direct"] = f"{timing['median_s'].iloc[1]:.2g}"
+        result["speedup"] = f"{timing.attrs['speedup']:.1f}"
+        result["max_difference"] = f"{timing.attrs['max_abs_difference']:.1e}"
+        result["finite_exponents"] = f"{timing.attrs['finite_exponents']}"
+        result["nonfinite_exponents"] = f"{timing.attrs['nonfinite_exponents']}"
+    return result
+
+
+def attribution_headline(results: pd.DataFrame) -> dict[str, str]:
+    """The numbers (as text) F5's prose quotes about the benchmark, keyed for ``figures.glue``, from the per-prompt
+    results of ``attribution.attribution_benchmark`` (with a ``seed`` column where there are several seeds' models).
+
+    For each task t and method (short key k of ``attribution.METHOD_KEYS``): ``hit1_t_k`` (mean over seeds, ``± sd``
+    with several), ``hit3_t_k``, ``hit1_correct_t_k`` (hit@1 over the prompts the model gets right; "n/a" if none);
+    per task: ``accuracy_t``, ``chance1_t``, ``chance3_t``, ``prompts_t``, ``seeds_t``, ``best_t`` (the method with
+    the highest mean hit@1, ties listed; "none" when every method ties), ``claim_t`` (the largest exponent's hit@1
+    against attention's: ``attribution.verdicts``' text), ``nonfinite_t`` and ``truth_nonfinite_t`` (the counts of
+    scores that were not finite, summed over the methods and seeds: the hit rates rank finite scores only).
+    """
+    mean = attribution.over_seeds(attribution.summarize(results))
+    out = {}
+    for task, sub in mean.groupby("task", sort=False):
+        for row in sub.itertuples():
+            key = attribution.METHOD_KEYS.get(row.method, row.method.replace(" ", "_"))
+            sd = "" if pd.isna(row.hit_at_1_sd) else f" ± {row.hit_at_1_sd:.2f}"
+            out[f"hit1_{task}_{key}"] = f"{row.hit_at_1:.2f}{sd}"
+            out[f"hit3_{task}_{key}"] = f"{row.hit_at_3:.2f}"
+            correct = row.hit_at_1_correct
+            out[f"hit1_correct_{task}_{key}"] = "n/a" if pd.isna(correct) else f"{correct:.2f}"
+        out[f"accuracy_{task}"] = f"{sub['model_accuracy'].iloc[0]:.2f}"
+        out[f"chance1_{task}"] = f"{sub['chance_at_1'].iloc[0]:.2f}"
+        out[f"chance3_{task}"] = f"{sub['chance_at_3'].iloc[0]:.2f}"
+        out[f"prompts_{task}"] = f"{int(sub['prompts'].iloc[0])}"
+        seeds = int(sub["seeds"].max())
+        out[f"seeds_{task}"] = f"{seeds} seed" + ("s" if seeds > 1 else "")
+        out[f"nonfinite_{task}"] = f"{int(sub['nonfinite_scores'].sum())}"
+        out[f"truth_nonfinite_{task}"] = f"{int(sub['truth_nonfinite'].sum())}"
+        best = list(sub[sub["hit_at_1"] == sub["hit_at_1"].max()]["method"])
+        if len(best) == len(sub):
+            out[f"best_{task}"] = f"none: all methods tie at {sub['hit_at_1'].max():.2f}"
+        else:
+            out[f"best_{task}"] = best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1]
+        if set(attribution.CLAIM) <= set(sub["method"]):
+            out[f"claim_{task}"] = attribution.verdicts(results)[f"f5_{task}"].text()
+    return out
 
 
 # ----------------------------------------------------------------------------------------------------------------------
