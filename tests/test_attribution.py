@@ -11,9 +11,10 @@ from diffeqformer.data.synthetic import VOCABULARY, Prompt, encode, prompts
 
 from diffeqformer import DiffEqFormerConfig
 from diffeqformer.analysis import seeds
-from diffeqformer.analysis.attribution import (attribution_benchmark, claim, headline, over_seeds, plot_summary,
-                                              summarize)
-from diffeqformer.analysis.lyapunov import METHODS, raw_attention_scores
+from diffeqformer.analysis.attribution import (METHODS, attribution_benchmark, claim, over_seeds,
+                                              raw_attention_scores, summarize)
+from diffeqformer.report.plots.lyapunov import benchmark as plot_summary
+from diffeqformer.report.words import attribution_headline as headline
 
 
 def test_benchmark_runs_on_a_random_model(tmp_path):

@@ -1,4 +1,5 @@
-"""Lyapunov exponents against systems with known spectra, and the token-level method against the direct one."""
+"""Lyapunov exponents against systems with known spectra, the token-level method against the direct one, and the
+attribution methods it is compared with."""
 
 import haliax as hax
 import jax
@@ -7,29 +8,30 @@ import numpy as np
 import pytest
 from helpers import CAUSAL, VOCAB, random_ids, tiny
 
-from diffeqformer.analysis import lyapunov
-from diffeqformer.analysis.lyapunov import (
+from diffeqformer.analysis import attribution, lyapunov
+from diffeqformer.analysis.attribution import (
     METHOD_KEYS,
     METHODS,
     attention_rollout,
     attribution_scores,
+    gradient_x_input,
+    raw_attention_scores,
+)
+from diffeqformer.analysis.lyapunov import (
     compare_exponents,
     corpus_example,
     encode_text,
-    gradient_x_input,
-    headline,
     kaplan_yorke_dimension,
     lyapunov_map,
     lyapunov_spectrum,
-    plot_lyapunov_map,
-    plot_scores,
-    raw_attention_scores,
-    scores_html,
     timings,
     token_lyapunov,
-    tokens_html,
     trajectory,
 )
+from diffeqformer.report.plots.lyapunov import lyapunov_map as plot_lyapunov_map
+from diffeqformer.report.plots.lyapunov import scores_html, tokens_html
+from diffeqformer.report.plots.lyapunov import token_scores as plot_scores
+from diffeqformer.report.words import lyapunov_headline as headline
 
 
 def test_linear_system_exponents_are_real_parts_of_eigenvalues(getkey):
@@ -119,10 +121,10 @@ def test_row_field_is_the_fields_row(variant):
     """The fast method differentiates f_out computed alone (one query, one token's MLP): it must be the row of the
     whole field f, for the gpt variant (learned positions) and llama's (RoPE, RMSNorm, SwiGLU), at any state."""
     model = tiny(variant=variant).build(VOCAB, key=jax.random.PRNGKey(5))
-    _, _, x0, blocks, pos_ids = lyapunov._prepare(model, random_ids(jax.random.PRNGKey(6)))
+    _, _, x0, blocks, pos_ids = lyapunov.prepare(model, random_ids(jax.random.PRNGKey(6)))
     x = x0.array + 0.5 * jax.random.normal(jax.random.PRNGKey(7), x0.array.shape)
     for k in (0, model.config.num_layers - 1):
-        block = lyapunov._layer(blocks, k)
+        block = lyapunov.step_weights(blocks, k)
         full = lyapunov._field(block, x0.axes, pos_ids)(x)
         for out in (0, 5, x.shape[0] - 1):
             row = jax.jit(lambda x, o: lyapunov._row_field(block, x0.axes, pos_ids, o)(x))(x, out)
@@ -131,7 +133,7 @@ def test_row_field_is_the_fields_row(variant):
 
 def _attention_from_probabilities(attn, x, mask, pos_ids):
     """o_proj(probabilities . values): the output of ``attn`` rebuilt from ``attention_probabilities``."""
-    probs = lyapunov.attention_probabilities(attn, x, mask, pos_ids=pos_ids)
+    probs = attribution.attention_probabilities(attn, x, mask, pos_ids=pos_ids)
     v = attn.v_proj(x).rename({"position": "key_position"})
     v = hax.broadcast_axis(v, attn.config.QHeadsPerGroup).flatten_axes(("kv_head", "q_heads_per_group"), "heads")
     return probs, attn.o_proj(hax.dot(probs, v, axis="key_position"))
@@ -143,9 +145,9 @@ def test_attention_probabilities_give_the_modules_output(variant):
     give the module's own output (gpt: learned positions; llama: RoPE), and each row sums to one over the keys the
     causal mask allows."""
     model = tiny(variant=variant).build(VOCAB, key=jax.random.PRNGKey(5))
-    _, _, x0, blocks, pos_ids = lyapunov._prepare(model, random_ids(jax.random.PRNGKey(6)))
+    _, _, x0, blocks, pos_ids = lyapunov.prepare(model, random_ids(jax.random.PRNGKey(6)))
     for k in (0, model.config.num_layers - 1):
-        block = lyapunov._layer(blocks, k)
+        block = lyapunov.step_weights(blocks, k)
         x = block.attn_norm(x0 + 0.5 * hax.random.normal(jax.random.PRNGKey(7), x0.axes))
         pos = pos_ids.astype(jnp.float32) if block.attn.rot_embs is not None else pos_ids  # as ParallelBlock does
         probs, out = _attention_from_probabilities(block.attn, x, CAUSAL, pos)

@@ -1,5 +1,5 @@
 """Spectra against independent NumPy references: QK, OV, FFN of the ODE model and of the baselines, fast vs full
-eigenvalues, weight sharing, continuity in t, tidy summaries, the netCDF round trip and the plots."""
+eigenvalues, weight sharing, continuity in t, tidy summaries, the netCDF round trip, the words and the plots."""
 
 import dataclasses
 
@@ -18,6 +18,8 @@ from scipy.optimize import linear_sum_assignment
 
 from diffeqformer.analysis import seeds
 from diffeqformer.analysis import spectra as S
+from diffeqformer.report import words
+from diffeqformer.report.plots import spectra as P
 
 matplotlib.use("Agg")
 
@@ -293,21 +295,19 @@ def test_cached_spectra_reuses_the_file(model, tmp_path):
 def test_plots_return_figures(ds, tmp_path):
     gpt = S.spectra(random_model(baseline_config(tiny(), "gpt2"), 5))
     figs = [
-        S.plot_vs_depth(ds, "qk", "real"),
-        S.plot_vs_depth(ds, "ov", "abs", logy=True),
-        S.plot_vs_depth(gpt, "ffn", "abs"),
-        S.plot_complex_plane(ds, "ov"),
-        S.plot_complex_plane(gpt, "qk"),
-        S.plot_comparison({"DiffEqFormer": ds, "GPT-2": gpt}, "qk", "abs"),
-        S.plot_summary(S.summarize(ds)),
-        S.plot_summary(S.summarize(gpt), "positivity"),
+        P.vs_depth(ds, "qk", "real"),
+        P.vs_depth(ds, "ov", "abs", logy=True),
+        P.vs_depth(gpt, "ffn", "abs"),
+        P.complex_plane(ds, "ov"),
+        P.complex_plane(gpt, "qk"),
+        P.comparison({"DiffEqFormer": ds, "GPT-2": gpt}, "qk", "abs"),
     ]
     for i, fig in enumerate(figs):
         assert isinstance(fig, Figure)
         fig.savefig(tmp_path / f"{i}.png")
     assert "QK" in figs[0].axes[0].get_title()
     with pytest.raises(ValueError):
-        S.plot_vs_depth(ds, "qk", "imag")
+        P.vs_depth(ds, "qk", "imag")
 
 
 def test_depth_trends_against_scipy(ds):
@@ -336,13 +336,9 @@ def test_trends_and_changes_of_a_weight_shared_model():
     trends = S.depth_trends(S.summarize(shared))
     assert trends.spearman.isna().all()
     assert (S.mean_change(shared) == 0).all()
-    table = S.model_table({"shared": shared, "ode": S.spectra(random_model(tiny()))})
-    assert list(table.columns[:2]) == ["model", "matrix"] and len(table) == 2 * len(S.MATRICES)
-    assert table[table.model == "shared"].radius_spearman.isna().all()
-    assert table.loc[table.model == "ode", "points"].eq(tiny().num_layers).all()
-    ode = table[table.model == "ode"].set_index("matrix")
-    change = S.spectral_change(S.spectra(random_model(tiny())))
-    assert ode.loc["qk", "mean_change"] == pytest.approx(change[change.matrix == "qk"].change.mean())
+    ode = S.spectra(random_model(tiny()))
+    change = S.spectral_change(ode)
+    assert S.mean_change(ode)["qk"] == pytest.approx(change[change.matrix == "qk"].change.mean())
 
 
 def test_runs_spectra_reads_trained_runs(tmp_path):
@@ -441,16 +437,20 @@ def test_depth_growth_is_judged_over_seeds():
     assert up.comparison.p == pytest.approx(ttest_1samp([1.0, 1.2, 0.9], 0.0).pvalue, rel=1e-9)
     assert up.factor == pytest.approx(np.exp(up.slope * (1 - 1 / 6)))
     assert up.comparison.test == seeds.ONE_SAMPLE
-    assert up.verdict == seeds.SIGNIFICANT and up.trend == "grows with depth"
-    assert g.loc[("down", "ov")].trend == "shrinks with depth"
+    trend = lambda key: words.growth_trend(g.loc[key].comparison, g.loc[key].slopes)  # noqa: E731
+    assert up.verdict == seeds.SIGNIFICANT and trend(("up", "qk")) == "grows with depth"
+    assert trend(("down", "ov")) == "shrinks with depth"
     assert g.loc[("mixed", "ffn")].verdict == seeds.INCONCLUSIVE
-    assert g.loc[("mixed", "ffn")].trend == "shows no trend its seeds can tell from their spread (inconclusive)"
-    assert g.loc[("one", "qk")].trend == "is untested (1 seed)"
-    assert g.loc[("flat", "qk")].trend == "is constant" and g.loc[("flat", "qk")].slope == 0
+    assert trend(("mixed", "ffn")) == "shows no trend its seeds can tell from their spread (inconclusive)"
+    assert trend(("one", "qk")) == "is untested (1 seed)"
+    assert trend(("flat", "qk")) == "is constant" and g.loc[("flat", "qk")].slope == 0
     assert g.loc[("up", "qk")].peak_time == (1.0, 1.0, 1.0) and g.loc[("down", "qk")].peak_time[0] == 1 / 6
     assert g.loc[("up", "qk")].spearman == (1.0, 1.0, 1.0)
-    shown = S.growth_shown(g.reset_index())
-    assert not set(S.GROWTH_HIDDEN) & set(shown.columns) and "95% CI" in shown and "slope per seed" in shown
+    shown = words.growth_table(g.reset_index())
+    assert not {"comparison", "slopes", "spearman", "peak_time", "positivity"} & set(shown.columns)
+    assert "95% CI" in shown and "slope per seed" in shown
+    assert list(shown.columns[5:10]) == ["95% CI", "p", "verdict", "trend", "change"]
+    assert shown.set_index(["model", "matrix"]).loc[("down", "ov"), "trend"] == "shrinks with depth"
     reset = g.reset_index()
     up_verdict = S.growth_verdict(reset, "up")
     assert up_verdict.claim == "f2_growth" and up_verdict.word == seeds.REPRODUCED and up_verdict.n == 3
@@ -465,10 +465,11 @@ def test_depth_growth_is_judged_over_seeds():
 def test_headline_quotes_the_growth_over_seeds(model):
     layers = {"ours": growing([1.0, 1.2, 0.9]), "gpt": growing([0.1, -0.1])}
     zoom = S.spectra(model, S.resolving_times(model.config, 5, per_period=4))
-    text = S.headline(layers, zoom)
+    text = words.spectra_headline(layers, zoom)
     g = S.depth_growth(layers).set_index(["model", "matrix"])
     assert text["points"] == "6" and text["seeds_ours"] == "3" and text["seeds_gpt"] == "2"
-    assert text["trend_ours_qk"] == "grows with depth" and text["trend_gpt_ov"] == g.loc[("gpt", "ov")].trend
+    assert text["trend_ours_qk"] == "grows with depth"
+    assert text["trend_gpt_ov"] == words.growth_trend(g.loc[("gpt", "ov")].comparison, g.loc[("gpt", "ov")].slopes)
     assert text["growth_ours_qk"].startswith(f"slope {g.loc[('ours', 'qk')].slope:+.2f} per unit t (x")
     assert text["growth_ours_qk"].endswith("one-sample t-test over 3 seeds: significant")
     assert text["spearman_ours_qk"] == "+1.00, +1.00, +1.00" and text["peak_ours_qk"] == "1.00, 1.00, 1.00"
@@ -483,12 +484,12 @@ def test_plots_say_where_t_is_an_interpolation(model):
     on_grid = S.spectra(model, (np.arange(model.config.num_layers) + 1.0) / model.config.num_layers)
     between = S.spectra(model, S.resolving_times(model.config, 5, per_period=4))
     title = lambda fig: fig.get_suptitle()  # noqa: E731
-    assert "interpolation" not in title(S.plot_vs_depth(euler, "qk", "abs", x="time"))
-    assert "interpolation" not in title(S.plot_vs_depth(on_grid, "qk", "abs"))
-    assert "interpolation" in title(S.plot_vs_depth(between, "qk", "abs"))
-    assert "interpolation" in S.plot_vs_depth(between, "qk", "abs").get_supxlabel()
-    assert "Euler step" in S.plot_vs_depth(euler, "qk", "abs", x="time").get_supxlabel()
-    assert "interpolated" in S.plot_comparison({"ode": between, "euler": euler}, "qk").get_supxlabel()
-    assert "interpolated" not in S.plot_comparison({"euler": euler}, "qk").get_supxlabel()
-    fig = S.plot_growth({"ode": [euler, euler], "gpt": [S.spectra(random_model(baseline_config(tiny(), "gpt2"), 5))]})
+    assert "interpolation" not in title(P.vs_depth(euler, "qk", "abs", x="time"))
+    assert "interpolation" not in title(P.vs_depth(on_grid, "qk", "abs"))
+    assert "interpolation" in title(P.vs_depth(between, "qk", "abs"))
+    assert "interpolation" in P.vs_depth(between, "qk", "abs").get_supxlabel()
+    assert "Euler step" in P.vs_depth(euler, "qk", "abs", x="time").get_supxlabel()
+    assert "interpolated" in P.comparison({"ode": between, "euler": euler}, "qk").get_supxlabel()
+    assert "interpolated" not in P.comparison({"euler": euler}, "qk").get_supxlabel()
+    fig = P.growth({"ode": [euler, euler], "gpt": [S.spectra(random_model(baseline_config(tiny(), "gpt2"), 5))]})
     assert isinstance(fig, Figure) and len(fig.axes[0].lines) == 2 and len(fig.axes[3].lines) == 1

@@ -5,11 +5,12 @@
   paired t-test over matched seeds or models, else Welch's, exact McNemar for one model's paired hits, exact tests
   where the values have no spread; a claim's four verdicts; equivalence; Holm's adjustment);
 - ``claims``: the paper's headline claims, each with its one primary test, named before any number;
-- ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents
-  and the attribution methods they are compared with), ``inference`` (ODE solvers at inference, x1),
+- ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents,
+  F5), ``inference`` (ODE solvers at inference, x1),
   ``perplexity`` (F6), ``ablations`` (F7-F10 tables, measured step time and peak memory; ``python -m
   diffeqformer.analysis.ablations --measure``), ``downstream`` (F11);
-- ``attribution``: F5's benchmark, ``lyapunov``'s scores against the synthetic language's ground truth.
+- ``attribution``: F5's attribution methods (attention, rollout, gradient x input, ``lyapunov``'s exponents) and
+  their benchmark against the synthetic language's ground truth.
 
 Each module is imported on its own (``from diffeqformer.analysis import spectra``): this package imports none.
 """

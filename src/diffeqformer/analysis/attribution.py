@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from ..data.synthetic import VOCABULARY, Prompt, encode
 from ..model.transformer import DiffEqFormerLMHeadModel
 from ..numerics import cached, fingerprint
-from . import lyapunov
+from . import claims, lyapunov
 from .seeds import MCNEMAR, Comparison, compare, mcnemar
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -57,11 +57,9 @@ def attention_probabilities(attn, x: NamedArray, mask: AttentionMask | NamedArra
     """Attention probabilities [..., heads, position, key_position] of Levanter's ``Attention`` module ``attn`` on
     x [..., position, embed] (already normed), softmax_j(s * q_i . k_j) over the keys j that ``mask`` allows.
 
-    Levanter has no public function that returns them (``Attention.__call__`` returns only the output), so they are
-    built as its vanilla backend builds them, from the module's public parts and every option of its config:
-    projections, QK norm, RoPE, sliding window, scale s (``scaling_factor``, default 1/sqrt(head_size)), float32
-    logits with ``upcast_attn``, ``logits_soft_cap``. ``o_proj`` of (probabilities . values) is the module's output
-    (``tests/test_lyapunov.py`` checks it, for the gpt and llama variants)."""
+    Levanter returns only the output, so they are built as its vanilla backend builds them, from the module's public
+    parts and every option of its config (QK norm, RoPE, sliding window, ``scaling_factor``, ``upcast_attn``,
+    ``logits_soft_cap``); ``tests/test_lyapunov.py`` checks that o_proj(probabilities . values) is its output."""
     config = attn.config
     if pos_ids is None:
         pos_ids = hax.arange(x.resolve_axis("position"))  # Attention's own default
@@ -134,12 +132,11 @@ def attribution_scores(model: DiffEqFormerLMHeadModel, token_ids, output_positio
                        tokens: Sequence[str] | None = None) -> pd.DataFrame:
     """Every attribution method's score of each input token for the prediction at ``output_position``.
 
-    One row per token (index ``token``), one column per name in ``METHODS``, plus ``text`` when ``tokens`` are
-    given: the Lyapunov scores of ``token_lyapunov`` (largest exponent and sum of all exponents of the token's tangent
-    dynamics), ``raw_attention_scores``, ``attention_rollout`` and ``gradient_x_input``. Tokens after the output
-    position get NaN (a causal model cannot use them). The weights, the trajectory and the attention maps are computed
-    once and shared by the methods. ``df.attrs``: ``output_position`` (non-negative) and ``predicted_token``, the
-    model's top next-token prediction there (the logit that gradient x input differentiates).
+    One row per token (index ``token``), one column per name in ``METHODS`` (``lyapunov.token_lyapunov``'s largest
+    exponent and sum, ``raw_attention_scores``, ``attention_rollout``, ``gradient_x_input``), plus ``text`` with
+    ``tokens``; NaN after the output position. The weights, trajectory and attention maps are computed once for all.
+    ``df.attrs``: ``output_position`` (non-negative) and ``predicted_token`` (the logit gradient x input
+    differentiates).
     """
     prepared = lyapunov.prepare(model, token_ids)
     n = prepared.x0.array.shape[0]
@@ -173,19 +170,12 @@ def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir
                           progress: bool = True) -> pd.DataFrame:
     """Per prompt: the model's prediction, and for each attribution method the rank of the true token.
 
-    Scores are computed for the last position (which predicts the answer); the output position itself and the BOS
-    token are excluded from the ranking, since the question is which *earlier* token drives the prediction. The
-    ranking uses finite scores only (``_rank``): a score that is not finite (NaN, or +-inf: a Lyapunov exponent is
-    -inf where a step's tangent map I + h J is singular) ranks below every finite one, and a true token whose own
-    score is not finite ranks last, whatever the other scores; each row says how often this happened.
-    ``methods``: ``{name: fn(model, ids, out) -> scores [n]}``; by default every method of
-    ``attribution_scores`` (``METHODS``), computed together per prompt. With ``cache_dir`` (default
-    methods only) the table is read from / written to ``cache_dir/attribution-<hash>.csv``, the hash covering the
-    model's configuration and weights and the prompts. ``progress``: show a progress bar (a notebook executed by
-    Papermill would store every update of it).
-    Returns a DataFrame with one row per (prompt, method): ``rank`` of the true token among the candidates,
-    ``truth_finite`` (whether its score is finite), ``nonfinite`` (how many candidates' scores are not), ``task``,
-    ``correct_prediction``, ``length``; ``summarize`` turns it into hit rates.
+    Scores are for the last position (which predicts the answer), ranked over the earlier tokens but BOS; only finite
+    scores are ranked (``_rank``). ``methods``: ``{name: fn(model, ids, out) -> scores [n]}``, by default those of
+    ``attribution_scores``. With ``cache_dir`` (default methods only) cached by the model's configuration and weights
+    and the prompts. ``progress``: a progress bar (Papermill would store every update of it). One row per (prompt,
+    method): ``rank`` of the true token among the candidates, ``truth_finite`` (whether its score is finite),
+    ``nonfinite`` (how many candidates' scores are not), ``task``, ``correct_prediction``, ``length``.
     """
     if cache_dir is not None and methods is not None:
         raise ValueError("cache_dir caches the default methods only")
@@ -232,12 +222,9 @@ def _benchmark(model, items: list[Prompt], methods, progress: bool) -> pd.DataFr
 def _rank(candidates: np.ndarray, truth: int) -> int:
     """The 1-based rank of ``candidates[truth]`` when the candidates are sorted by score, highest first.
 
-    Only finite scores are ranked. A score that is not finite is no measurement of influence: NaN compares False
-    with everything, and a sort or argmax places it by accident (``np.argmax`` returns the first NaN's index;
-    ``np.nan_to_num`` would turn +inf into the largest float and -inf and NaN into a tie broken by position, so a
-    true token tied at -inf with the tokens after it would be ranked first among them). So: a finite truth's rank is
-    counted among the finite scores (every non-finite one ranks below it), and a truth whose score is not finite
-    ranks last (``len(candidates)``). Ties between finite scores go to the earlier token (a stable sort).
+    A score that is not finite (NaN; -inf, a Lyapunov exponent where a step's tangent map I + h J is singular) is no
+    measurement of influence, and a sort or argmax would place it by accident: it ranks below every finite score,
+    and a truth whose score is not finite ranks last (``len(candidates)``). Ties go to the earlier token.
     """
     candidates = np.asarray(candidates, dtype=float)
     if not np.isfinite(candidates[truth]):
@@ -304,8 +291,6 @@ CLAIM = ("lyapunov (max exponent)", "raw attention")
 def verdicts(results: pd.DataFrame) -> dict:
     """The verdicts on F5's claims (``claims.CLAIMS``: ``f5_agreement``, ``f5_induction``), each from ``claim`` on
     its task's per-prompt results; a task the results do not hold is untested."""
-    from . import claims
-
     out = {}
     for task in ("agreement", "induction"):
         name, rows = f"f5_{task}", results[results["task"] == task]
@@ -322,13 +307,10 @@ def claim(results: pd.DataFrame) -> tuple[Comparison, float]:
     """The paper's claim (``CLAIM``) on one task's per-prompt results: the largest exponent's hits at 1 against
     attention's, judged by ``seeds.RULE``, and the difference of their hit@1 rates (means over prompts and seeds).
 
-    With several seeds' models the unit is the model: each seed's model gives one hit@1 rate per method, and the
-    paired t-test over the seeds (``seeds.compare(..., paired=True)``: both methods read the same model) asks
-    whether the difference holds from one training run to the next. Testing the prompts pooled over the models
-    (McNemar's test, a prompt counted once) asks only whether it holds for these models, whose hit rates differ far
-    more than the prompts show (two builds that disagreed: the method page, "Judging a difference"). With one seed's
-    model, the prompt is the unit: the exact McNemar test on its per-prompt hits (``seeds.mcnemar``). Only prompts
-    every seed's model answered are compared."""
+    With several seeds' models the unit is the model: the paired t-test over the seeds' hit@1 rates (both methods
+    read the same model) asks whether the difference holds from one training run to the next (the method page,
+    "Judging a difference"). With one seed's model the prompt is the unit: the exact McNemar test on its per-prompt
+    hits. Only prompts every seed's model answered are compared."""
     results = results[results["method"].isin(CLAIM)]
     results = results if "seed" in results else results.assign(seed=0)
     hits = results.assign(hit=(results["rank"] <= 1).astype(int)).pivot_table(

@@ -15,6 +15,7 @@ authors') builds the full (nD x nD) Jacobian per step.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 from typing import Callable, NamedTuple, Sequence
 
@@ -138,6 +139,7 @@ def prepare(model: DiffEqFormerLMHeadModel, token_ids) -> Prepared:
         raise ValueError(f"token_ids must be one sequence [position], got axes {ids.axes}")
     return Prepared(model, ids, *_embed_and_materialize(model, ids))
 
+
 @eqx.filter_jit
 def _embed_and_materialize(model, ids):
     # Compiled: run op by op, the hypernetworks of every weight cost seconds per call on a CPU.
@@ -204,11 +206,9 @@ def queries_keys_values(attn, xq, xkv, q_pos, kv_pos):
 def _row_field(block, axes, pos_ids, out):
     """f_out: the row ``out`` of the field f_k, as a function of the raw [n, D] state: [D].
 
-    The same as ``_field(block, axes, pos_ids)(x)[out]``, computed for that row alone: the query, the attention and
-    the MLP of token ``out``, the keys and values of every token (the attention of ``Attention.__call__`` for one
-    query, from its public parts). The rows' reverse-mode products (``_rows_fast``, D of them per output and step)
-    then differentiate through one token's MLP instead of all n tokens', which makes them cheaper (measurements page;
-    ``tests/test_lyapunov.py`` checks the row against the full field)."""
+    ``_field(block, axes, pos_ids)(x)[out]`` computed for that row alone (the query, attention and MLP of token
+    ``out``; the keys and values of every token), so that the D reverse-mode products of ``_rows_fast`` differentiate
+    through one token's MLP instead of all n tokens' (``tests/test_lyapunov.py`` checks it against the field)."""
     attn = block.attn
     config = attn.config
     if config.sliding_window is not None:
@@ -259,9 +259,8 @@ def _qr_step(phi, rows, h):
 
 @eqx.filter_jit
 def _tangent_step(blocks, k, x, phis, outs, pos_ids, axes, h: float, rows_fn):
-    """Euler step ``k`` (a traced index into the stacked weights ``blocks``) of the state and of every (output, input)
-    tangent matrix; compiled once per shape. (Taking step k's weights out of the stack outside the compiled step,
-    op by op, costs more than the step itself: measurements page.)"""
+    """Euler step ``k`` (a traced index into the stacked weights ``blocks``: taken out of the stack outside the
+    compiled step, op by op, they cost more than the step) of the state and of every (output, input) tangent matrix."""
     block = step_weights(blocks, k)
 
     def one_out(out, phi):
@@ -283,9 +282,8 @@ def _exponents(model, token_ids, output_positions: Sequence[int], rows_fn, prepa
     phis = jnp.broadcast_to(jnp.eye(D, dtype=x.dtype), (len(outs), n, D, D))
     total = jnp.zeros((len(outs), n, D), x.dtype)
     out_ids = jnp.asarray(outs, dtype=jnp.int32)
-    # XLA runs the batched QR on the CPU through LAPACK (OpenBLAS). On a busy machine OpenBLAS's worker threads make
-    # the step far slower than one thread does (measurements page): see numerics.one_blas_thread. The result is read
-    # (np.asarray) inside the block, so every step runs under it.
+    # The batched QR runs through LAPACK (OpenBLAS), whose worker threads slow it down on a busy machine
+    # (numerics.one_blas_thread); the result is read (np.asarray) inside the block, so every step runs under it.
     with one_blas_thread():
         for k in range(L):
             x, phis, logs = _tangent_step(blocks, jnp.asarray(k, jnp.int32), x, phis, out_ids, pos_ids, x0.axes, h,
@@ -302,13 +300,10 @@ def _dataset(exps: np.ndarray, outs: Sequence[int], n: int, tokens: Sequence[str
     # one is NaN or +inf; np.nan_to_num would make those finite (NaN -> 0, +-inf -> +-max float) and D_KY a number.
     defined = causal & ~np.any(np.isnan(exps) | np.isposinf(exps), axis=-1)
     kaplan_yorke = np.asarray(kaplan_yorke_dimension(np.where(defined[..., None], exps, 0.0)))
+    pair = ("output", "token")
     ds = xr.Dataset(
-        {
-            "exponents": (("output", "token", "exponent"), exps),
-            "max_exponent": (("output", "token"), exps[..., 0]),
-            "sum_exponents": (("output", "token"), exps.sum(axis=-1)),
-            "kaplan_yorke": (("output", "token"), np.where(defined, kaplan_yorke, np.nan)),
-        },
+        {"exponents": (("output", "token", "exponent"), exps), "max_exponent": (pair, exps[..., 0]),
+         "sum_exponents": (pair, exps.sum(axis=-1)), "kaplan_yorke": (pair, np.where(defined, kaplan_yorke, np.nan))},
         coords={"output": list(outs), "token": np.arange(n), "exponent": np.arange(exps.shape[-1])},
         attrs={"model_config": repr(model.config), "steps": model.config.num_layers,
                "time_grid": "t_k = (k+1)/L, Jacobian at the state entering step k", "horizon": 1.0},
@@ -318,15 +313,9 @@ def _dataset(exps: np.ndarray, outs: Sequence[int], n: int, tokens: Sequence[str
     return ds
 
 
-def token_lyapunov(
-    model: DiffEqFormerLMHeadModel,
-    token_ids,
-    *,
-    output_position: int = -1,
-    tokens: Sequence[str] | None = None,
-    direct: bool = False,
-    prepared: Prepared | None = None,
-) -> xr.Dataset:
+def token_lyapunov(model: DiffEqFormerLMHeadModel, token_ids, *, output_position: int = -1,
+                   tokens: Sequence[str] | None = None, direct: bool = False,
+                   prepared: Prepared | None = None) -> xr.Dataset:
     """Lyapunov spectrum of every input token's influence on ``output_position``.
 
     Returns a Dataset over (token, exponent) with ``exponents`` (sorted decreasing), and the per-token scores
@@ -340,9 +329,8 @@ def token_lyapunov(
     return _dataset(exps, [output_position % n], n, tokens, model).isel(output=0)
 
 
-def lyapunov_map(
-    model: DiffEqFormerLMHeadModel, token_ids, *, tokens: Sequence[str] | None = None, outputs=None
-) -> xr.Dataset:
+def lyapunov_map(model: DiffEqFormerLMHeadModel, token_ids, *, tokens: Sequence[str] | None = None,
+                 outputs=None) -> xr.Dataset:
     """The Lyapunov map: scores for every (output position, input token) pair, one vectorised pass per step."""
     n = len(token_ids) if not isinstance(token_ids, NamedArray) else token_ids.array.shape[0]
     outs = list(range(n)) if outputs is None else list(outputs)
@@ -362,25 +350,19 @@ def _value_kind(x: np.ndarray) -> np.ndarray:
 class ExponentAgreement(NamedTuple):
     """How two computations of the same exponents agree (``compare_exponents``)."""
 
-    counts: dict[str, dict[str, int]]
-    """Per computation (by name): how many of its values are of each kind in ``VALUE_KINDS``."""
-    mismatched: int
-    """Entries where the two differ in kind: one finite and the other not, or -inf against NaN, etc."""
-    compared: int
-    """Entries finite in both."""
-    max_abs_difference: float | None
-    """max |a - b| over the entries finite in both; None when there are none (nothing was compared)."""
+    counts: dict[str, dict[str, int]]  # per computation (by name): how many values of each kind in VALUE_KINDS
+    mismatched: int  # entries where the two differ in kind (one finite and the other not, -inf against NaN, ...)
+    compared: int  # entries finite in both
+    max_abs_difference: float | None  # max |a - b| over the entries finite in both; None when there are none
 
 
 def compare_exponents(a, b, *, names: tuple[str, str] = ("a", "b")) -> ExponentAgreement:
     """Compare two computations ``a``, ``b`` (same shape) of the same exponents where both are finite.
 
-    An exponent is -inf where a step's tangent map I + h J_{out,in} is singular (log|R_ii| = log 0), NaN where the
-    state or the Jacobian is not finite, and NaN by construction for tokens after the output position (leave those out
-    before comparing: they are not computed). |a - b| is NaN wherever either is (-inf - -inf = NaN), so a maximum
-    over all entries is NaN, and ``np.nanmax`` silently skips exactly the entries where the two may disagree. Here the
-    kinds of value are compared entry by entry (``mismatched``), and the difference is taken over the entries finite
-    in both only.
+    An exponent is -inf where a step's tangent map I + h J_{out,in} is singular, NaN where the state is not finite
+    (and for tokens after the output: leave those out). |a - b| is NaN wherever either is (-inf - -inf = NaN), and
+    ``np.nanmax`` would skip exactly the entries where the two may disagree: so the kinds of value are compared entry
+    by entry (``mismatched``), the difference over the entries finite in both only.
     """
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
@@ -393,16 +375,12 @@ def compare_exponents(a, b, *, names: tuple[str, str] = ("a", "b")) -> ExponentA
     return ExponentAgreement(counts, int(np.sum(kind_a != kind_b)), int(both.sum()), difference)
 
 
-def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> "pd.DataFrame":
-    """Wall-clock seconds of ``token_lyapunov`` for the last position by the fast method (D reverse-mode rows per
-    step) and the direct one (the full Jacobian per step, the authors' method): one row per method with the median
-    and minimum of ``repeats`` runs after a first, compiling, call (``compile_s``: that call's time). ``attrs``:
-    ``speedup`` (direct median / fast median), ``tokens``, and the two methods' agreement (``compare_exponents``):
-    ``max_abs_difference`` over the ``finite_exponents`` exponents finite in both, ``nonfinite_exponents`` (the rest,
-    of the same kind in both). Raises ValueError if the methods disagree on which exponents are finite, or if none is
-    finite in both: then there is no agreement to report."""
-    import time
-
+def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> pd.DataFrame:
+    """Wall-clock seconds of ``token_lyapunov`` for the last position, fast and direct (the authors' method): a row
+    per method with the median and minimum of ``repeats`` runs after a compiling one (``compile_s``). ``attrs``:
+    ``speedup`` (direct / fast median), ``tokens``, and the methods' agreement (``compare_exponents``):
+    ``max_abs_difference`` over the ``finite_exponents`` finite in both, ``nonfinite_exponents`` (the rest, of the same
+    kind in both). Raises ValueError if they differ in kind anywhere, or none is finite in both."""
     if repeats < 1:
         raise ValueError(f"repeats must be positive, got {repeats}")
     rows, results = [], {}

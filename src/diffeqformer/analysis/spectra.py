@@ -264,16 +264,10 @@ def summarize(ds: xr.Dataset, *, rtol: float = 1e-6) -> pd.DataFrame:
         rho = mag.max(eig)
         nonzero = mag > rtol * rho
         n_nonzero = nonzero.sum(eig)
-        stats = xr.Dataset(
-            {
-                "spectral_radius": rho,
-                "max_real": lam.real.max(eig),
-                "min_real": lam.real.min(eig),
-                "n_nonzero": n_nonzero,
-                "frac_positive_real": (lam.real > rtol * rho).sum(eig) / n_nonzero.where(n_nonzero > 0),
-                "positivity": lam.real.sum(eig) / mag.sum(eig).where(rho > 0),
-            }
-        )
+        stats = xr.Dataset({"spectral_radius": rho, "max_real": lam.real.max(eig), "min_real": lam.real.min(eig),
+                            "n_nonzero": n_nonzero,
+                            "frac_positive_real": (lam.real > rtol * rho).sum(eig) / n_nonzero.where(n_nonzero > 0),
+                            "positivity": lam.real.sum(eig) / mag.sum(eig).where(rho > 0)})
         df = stats.to_dataframe().reset_index()
         if "head" not in df:
             df["head"] = pd.NA
@@ -287,7 +281,6 @@ def summarize(ds: xr.Dataset, *, rtol: float = 1e-6) -> pd.DataFrame:
     rank = {name: i for i, name in enumerate(MATRICES)}
     out = out.sort_values([*keys[:1], "matrix", "head"], key=lambda c: c.map(rank) if c.name == "matrix" else c)
     return out.reset_index(drop=True)
-
 
 
 def spectral_change(ds: xr.Dataset) -> pd.DataFrame:
@@ -314,7 +307,6 @@ def spectral_change(ds: xr.Dataset) -> pd.DataFrame:
     df["head"] = df["head"].astype("Int64")
     df.attrs["depth_dim"] = dim
     return df
-
 
 
 def mean_change(ds: xr.Dataset) -> pd.Series:
@@ -349,7 +341,6 @@ def depth_trends(summary: pd.DataFrame, stats: Sequence[str] = ("spectral_radius
     out = pd.DataFrame(rows)
     out["head"] = out["head"].astype("Int64")
     return out
-
 
 
 def runs_spectra(runs: Mapping[str, str | Path], times=None, *, cache_dir: str | Path | None = None,
@@ -410,7 +401,6 @@ def log_radius_slope(ds: xr.Dataset) -> dict[str, float]:
     return out
 
 
-
 def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
     r"""Whether the spectral radii grow with depth, over seeds: one row per (model, matrix), from ``{label: [spectra
     of each seed]}`` (``seed_spectra``).
@@ -452,7 +442,6 @@ def _peak_time(ds: xr.Dataset, matrix: str) -> float:
     rho = np.abs(ds[matrix]).max(eig).values
     y = np.log(rho).reshape(ds.sizes[depth_dim(ds)], -1).mean(axis=1)
     return float(ds["time"].values[int(np.argmax(y))])
-
 
 
 def growth_verdict(growth: pd.DataFrame, model: str = "ours"):

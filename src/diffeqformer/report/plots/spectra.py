@@ -43,14 +43,13 @@ def _depth_label(ds, x: str | None = None) -> str:
     return "t (interpolation between the Euler steps)" if _interpolated(ds) else "Euler step $t_k$"
 
 
+MODEL_LABELS = {"diffeqformer": "DiffEqFormer", "diffeqformer-shared": "weight-shared DiffEqFormer",
+                "diffeqformer-discrete": "discretised DiffEqFormer", "gpt2": "GPT-2", "llama": "Llama"}
+"""A spectra dataset's ``model_kind``, named in the titles."""
+
+
 def _model_label(ds) -> str:
-    return {
-        "diffeqformer": "DiffEqFormer",
-        "diffeqformer-shared": "weight-shared DiffEqFormer",
-        "diffeqformer-discrete": "discretised DiffEqFormer",
-        "gpt2": "GPT-2",
-        "llama": "Llama",
-    }.get(ds.attrs.get("model_kind", ""), ds.attrs.get("model_kind", "model"))
+    return MODEL_LABELS.get(ds.attrs.get("model_kind", ""), ds.attrs.get("model_kind", "model"))
 
 
 def _panels(n: int, nrows: int = 1, *, width: float = 3.0, height: float = 2.6):
