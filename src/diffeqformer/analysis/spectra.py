@@ -380,22 +380,27 @@ def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = N
             for label, value in runs.items()}
 
 
+def log_radius(ds: xr.Dataset, matrix: str) -> np.ndarray:
+    r"""The heads' mean log spectral radius :math:`\overline{\log\rho} = \frac{1}{H}\sum_h \log \max_i |\lambda_i^h|`
+    of ``matrix`` at each depth point [N] (the FFN's one radius for ``ffn``): the log of their geometric mean, which
+    weighs every head alike whatever its scale."""
+    rho = np.abs(ds[matrix]).max("ffn_eig" if matrix == "ffn" else "eig").values  # [N] or [N, H]
+    if not np.all(rho > 0):
+        raise ValueError(f"{matrix}: a spectral radius of 0 has no logarithm")
+    return np.log(rho).reshape(ds.sizes[depth_dim(ds)], -1).mean(axis=1)
+
+
 def log_radius_slope(ds: xr.Dataset) -> dict[str, float]:
-    r"""Per matrix, the least-squares slope :math:`\beta` of :math:`\overline{\log\rho}(t) = \frac{1}{H}\sum_h \log
-    \max_i |\lambda_i^h(t)|` (the FFN's one radius for ``ffn``) against the depth fraction ``time``: the radius changes
-    by :math:`e^{\beta\,\Delta t}` over a span :math:`\Delta t`. The mean of the logs weighs every head alike whatever
-    its scale; a spectrum constant along depth has slope exactly 0."""
+    r"""Per matrix, the least-squares slope :math:`\beta` of ``log_radius`` against the depth fraction ``time``: the
+    radius changes by :math:`e^{\beta\,\Delta t}` over a span :math:`\Delta t`; exactly 0 for a spectrum constant
+    along depth."""
     t = ds["time"].values.astype(np.float64)
     if t.size < 2:
         raise ValueError("a slope along depth needs at least two depth points")
     tc = t - t.mean()
     out = {}
     for name in MATRICES:
-        eig = "ffn_eig" if name == "ffn" else "eig"
-        rho = np.abs(ds[name]).max(eig).values  # [N] or [N, H]
-        if not np.all(rho > 0):
-            raise ValueError(f"{name}: a spectral radius of 0 has no logarithm")
-        y = np.log(rho).reshape(len(t), -1).mean(axis=1)
+        y = log_radius(ds, name)
         # equal radii at every depth: exactly no slope (y - mean(y) can be rounding noise instead of 0)
         out[name] = 0.0 if np.ptp(y) == 0 else float(tc @ (y - y.mean()) / (tc @ tc))
     return out
@@ -430,18 +435,10 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
                 "factor": float(np.exp(c.difference * span)), "verdict": c.verdict,
                 "change": float(np.mean([ch[m] for ch in changes])), "comparison": c, "slopes": tuple(per_seed),
                 "spearman": tuple(float(r.spearman.median()) for r in radius),
-                "peak_time": tuple(_peak_time(ds, m) for ds in datasets),
+                "peak_time": tuple(float(ds["time"].values[int(np.argmax(log_radius(ds, m)))]) for ds in datasets),
                 "positivity": tuple(float(p.spearman.median()) for p in positivity),
             })
     return pd.DataFrame(rows)
-
-
-def _peak_time(ds: xr.Dataset, matrix: str) -> float:
-    """The depth fraction at which the head-mean log radius of ``matrix`` is largest."""
-    eig = "ffn_eig" if matrix == "ffn" else "eig"
-    rho = np.abs(ds[matrix]).max(eig).values
-    y = np.log(rho).reshape(ds.sizes[depth_dim(ds)], -1).mean(axis=1)
-    return float(ds["time"].values[int(np.argmax(y))])
 
 
 def growth_verdict(growth: pd.DataFrame, model: str = "ours"):

@@ -11,7 +11,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from ...analysis.spectra import MATRICES, depth_dim
+from ...analysis.spectra import MATRICES, depth_dim, log_radius
 
 TITLES = {"qk": r"QK: $W_Q^h W_K^{h\top}$", "ov": r"OV: $W_V^h W_O^h$", "ffn": r"FFN: $W_1 W_2$"}
 """Plot titles naming each matrix."""
@@ -183,8 +183,7 @@ def growth(models: Mapping[str, Sequence[xr.Dataset]]) -> Figure:
     for row, (name, datasets) in enumerate(models.items()):
         for seed, ds in enumerate(datasets):
             for ax, m in zip(axes[row], MATRICES):
-                rho = np.abs(ds[m]).max("ffn_eig" if m == "ffn" else "eig").values
-                radius = np.exp(np.log(rho).reshape(len(ds["time"]), -1).mean(axis=1))
+                radius = np.exp(log_radius(ds, m))
                 ax.plot(ds["time"].values, radius, marker="o", ms=3, lw=1, label=f"seed {seed}")
         for ax, m in zip(axes[row], MATRICES):
             ax.set_yscale("log")
