@@ -14,8 +14,6 @@ LONGER = {
     "diffeqformer.analysis.ablations.measure_training_steps",
     "diffeqformer.analysis.lyapunov.lyapunov_spectrum",
     "diffeqformer.analysis.schematic.draw",
-    "diffeqformer.analysis.trajectories._simulate_model",
-    "diffeqformer.analysis.trajectories.plot_trajectories",
     "diffeqformer.data.corpora.corpus_documents",
     "diffeqformer.model.solve.solve_hidden",
 }
