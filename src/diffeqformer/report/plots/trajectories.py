@@ -111,12 +111,8 @@ def paths(ds: xr.Dataset, *, seed: int | None = None, directions: bool | None = 
     seed_text = f", seed {int(x['seed'])}" if "seed" in ds.dims else ""
     what = "top-3 principal components" if use_pca else ("directions $x/|x|$" if directions else "positions")
     note = f"\n{gaps} steps between saved times longer than {max_jump:g} x the picture not drawn" if gaps else ""
-    fig.suptitle(
-        f"Attention-only token trajectories ({what}), start $\\circ$, end $\\bullet$, colour = token{seed_text}\n"
-        + _describe(ds.attrs)
-        + note,
-        fontsize=9.5,
-    )
+    fig.suptitle(f"Attention-only token trajectories ({what}), start $\\circ$, end $\\bullet$, colour = token"
+                 f"{seed_text}\n{_describe(ds.attrs)}{note}", fontsize=9.5)
     fig.subplots_adjust(left=0.01, right=0.99, bottom=0.02, top=0.76 if gaps else 0.8, wspace=0.02)
     return fig
 
@@ -177,7 +173,6 @@ def metrics(metrics: xr.Dataset) -> Figure:
         metrics = clustering_metrics(metrics)
     dim = _panel_dim(metrics)
     lines = metrics.sizes[dim] if dim else 1
-    palette = matplotlib.colormaps["viridis"]
     fig = Figure(figsize=(13, 3.9), constrained_layout=True)
     axes = fig.subplots(1, 3)
     thr = metrics.attrs.get("threshold", 0.999)
@@ -195,7 +190,7 @@ def metrics(metrics: xr.Dataset) -> Figure:
                        label="$t > 1$: $W(t)$ extrapolated (trained on $[0, 1]$)" if name == "fraction" else None)
         for i in range(lines):
             m = metrics[name].isel({dim: i}) if dim else metrics[name]
-            colour = palette(0.9 * i / max(lines - 1, 1)) if lines > 1 else "C0"
+            colour = _growth_colour(i, lines)
             if "seed" in m.dims:
                 if m.sizes["seed"] > 1:
                     ax.fill_between(t, m.min("seed").values, m.max("seed").values, color=colour, alpha=0.15, lw=0)
@@ -283,17 +278,15 @@ def step_convergence(convergence: xr.Dataset, reference: xr.Dataset, threshold: 
         gap = np.abs(f - ref.isel(growth=i)).mean("seed").values
         right.plot(steps, gap, color=colour, marker="o", ms=4, lw=1.5, label=label)
     left.plot([], [], color="0.3", ls="--", label="accurate solve (dashed)")
-    left.set_xscale("log")
     left.set_ylim(-0.02, 1.02)
-    left.set_xlabel("explicit Euler steps on $[0, T]$")
     left.set_ylabel(f"fraction of pairs with $\\cos > {threshold:g}$ at $T$")
     left.legend(fontsize=7.5, frameon=False, ncol=2, loc="lower right")
-    right.set_xscale("log")
     right.set_ylim(0, None)
-    right.set_xlabel("explicit Euler steps on $[0, T]$")
     right.set_ylabel("mean over seeds of |Euler $-$ accurate| at $T$")
     right.legend(fontsize=8, frameon=False, title="$g(t)$", title_fontsize=8)
     for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("explicit Euler steps on $[0, T]$")
         ax.axvline(200, color="0.5", lw=0.8, ls=":")
         ax.grid(alpha=0.3)
     left.text(200, 1.0, " the paper's 200", fontsize=7.5, color="0.4", va="top")
