@@ -13,8 +13,6 @@ LIMIT = 60
 LONGER = {
     "diffeqformer.analysis.ablations.measure_training_steps",
     "diffeqformer.analysis.schematic.draw",
-    "diffeqformer.analysis.trajectories._simulate_model",
-    "diffeqformer.analysis.trajectories.plot_trajectories",
     "diffeqformer.data.corpora.corpus_documents",
     "diffeqformer.model.solve.solve_hidden",
 }

@@ -1,5 +1,6 @@
-"""Attention-only particle dynamics (diffeqformer.analysis.trajectories): clustering, solver order, the sphere
-constraint, metrics on hand-made configurations, the model-driven field against Levanter's attention, figures."""
+"""Attention-only particle dynamics (analysis.trajectories, model_trajectories, clustering; their plots and words):
+clustering, solver order, the sphere constraint, metrics on hand-made configurations, the model-driven field against
+Levanter's attention, figures."""
 
 import dataclasses
 import math
@@ -17,34 +18,31 @@ from helpers import TINY, VOCAB, tiny
 from diffeqformer import DiffEqFormerLMHeadModel
 from scipy import stats
 
-from diffeqformer.analysis import seeds, trajectories
-from diffeqformer.analysis.trajectories import (
+from diffeqformer.analysis import clustering, seeds
+from diffeqformer.analysis.clustering import (
     VERDICT_COLUMNS,
+    clustering_metrics,
+    final_metrics,
+    growth_verdicts,
+    model_verdicts,
+    paired_verdicts,
+    step_convergence,
+)
+from diffeqformer.analysis.model_trajectories import model_attention_matrices, simulate_model
+from diffeqformer.analysis.trajectories import (
     ModelTrajectoryConfig,
     SolverConfig,
     TrajectoryConfig,
     attention_velocity,
-    clustering_metrics,
     config_from_attrs,
-    final_metrics,
-    growth_verdicts,
-    headline,
     initial_weights,
-    model_attention_matrices,
-    model_verdicts,
-    paired_verdicts,
-    plot_controls,
-    plot_metrics,
-    plot_step_convergence,
-    plot_trajectories,
     simulate,
-    simulate_model,
-    step_convergence,
     uniform_cube,
     uniform_sphere,
-    verdict_texts,
     weight_pieces,
 )
+from diffeqformer.report import words
+from diffeqformer.report.plots import trajectories as plots
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -495,23 +493,23 @@ def test_model_head_out_of_range(tiny_model):
 
 
 def test_figures(identity_run, free_run, tiny_model):
-    fig = plot_trajectories(identity_run, seed=1)
+    fig = plots.paths(identity_run, seed=1)
     assert isinstance(fig, Figure) and len(fig.axes) == 5
-    fig = plot_metrics(clustering_metrics(identity_run))
+    fig = plots.metrics(clustering_metrics(identity_run))
     assert isinstance(fig, Figure) and len(fig.axes) == 3
-    assert isinstance(plot_trajectories(free_run), Figure)
-    assert isinstance(plot_metrics(free_run), Figure)
+    assert isinstance(plots.paths(free_run), Figure)
+    assert isinstance(plots.metrics(free_run), Figure)
     failed = simulate(TrajectoryConfig(num_tokens=10, weights="identity", horizon=3.0, solver=SolverConfig(max_steps=30)))
     assert not bool(failed["success"].all())
-    assert isinstance(plot_trajectories(failed), Figure)  # a failed run (NaN at the end) draws too
+    assert isinstance(plots.paths(failed), Figure)  # a failed run (NaN at the end) draws too
     model_run = simulate_model(tiny_model, ModelTrajectoryConfig(heads=(0, 1), num_tokens=10, num_saves=20))
-    assert len(plot_trajectories(model_run).axes) == 2
-    assert isinstance(plot_metrics(model_run), Figure)
+    assert len(plots.paths(model_run).axes) == 2
+    assert isinstance(plots.metrics(model_run), Figure)
     # beyond the trained t in [0, 1] the metrics figure marks the extrapolation
     longer = simulate_model(tiny_model, ModelTrajectoryConfig(heads=(0,), num_tokens=6, num_saves=20, t1=1.5))
-    labels = plot_metrics(longer).axes[0].get_legend_handles_labels()[1]
+    labels = plots.metrics(longer).axes[0].get_legend_handles_labels()[1]
     assert any("extrapolated" in label for label in labels)
-    assert not any("extrapolated" in label for label in plot_metrics(model_run).axes[0].get_legend_handles_labels()[1])
+    assert not any("extrapolated" in label for label in plots.metrics(model_run).axes[0].get_legend_handles_labels()[1])
     plt.close("all")
 
 
@@ -519,20 +517,20 @@ def test_controls_and_step_convergence_figures(identity_run):
     cfg = TrajectoryConfig(num_tokens=8, horizon=2.0, num_saves=10, growth_powers=(0.0, 2.0), seeds=(0, 1))
     solves = {f"{g} {w}": simulate(dataclasses.replace(cfg, weights=w, geometry=g, start=s))
               for g, s in (("sphere", "sphere"), ("free", "cube")) for w in ("identity", "redrawn")}
-    fig = plot_controls(solves)
+    fig = plots.controls(solves)
     assert sum(ax.get_visible() for ax in fig.axes) == 4
     titles = " ".join(ax.get_title() for ax in fig.axes)
     assert "must cluster" in titles and "redrawn" in titles and "free space" in titles and "sphere" in titles
     with pytest.raises(ValueError, match="one n, d, T"):
-        plot_controls({"a": identity_run, "b": solves["sphere identity"]})
-    fig = plot_step_convergence(step_convergence(cfg, [20, 80]), simulate(cfg))
+        plots.controls({"a": identity_run, "b": solves["sphere identity"]})
+    fig = plots.step_convergence(step_convergence(cfg, [20, 80]), simulate(cfg))
     assert len(fig.axes) == 2
     plt.close("all")
 
 
 def test_headline(identity_run, tiny_model):
     driven = simulate_model(tiny_model, ModelTrajectoryConfig(heads=(0, 1), num_tokens=10, num_saves=20))
-    text = headline({"ode": identity_run}, {"ours": driven})
+    text = words.trajectories_headline({"ode": identity_run}, {"ours": driven})
     table = final_metrics(clustering_metrics(identity_run))
     assert text["fraction_ode_p0"] == f"{table['fraction_mean'].iloc[0]:.2f}"
     assert text["clusters_ode_p4"] == f"{table['clusters_mean'].iloc[-1]:.1f}"
@@ -584,14 +582,14 @@ def test_growth_verdicts_are_paired_t_tests_and_a_trend(identity_run):
     assert row["verdict"] == (seeds.SIGNIFICANT if row["p"] < 0.05 else seeds.INCONCLUSIVE)
     # the trend: the fraction falls with p (identity weights freeze sooner the faster g grows); the simulation is the
     # unit, one slope each, tested against 0
-    slopes = trajectories.dispersion_slopes(identity_run)
+    slopes = clustering.dispersion_slopes(identity_run)
     assert len(slopes) == 2 and all(s == pytest.approx(np.polyfit(final["growth"].values, f, 1)[0], abs=1e-12)
                                     for s, f in zip(slopes, final.transpose("seed", "growth").values))
     trend = table.iloc[-1]
     assert trend["difference"] == pytest.approx(np.mean(slopes)) and trend["difference"] < 0 and trend["seeds"] == 2
     assert trend["test"] in (seeds.ONE_SAMPLE, seeds.EXACT_SIGNS) and math.isnan(trend["mean a"])
-    assert trend["p"] == pytest.approx(trajectories.dispersion_test(identity_run).p)
-    texts = verdict_texts(table)
+    assert trend["p"] == pytest.approx(clustering.dispersion_test(identity_run).p)
+    texts = words.trajectories_verdict_texts(table)
     assert set(texts) == {"g1_vs_t", "g1_vs_t2", "g1_vs_t3", "g1_vs_t4", "trend"}
     assert texts["g1_vs_t4"].endswith(row["verdict"])
 
@@ -605,7 +603,7 @@ def test_verdicts_leave_out_failed_seeds_and_need_two(identity_run):
     row = table.iloc[3]
     assert row["seeds"] == 1 and row["verdict"] == "untested: 1 seed" and np.isnan(row["p"])
     assert table.iloc[0]["seeds"] == 2
-    assert verdict_texts(table)["g1_vs_t4"] == "untested: 1 seed"
+    assert words.trajectories_verdict_texts(table)["g1_vs_t4"] == "untested: 1 seed"
     with pytest.raises(ValueError, match="p = 0"):
         growth_verdicts(identity_run.sel(growth=[1.0, 2.0]))
 
@@ -627,7 +625,7 @@ def test_model_verdicts(tiny_model):
     assert list(table["comparison"]) == ["fraction at t = 1", "distance at t = 1"]
     assert (table["difference"] == 0).all() and (table["test"] == seeds.EXACT_SIGNS).all()
     assert (table["verdict"] == seeds.INCONCLUSIVE).all()
-    assert set(verdict_texts(table)) == {"fraction_at_t_1", "distance_at_t_1"}
+    assert set(words.trajectories_verdict_texts(table)) == {"fraction_at_t_1", "distance_at_t_1"}
 
 
 @pytest.mark.parametrize("values, trend", [
@@ -635,4 +633,4 @@ def test_model_verdicts(tiny_model):
     ([0.1, 0.5, 0.3], "is not monotone"), ([0.94, 0.42, 0.17, 0.10, 0.06], "falls"),
 ])
 def test_monotone_words(values, trend):
-    assert trajectories._monotone(values) == trend
+    assert words._monotone(values) == trend

@@ -34,10 +34,10 @@ LAYERS = [
     ["analysis.claims"],  # the headline claims, each with its one primary test, and their verdicts
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
-    ["analysis.attribution"],
+    ["analysis.attribution", "analysis.model_trajectories", "analysis.clustering"],
     # diffeqformer.report again: the words and the plots of the analyses' data
     ["report.words"],
-    ["report.plots", "report.plots.spectra", "report.plots.lyapunov"],
+    ["report.plots", "report.plots.spectra", "report.plots.lyapunov", "report.plots.trajectories"],
     # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost
     ["report.verdicts", "report.accelerators"],
     # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition

@@ -11,9 +11,10 @@
   diffeqformer.analysis.ablations --measure``), ``downstream`` (F11);
 - ``attribution``: F5's attribution methods (attention, rollout, gradient x input, ``lyapunov``'s exponents) and
   their benchmark against the synthetic language's ground truth.
+- ``model_trajectories``: F3's dynamics driven by a trained model's heads; ``clustering``: F3's metrics and tests.
 
 Each module is imported on its own (``from diffeqformer.analysis import spectra``): this package imports none.
 """
 
-__all__ = ["ablations", "attribution", "claims", "downstream", "inference", "lyapunov", "perplexity", "schematic",
-           "seeds", "spectra", "trajectories"]
+__all__ = ["ablations", "attribution", "claims", "clustering", "downstream", "inference", "lyapunov",
+           "model_trajectories", "perplexity", "schematic", "seeds", "spectra", "trajectories"]
