@@ -13,7 +13,6 @@ LIMIT = 60
 LONGER = {
     "diffeqformer.analysis.ablations.measure_training_steps",
     "diffeqformer.analysis.lyapunov.lyapunov_spectrum",
-    "diffeqformer.analysis.schematic.draw",
     "diffeqformer.analysis.trajectories._simulate_model",
     "diffeqformer.analysis.trajectories.plot_trajectories",
     "diffeqformer.data.corpora.corpus_documents",

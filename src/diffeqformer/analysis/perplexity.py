@@ -1,15 +1,9 @@
 """F6: validation perplexity of trained runs, as curves over training and as the paper's Tables 1-2.
 
-Runs are named by a *row key* (``ROWS``): which model of the paper's tables the run stands for at our scale, e.g.
-``gpt`` (GPT-small), ``shared`` (the weight-shared model), ``ours`` (DiffEqFormer-small), ``llama`` /
-``ours_llama`` (Llama-1B and DiffEqFormer's Llama variant). ``curves`` and ``final_table`` read each run's
-``metrics.jsonl`` and ``complete.json``; ``plot_curves`` draws Fig. 4-style validation curves.
-
-Overfitting is measured on each run's own curves, two ways (``overfitting``): how far the validation perplexity has
-risen above its best by the end of training (``rise``: 0 when the last evaluation is the best), and the gap between
-the final validation loss and the mean training loss over the last evaluation interval (``gap``, in nats: the log
-of the ratio of the two perplexities). The training loss is the one the trainer logs, with dropout on, so the gap
-of a model trained with dropout understates how much better it fits its training data than new data.
+Runs are named by a *row key* (``ROWS``): the model of the paper's tables the run stands for at our scale (``gpt``,
+``shared``, ``ours``, ``llama``, ``ours_llama``, ...). Overfitting is measured on each run's own curves two ways
+(``overfitting``); the training loss is the one the trainer logs, with dropout on, so the gap of a model trained with
+dropout understates how much better it fits its training data than new data.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..report.figures import log_perplexity_axis
 from ..runs import require_complete, summary
 from . import claims, seeds
 from .seeds import Comparison, as_list, compare, spread
@@ -274,54 +267,3 @@ def _sd(values: Sequence[float]) -> float:
 
 TABLE_FORMATS = {"params": "{:,.0f}", "p": "{:.2g}", "gap nats": "{:.3f}", "gap sd": "{:.3f}", "paper ppl": "{:.2f}"}
 """How the F6 table's columns are written (``report.figures.save_table``'s ``formats``)."""
-
-
-def headline(table) -> dict[str, str]:
-    """The numbers the book's prose quotes, formatted: GPT-2's and DiffEqFormer's final validation perplexity (mean
-    ± sd over seeds), the change between them (the ratio from log-perplexities), their parameters, the number of
-    steps and seeds (``verdicts`` judges the claims). Needs the rows ``gpt`` and ``ours``."""
-    missing = [k for k in ("gpt", "ours") if k not in table.index]
-    if missing:
-        raise ValueError(f"F6 needs runs for the rows {missing} (runs={{'gpt': ..., 'ours': ...}})")
-
-    def ppl(key):
-        t = table.loc[key]
-        return f"{t['final ppl']:.1f}" + (f" ± {t['sd']:.1f}" if t["seeds"] > 1 else "")
-
-    def params(key):
-        value = table.loc[key, "params"]
-        return f"{value / 1e6:.2f}M" if math.isfinite(value) else "not recorded"
-
-    found = sorted(set(int(n) for n in table["seeds"]))
-    return {"ppl_gpt": ppl("gpt"), "ppl_ours": ppl("ours"),
-            "change_ours": f"{table.loc['ours', 'vs baseline %']:+.1f}%",
-            "params_gpt": params("gpt"), "params_ours": params("ours"),
-            "steps": str(table.loc["ours", "steps"]),
-            "seeds": " to ".join(map(str, (found[0], found[-1]) if len(found) > 1 else found))
-            + (" seed" if found == [1] else " seeds")}
-
-
-def plot_curves(frame, ax=None, *, log: bool = True):
-    """Validation perplexity against training step, one line per row: the mean over its seeds, with the band from
-    the lowest to the highest seed where there are several (dashed: the mean training perplexity)."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
-    for key in [k for k in ROWS if k in set(frame.row)]:
-        by_step = frame[frame.row == key].groupby("step")
-        val, seeds = by_step.perplexity, by_step.seed.nunique().max()
-        label = ROWS[key].label + (f" ({seeds} seeds)" if seeds > 1 else "")
-        (line,) = ax.plot(val.mean().index, val.mean().values, marker="o", ms=3, lw=1.4, label=label)
-        if seeds > 1:
-            ax.fill_between(val.min().index, val.min().values, val.max().values, color=line.get_color(), alpha=0.2,
-                            lw=0)
-        train = by_step.train_perplexity.mean()
-        ax.plot(train.index, train.values, ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
-    ax.set_ylabel("perplexity (solid: validation, dashed: training)")
-    if log:
-        log_perplexity_axis(ax, "perplexity (solid: validation, dashed: training)")
-    ax.set_xlabel("training step")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
-    return ax
