@@ -37,7 +37,7 @@ LAYERS = [
     ["analysis.attribution"],
     # diffeqformer.report again: the words and the plots of the analyses' data
     ["report.words"],
-    ["report.plots"], ["report.plots.schematic", "report.plots.language"],
+    ["report.plots", "report.plots.schematic", "report.plots.language"],
     # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost
     ["report.verdicts", "report.accelerators"],
     # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition
