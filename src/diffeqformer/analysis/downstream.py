@@ -192,8 +192,7 @@ def load(run):
 
     from ..data.corpora import load_tokenizer
     from ..runs import config as run_config
-    from ..runs import require_complete
-    from ..runs import load_model
+    from ..runs import load_model, require_complete
 
     path = require_complete(run)
     config = run_config(path)
@@ -202,11 +201,10 @@ def load(run):
 
 @contextlib.contextmanager
 def one_process_broadcast():
-    """Levanter's harness hands each message and batch from process 0 to the others with ``broadcast_shard``, which
-    makes an array of one row per device of ``jax.devices()`` and lays it over the mesh: with several devices and a
-    one-device mesh the two disagree ("Expected shard shape (4,) doesn't match ..."), and a mesh of every device puts
-    the harness's packed examples on devices its loader does not use. In one process there is nobody to hand
-    anything to: the broadcast is the identity while this context lasts. Several processes keep Levanter's own."""
+    """Levanter's ``broadcast_shard`` as the identity while this context lasts, in one process (several keep
+    Levanter's own). It hands each batch from process 0 to the others as an array of one row per device of
+    ``jax.devices()``, which disagrees with the one-device mesh the harness runs on ("Expected shard shape (4,)
+    doesn't match ..."); in one process there is nobody to hand anything to."""
     import levanter.eval_harness as harness
 
     if jax.process_count() > 1:
@@ -276,7 +274,6 @@ def evaluate_runs(runs: dict, tasks: Sequence[str], shots: Sequence[int], *,
     columns plus ``model`` (the key) and ``seed`` (the index in the list). Every run is checked to have finished
     before any is evaluated."""
     from ..runs import require_complete
-
     from ..train import use_compilation_cache
 
     check_tasks(tasks)

@@ -362,20 +362,6 @@ def _check_one(solver, steps, tolerance) -> bool:
     return False
 
 
-def evaluate(model: DiffEqFormerLMHeadModel, data, solver: str, *, steps: int | None = None,
-             tolerance: float | None = None, max_steps: int = 4096, batch_size: int = 16, pcoeff: float = 0.4,
-             icoeff: float = 1.0) -> dict:
-    """One row of ``solver_sweep`` (a dict with the keys ``COLUMNS``): ``solver`` at ``steps`` (fixed step) or
-    ``tolerance`` (adaptive) on ``data`` (``TokenData`` or token ids [batch, seq])."""
-    adaptive = _check_one(solver, steps, tolerance)
-    config = SweepConfig(
-        fixed_solvers=() if adaptive else (solver,), steps=() if adaptive else (steps,),
-        adaptive_solvers=(solver,) if adaptive else (), tolerances=(tolerance,) if adaptive else (),
-        max_steps=max_steps, pcoeff=pcoeff, icoeff=icoeff, batch_size=batch_size,
-    )
-    return solver_sweep(model, data, config).iloc[0].to_dict()
-
-
 def solver_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig = SweepConfig()) -> pd.DataFrame:
     """Validation loss and perplexity against NFE for every solver and step count / tolerance of ``config``.
 

@@ -68,18 +68,14 @@ OVERFIT_MEASURES = {"rise": "final rise of the validation perplexity above its b
 
 
 def check_runs(runs: Mapping[str, str | Sequence[str]]) -> dict[str, list[Path]]:
-    """``runs`` (row key -> a run directory, or a list of them: the seeds of that row; absolute or relative to
-    DIFFEQFORMER_HOME) validated: known keys, directories of finished runs."""
+    """``runs`` (row key -> a run directory, or a list of them: the row's seeds) as finished runs' directories."""
     out = {}
     for key, value in runs.items():
         if key not in ROWS:
             raise ValueError(f"unknown row key {key!r}; known: {', '.join(ROWS)}")
-        seeds = as_list(value)
-        if not seeds:
+        if not as_list(value):
             raise ValueError(f"runs[{key!r}] names no run")
-        out[key] = []
-        for run in seeds:
-            out[key].append(require_complete(run, label=f"runs[{key!r}] ="))
+        out[key] = [require_complete(run, label=f"runs[{key!r}] =") for run in as_list(value)]
     return out
 
 
@@ -126,14 +122,9 @@ def final_losses(frame) -> dict[str, list[float]]:
 
 
 def overfitting(frame) -> dict[str, dict[str, list[float]]]:
-    r"""Row key -> measure -> its value for each seed, from ``curves``; the measures (``OVERFIT_MEASURES``), both in
-    nats (differences of log-perplexities, so ``seeds.percent`` writes them as percent ratios):
-
-    - ``rise``: final minus best validation loss over the run, :math:`\log(\mathrm{ppl}_T / \min_s
-      \mathrm{ppl}_s)` (0 when the last evaluation is the best);
-    - ``gap``: final validation loss minus the mean training loss over the last evaluation interval (the steps
-      after the evaluation before it, up to it); :math:`e^{\mathrm{gap}}` is the ratio of the validation
-      perplexity to the training perplexity of that interval. NaN where the run logged no training loss."""
+    """Row key -> measure (``OVERFIT_MEASURES``) -> its value for each seed, from ``curves``, in nats: ``rise``, the
+    final less the best validation loss (0 when the last evaluation is the best); ``gap``, the final validation loss
+    less the mean training loss over the last evaluation interval (NaN where the run logged no training loss)."""
     out: dict[str, dict[str, list[float]]] = {}
     for (key, _), c in frame.sort_values("step").groupby(["row", "seed"], sort=False):
         last = c.iloc[-1]
@@ -144,10 +135,8 @@ def overfitting(frame) -> dict[str, dict[str, list[float]]]:
 
 
 def _pair(values: Mapping[str, Sequence[float]], a: str, b: str) -> Comparison:
-    """Row ``a``'s seed values against row ``b``'s (``seeds.RULE``), on the seeds both rows have. Seeds are matched
-    by their place in the rows' lists: the workflow trains every row as seeds 0..n-1 (``workflow.presets.seeded``), and seed
-    k of two rows reads the training sequences in the same order, so the first n seeds of both rows are compared by
-    the paired t-test (n the fewer of the two rows' seeds)."""
+    """Row ``a``'s seed values against row ``b``'s by the paired t-test (``seeds.RULE``) on the first n seeds of
+    both (n the fewer): seed k of every row reads the training sequences in the same order."""
     n = min(len(values[a]), len(values[b]))
     return compare(values[a][:n], values[b][:n], paired=True)
 
@@ -219,13 +208,10 @@ MAIN_COLUMNS = ("model", "paper row", "paper ppl", "final ppl", "vs baseline %",
 
 
 def final_table(runs: Mapping[str, str | Sequence[str]]):
-    """One row per row key (the index), in the tables' order: parameters, steps, seeds, mean final validation
-    perplexity and its spread over seeds, mean best perplexity, the change against the row's baseline in percent
-    (the ratio of perplexities from the paired differences of log-perplexities over the seeds both rows have,
-    negative: better) with its 95% interval and p, whether it is significant (``seeds.RULE``), the two measures of
-    overfitting (``overfitting``: the mean rise of the final validation perplexity above the run's best in percent,
-    the mean final validation-training gap in nats, each with its standard deviation over seeds), training
-    throughput, and the paper's row (T1/T2: Table 1/2) and number beside it."""
+    """One row per row key (the index), in the tables' order: parameters, steps, seeds, the final validation
+    perplexity's mean and sd over seeds, the mean best perplexity, the change against the row's baseline in percent
+    (``comparisons``; negative: better) with its 95% interval, p and verdict, the two measures of ``overfitting``
+    (the rise in percent, the gap in nats, each with its sd), throughput, and the paper's row and number."""
     import pandas as pd
 
     frame = curves(runs)
