@@ -199,9 +199,7 @@ def as_token_data(data, model: DiffEqFormerLMHeadModel | None = None) -> TokenDa
     return data
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Solving one chunk of sequences
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Solving one chunk of sequences
 
 
 def _check_solver(solver, known: Mapping[str, int], parameter: str = "solver") -> None:
@@ -323,9 +321,7 @@ def _row(model, data: TokenData, solver: str, config: SweepConfig, *, steps=None
     }
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Public API
 
 
 def solve_sequences(model: DiffEqFormerLMHeadModel, tokens, solver: str = "euler", *, steps: int | None = None,
