@@ -25,10 +25,9 @@ from diffeqformer.analysis.inference import (
     SweepConfig,
     TokenData,
     cached_sweep,
-    plot_perplexity_vs_nfe,
-    plot_perplexity_vs_steps,
     validation_data,
 )
+from diffeqformer.report.plots.language import perplexity_vs_nfe, perplexity_vs_steps
 
 SHOWN = ["solver", "steps", "tolerance", "nfe", "nfe_min", "nfe_max", "rejected_steps", "loss", "perplexity", "wall_s",
          "max_steps_hit"]
@@ -88,7 +87,7 @@ def main():
             with pd.option_context("display.width", 200, "display.max_columns", 20, "display.float_format",
                                    "{:.4g}".format):
                 print(frame[SHOWN].to_string(index=False))
-            fig = plot_perplexity_vs_nfe(frame, title=f"{Path(run).name}: perplexity vs NFE")
+            fig = perplexity_vs_nfe(frame, title=f"{Path(run).name}: perplexity vs NFE")
             fig.savefig(out / "perplexity_vs_nfe.png", dpi=120)
             print(f"# figure: {out / 'perplexity_vs_nfe.png'}")
 
@@ -98,7 +97,7 @@ def main():
         with pd.option_context("display.width", 200, "display.float_format", "{:.2f}".format):
             print("\n# validation perplexity, Euler on the training grid t_k = (k+1)/N")
             print(table.to_string())
-        fig = plot_perplexity_vs_steps(frames)
+        fig = perplexity_vs_steps(frames)
         path = Path(runs[0]) / "inference" / "perplexity_vs_euler_steps.png"
         path.parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(path, dpi=120)

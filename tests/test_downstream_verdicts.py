@@ -8,6 +8,8 @@ from scipy import stats
 
 from diffeqformer.analysis import downstream, seeds
 from diffeqformer.data import tasks as held_out
+from diffeqformer.report import words
+from diffeqformer.report.plots import language
 
 OURS = {held_out.LASTWORD: [0.40, 0.43, 0.41], held_out.NEXTLINE: [0.30, 0.36, 0.31]}
 GPT = {held_out.LASTWORD: [0.35, 0.36, 0.37], held_out.NEXTLINE: [0.33, 0.30, 0.34]}
@@ -46,8 +48,20 @@ def test_every_other_comparison_is_exploratory_beside_the_count_expected_by_chan
     """Two tasks at two shot counts give four comparisons of DiffEqFormer with GPT-2; the primary one leaves three,
     of which 0.15 (written 0.2) would be significant by chance; the five-shot last-word one is (the same spread as
     the primary)."""
-    text = downstream.sentences(_results())["verdicts"]
+    results = _results()
+    means, found = downstream.summary(results), downstream.comparisons(results)
+    text = words.f11_sentences(means, found, downstream.exploratory(found))["verdicts"]
     assert text.startswith("Besides the primary test, 3 comparisons have seeds to judge them by; they are "
                            "exploratory: with no true difference anywhere, 0.2 of them would come out significant "
                            "at 5% by chance, and 1 does (DiffEqFormer above GPT-2 on shakespeare_lastword acc 5-shot")
     assert seeds.chance_count(3) == pytest.approx(0.15)
+
+
+def test_the_table_and_the_figure_show_every_model_and_comparison():
+    results = _results()
+    means, found = downstream.summary(results), downstream.comparisons(results)
+    table = words.f11_table(means, found)
+    assert list(table.columns) == ["examples", "GPT-2", "DiffEqFormer", "DiffEqFormer vs GPT-2"] and len(table) == 4
+    assert table.loc[(held_out.LASTWORD, 0, "acc"), "DiffEqFormer vs GPT-2"].endswith(f": {seeds.SIGNIFICANT}")
+    fig = language.downstream_accuracies(means, downstream.headline(results), downstream.CHANCE)
+    assert [ax.get_title() for ax in fig.axes] == sorted(held_out.TASKS)

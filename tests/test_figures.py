@@ -29,7 +29,7 @@ def shown(tmp_path, monkeypatch):
 
 
 def _line_figure():
-    # Built without pyplot, as spectra.py and inference.py build theirs: no backend is ever loaded for it.
+    # Built without pyplot, as the report.plots modules build theirs: no backend is ever loaded for it.
     from matplotlib.figure import Figure
 
     fig = Figure(figsize=(4, 3))

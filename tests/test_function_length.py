@@ -12,7 +12,6 @@ LIMIT = 60
 
 LONGER = {
     "diffeqformer.analysis.ablations.measure_training_steps",
-    "diffeqformer.analysis.schematic.draw",
     "diffeqformer.data.corpora.corpus_documents",
     "diffeqformer.model.solve.solve_hidden",
 }

@@ -22,16 +22,15 @@ from diffeqformer.analysis.inference import (
     SweepConfig,
     TokenData,
     _solve_one,
-    evaluate,
     load_sweep,
     nfe_from_stats,
     perplexity_vs_euler_steps,
-    plot_perplexity_vs_nfe,
-    plot_perplexity_vs_steps,
     save_sweep,
     solve_sequences,
     solver_sweep,
 )
+from diffeqformer.report import words
+from diffeqformer.report.plots import language
 
 MAX_STEPS = 1024
 Batch = hax.Axis("batch", 4)
@@ -140,11 +139,9 @@ def test_sweep_table_files_and_plots(model, ids, tmp_path):
 
     euler = perplexity_vs_euler_steps(model, TokenData.from_tokens(six), steps=(2, 4), batch_size=Batch.size)
     np.testing.assert_allclose(euler["loss"], frame["loss"][:2], rtol=1e-12)
-    one = evaluate(model, six, "heun", steps=4, max_steps=MAX_STEPS, batch_size=Batch.size)
-    assert one["nfe"] == 8 and math.isclose(one["loss"], frame["loss"][3], rel_tol=1e-12)
 
-    plot_perplexity_vs_nfe(frame).savefig(tmp_path / "nfe.png")
-    plot_perplexity_vs_steps({"fixed": euler, "again": euler}).savefig(tmp_path / "steps.png")
+    language.perplexity_vs_nfe(frame).savefig(tmp_path / "nfe.png")
+    language.perplexity_vs_steps({"fixed": euler, "again": euler}).savefig(tmp_path / "steps.png")
 
 
 @pytest.mark.parametrize(
@@ -163,9 +160,8 @@ def test_sweep_table_files_and_plots(model, ids, tmp_path):
     ],
 )
 def test_bad_input_names_the_parameter(model, ids, kwargs, message):
-    for call in (solve_sequences, evaluate):
-        with pytest.raises(ValueError, match=message):
-            call(model, ids, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        solve_sequences(model, ids, **kwargs)
 
 
 @pytest.mark.parametrize(
@@ -209,8 +205,6 @@ def test_validation_data_follows_the_run_config(tmp_path):
 
 
 def test_headline_sentences():
-    from diffeqformer.analysis.inference import headline
-
     rows = [("euler", False, 6, float("nan"), 6.0, 100.0), ("euler", False, 12, float("nan"), 12.0, 90.0),
             ("heun", False, 6, float("nan"), 12.0, 95.0), ("tsit5", True, pd.NA, 1e-1, 30.0, 120.0),
             ("tsit5", True, pd.NA, 1e-3, 300.0, 99.0)]
@@ -220,7 +214,7 @@ def test_headline_sentences():
     frame.attrs["model"] = {"num_layers": 6}
     by_steps = {"fixed": frame[frame.solver == "euler"], "random": frame[frame.solver == "euler"].assign(
         perplexity=[100.0, 100.0])}
-    text = headline(frame, by_steps)
+    text = words.x1_headline(frame, by_steps)
     assert text["own"] == "100.0 with its own 6 Euler steps (NFE 6)"
     assert text["best_fixed"] == "90.0 with Euler at 12 steps (NFE 12)"
     assert text["adaptive"] == "Tsit5: 120.0 at tolerance 0.1 (NFE 30), 99.0 at tolerance 0.001 (NFE 300)"
@@ -228,12 +222,11 @@ def test_headline_sentences():
 
 
 def test_headline_finds_the_models_own_steps_in_the_step_frames():
-    from diffeqformer.analysis.inference import headline
-
     sweep = pd.DataFrame({"solver": ["euler"], "adaptive": [False], "steps": pd.array([2], dtype="Int64"),
                           "tolerance": [float("nan")], "nfe": [2.0], "perplexity": [50.0], "loss": [np.log(50.0)]})
     sweep.attrs["model"] = {"num_layers": 3}
     steps = pd.DataFrame({"solver": ["euler", "euler"], "steps": pd.array([1, 3], dtype="Int64"),
                           "perplexity": [70.0, 40.0]})
-    assert headline(sweep, {"fixed": steps})["own"] == "40.0 with its own 3 Euler steps (NFE 3)"
-    assert headline(sweep)["own"] == "not evaluated with its own 3 Euler steps (L is not among the step counts)"
+    assert words.x1_headline(sweep, {"fixed": steps})["own"] == "40.0 with its own 3 Euler steps (NFE 3)"
+    assert words.x1_headline(sweep)["own"] == ("not evaluated with its own 3 Euler steps (L is not among the step "
+                                                "counts)")

@@ -7,6 +7,8 @@ import numpy as np
 import pytest
 
 from diffeqformer.analysis import perplexity, seeds
+from diffeqformer.report import words
+from diffeqformer.report.plots import language
 
 
 def _run(path, losses, name, steps=20):
@@ -46,8 +48,8 @@ def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
     assert table.loc["ours", "paper row"] == "T1 Our model-small"
     assert table.loc["ours", "seeds"] == 1 and table.loc["ours", "verdict"] == "untested: 1 seed"
     assert math.isnan(table.loc["ours", "params"])  # a hand-made run keeps no config to count them on
-    words = perplexity.headline(table)
-    assert words["ppl_ours"] == f"{math.exp(4.5):.1f}" and words["steps"] == "20" and words["seeds"] == "1 seed"
+    glued = words.f6_headline(table)
+    assert glued["ppl_ours"] == f"{math.exp(4.5):.1f}" and glued["steps"] == "20" and glued["seeds"] == "1 seed"
     verdicts = perplexity.verdicts(perplexity.curves(runs))
     assert list(verdicts) == ["f6_ours", "f6_shared", "f6_overfit", "f6_llama"]
     assert verdicts["f6_llama"].word == seeds.UNTESTED and "no DiffEqFormer (Llama) and Llama" in verdicts[
@@ -76,14 +78,14 @@ def test_seeds_give_mean_spread_and_verdict(tmp_path):
     assert table.loc["ours", "verdict"] == seeds.SIGNIFICANT
     assert table.loc["ours", "vs baseline %"] == pytest.approx(100 * math.expm1(np.mean([-0.50, -0.49, -0.51])))
     assert table.loc["shared", "verdict"] == seeds.INCONCLUSIVE
-    words = perplexity.headline(table)
-    assert words["seeds"] == "3 seeds" and " ± " in words["ppl_ours"]
+    glued = words.f6_headline(table)
+    assert glued["seeds"] == "3 seeds" and " ± " in glued["ppl_ours"]
     verdict = perplexity.verdicts(frame)["f6_ours"]
     ours = perplexity.comparisons(frame)["ours"]
     assert ours.test == "paired t-test" and ours.p < 0.05 and verdict.word == seeds.REPRODUCED
     assert verdict.text().startswith(f"reproduced: {table.loc['ours', 'vs baseline %']:+.1f}% (95% CI ")
     assert f"p = {ours.p:.2g}, paired t-test over 3 seeds; detectable at 80% power: " in verdict.text()
-    ax = perplexity.plot_curves(frame)
+    ax = language.perplexity_curves(frame, perplexity.ROWS).axes[0]
     assert len(ax.collections) == 3  # one band per row
 
 
@@ -94,12 +96,13 @@ def test_bad_runs_are_named(runs, tmp_path):
         perplexity.curves({"ours": str(tmp_path / "nothing")})
     table = perplexity.final_table({"gpt": runs["gpt"]})
     with pytest.raises(ValueError, match="'ours'"):
-        perplexity.headline(table)
+        words.f6_headline(table)
 
 
 def test_plot_has_one_line_pair_per_run(runs):
-    ax = perplexity.plot_curves(perplexity.curves(runs))
+    ax = language.perplexity_curves(perplexity.curves(runs), perplexity.ROWS).axes[0]
     assert len(ax.lines) == 6 and ax.get_yscale() == "log" and not ax.collections  # one seed: no band
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["GPT-2", "weight-shared", "DiffEqFormer"]
 
 
 def _curve_run(path, evals, trains, name="run"):

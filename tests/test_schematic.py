@@ -1,4 +1,5 @@
-"""diffeqformer.analysis.schematic (F1): the weight curves agree with model.weights_at at the Euler points."""
+"""diffeqformer.analysis.schematic (F1): the weight curves agree with model.weights_at at the Euler points; the
+diagram and the curves are drawn (report.plots.schematic)."""
 
 import haliax as hax
 import numpy as np
@@ -6,6 +7,7 @@ import pytest
 
 from diffeqformer import DiffEqFormerConfig
 from diffeqformer.analysis import schematic
+from diffeqformer.report.plots import schematic as plots
 
 
 def _model(getkey, **kw):
@@ -25,6 +27,7 @@ def test_curves_pass_through_the_layer_weights(getkey, unit, kw):
     # the curve (h(t) times Proj's columns) against the materialised weights of the forward pass
     np.testing.assert_allclose(curves.values[at_layers], curves.layer_values, rtol=1e-5, atol=1e-6)
     assert schematic.variation_ratio(curves) >= 1.0 - 1e-6
+    assert len(plots.weight_curves(curves, title=unit).axes[0].lines) == 2 * 3 + len(curves.layer_t)  # and the grid
 
 
 def test_weight_shared_model_is_refused(getkey):
@@ -33,8 +36,8 @@ def test_weight_shared_model_is_refused(getkey):
 
 
 def test_schematic_draws_both_panels():
-    fig = schematic.draw(DiffEqFormerConfig(hidden_dim=64, num_heads=4, num_layers=6, time_embed_dim=8,
-                                            sinusoidal_dim=16))
+    fig = plots.diagram(DiffEqFormerConfig(hidden_dim=64, num_heads=4, num_layers=6, time_embed_dim=8,
+                                          sinusoidal_dim=16))
     assert len(fig.axes) == 2
     texts = " ".join(t.get_text() for ax in fig.axes for t in ax.texts)
     assert "D=64" in texts and "L=6" in texts and "d_t = 8" in texts.replace("d_t=", "d_t = ")

@@ -37,7 +37,8 @@ LAYERS = [
     ["analysis.attribution", "analysis.model_trajectories", "analysis.clustering"],
     # diffeqformer.report again: the words and the plots of the analyses' data
     ["report.words"],
-    ["report.plots", "report.plots.spectra", "report.plots.lyapunov", "report.plots.trajectories"],
+    ["report.plots", "report.plots.schematic", "report.plots.spectra", "report.plots.trajectories",
+     "report.plots.lyapunov", "report.plots.language"],
     # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost
     ["report.verdicts", "report.accelerators"],
     # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition

@@ -1,33 +1,20 @@
 """F11: downstream zero- and few-shot evaluation with EleutherAI's lm-evaluation-harness, run through Levanter.
 
-The paper (Tables 4-5, Figs. 9-12) evaluates its OpenWebText models zero- and five-shot on ARC, HellaSwag, LAMBADA,
-LogiQA, MMLU, PIQA, SciQ, Winogrande and WSC273 (``PAPER_TASKS``), whose data live on the Hugging Face hub, and
-reports its largest gain on LAMBADA. Offline, F11 evaluates on tasks built in their manner from the corpus's
-held-out documents (``diffeqformer.data.tasks``: a LAMBADA-style last-word task and a HellaSwag-style next-line
-task); online, the paper's tasks run by name as well (``require_hub``).
+The paper (Tables 4-5, Figs. 9-12) evaluates on ARC, HellaSwag, LAMBADA, ... (``PAPER_TASKS``, on the Hugging Face
+hub); offline, F11 evaluates on tasks built in their manner from the corpus's held-out documents
+(``diffeqformer.data.tasks``), online on the paper's too (``require_hub``). Every model is evaluated by Levanter's
+``run_lm_eval_harness``, which packs many requests into each sequence, with two adaptations for correctness:
+``SegmentPositions`` counts each packed request's positions from its own first token (Levanter calls the model
+without position ids), and ``HarnessConfig`` indexes the held-out task files alone unless a paper task is asked for.
 
-Every model is evaluated by Levanter's ``run_lm_eval_harness``, which hands lm-eval a ``LevanterHarnessLM`` that
-packs many requests into each sequence of the model's length. Two adaptations, both for correctness:
-
-* ``SegmentPositions``: Levanter's packed batch separates the requests by segment ids in the attention mask, but
-  calls the model without position ids, so a request packed behind another would read the positions after it; a
-  model with learned positions (GPT-2's, DiffEqFormer's) would then see each request at another offset than a
-  sequence of its own. The wrapper counts positions from each request's first token: every request is scored as if
-  it were alone (``tests/test_downstream.py`` checks this against the model run on each request alone).
-* ``HarnessConfig``: Levanter's config loads tasks with lm-eval's default task index (all of lm-eval's ~14,000
-  task files, seconds a call: measurements page); this one indexes the held-out task files alone unless a paper task
-  is asked for.
-
-``evaluate`` runs one model on all tasks and shot counts in one harness call, cached by the model's weights and the
-task files' hashes; ``evaluate_runs`` runs every seed of every model; ``summary`` and ``comparisons`` turn the
-accuracies into means over seeds and verdicts by ``seeds.RULE``.
+``evaluate`` runs one model on all tasks and shots in one harness call; ``evaluate_runs`` every seed of every model,
+cached; ``summary``, ``comparisons`` and ``verdicts`` turn the accuracies into means over seeds and verdicts.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib.metadata
-import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,9 +46,6 @@ the rest. ``acc_norm`` is the accuracy when each choice's log-likelihood is divi
 CHANCE = {held_out.NEXTLINE: 1 / held_out.NUM_CHOICES, "hellaswag": 0.25, "arc_easy": 0.25, "arc_challenge": 0.25,
           "piqa": 0.5, "sciq": 0.25, "winogrande": 0.5, "wsc273": 0.5, "logiqa": 0.25, "mmlu": 0.25}
 """Accuracy of guessing, for the multiple-choice tasks."""
-LABELS = {"gpt": "GPT-2", "shared": "weight-shared", "ours": "DiffEqFormer", "llama": "Llama",
-          "ours_llama": "DiffEqFormer (Llama)"}
-"""How the book names F6's models (the keys of its ``runs`` parameter)."""
 PAIRS = (("ours", "gpt"), ("ours_llama", "llama"), ("shared", "gpt"))
 """The comparisons judged, where both models are evaluated: each model against its baseline."""
 BATCH_SIZE = 64
@@ -208,8 +192,7 @@ def load(run):
 
     from ..data.corpora import load_tokenizer
     from ..runs import config as run_config
-    from ..runs import require_complete
-    from ..runs import load_model
+    from ..runs import load_model, require_complete
 
     path = require_complete(run)
     config = run_config(path)
@@ -218,11 +201,10 @@ def load(run):
 
 @contextlib.contextmanager
 def one_process_broadcast():
-    """Levanter's harness hands each message and batch from process 0 to the others with ``broadcast_shard``, which
-    makes an array of one row per device of ``jax.devices()`` and lays it over the mesh: with several devices and a
-    one-device mesh the two disagree ("Expected shard shape (4,) doesn't match ..."), and a mesh of every device puts
-    the harness's packed examples on devices its loader does not use. In one process there is nobody to hand
-    anything to: the broadcast is the identity while this context lasts. Several processes keep Levanter's own."""
+    """Levanter's ``broadcast_shard`` as the identity while this context lasts, in one process (several keep
+    Levanter's own). It hands each batch from process 0 to the others as an array of one row per device of
+    ``jax.devices()``, which disagrees with the one-device mesh the harness runs on ("Expected shard shape (4,)
+    doesn't match ..."); in one process there is nobody to hand anything to."""
     import levanter.eval_harness as harness
 
     if jax.process_count() > 1:
@@ -267,10 +249,6 @@ def evaluate(model, tokenizer, tasks: Sequence[str], shots: Sequence[int], *, in
     return pd.DataFrame(rows)
 
 
-def _lm_eval_version() -> str:
-    return importlib.metadata.version("lm-eval")
-
-
 def cached_evaluate(run, tasks: Sequence[str], shots: Sequence[int], *, task_files: held_out.TaskFiles | None,
                     cache_dir: str | Path | None, max_examples: int | None = None,
                     batch_size: int = BATCH_SIZE) -> pd.DataFrame:
@@ -282,7 +260,7 @@ def cached_evaluate(run, tasks: Sequence[str], shots: Sequence[int], *, task_fil
     model, tokenizer = load(run)
     tasks = check_tasks(tasks)
     key = {"model": fingerprint(model), "tasks": tasks, "shots": list(shots), "max_examples": max_examples,
-           "task_files": None if task_files is None else task_files.hashes, "lm_eval": _lm_eval_version()}
+           "task_files": None if task_files is None else task_files.hashes, "lm_eval": importlib.metadata.version("lm-eval")}
     include = None if task_files is None else task_files.directory
     return cached(cache_dir, "downstream", key, lambda: evaluate(model, tokenizer, tasks, shots, include_path=include,
                                                                  max_examples=max_examples, batch_size=batch_size),
@@ -296,7 +274,6 @@ def evaluate_runs(runs: dict, tasks: Sequence[str], shots: Sequence[int], *,
     columns plus ``model`` (the key) and ``seed`` (the index in the list). Every run is checked to have finished
     before any is evaluated."""
     from ..runs import require_complete
-
     from ..train import use_compilation_cache
 
     check_tasks(tasks)
@@ -364,96 +341,6 @@ def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def table(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
-    """The F11 table: one row per task, shots and metric; per model its mean ± sd over seeds; per comparison of
-    ``pairs`` the difference, p and verdict."""
-    means = summary(results)
-    index = ["task", "shots", "metric"]
-
-    def cell(row) -> str:
-        digits = 1 if row.metric == "perplexity" else 3
-        return f"{row['mean']:.{digits}f}" + ("" if row.seeds < 2 else f" ± {row.sd:.{digits}f}")
-
-    wide = means.assign(cell=means.apply(cell, axis=1)).pivot(index=index, columns="model", values="cell")
-    wide = wide[[m for m in LABELS if m in wide.columns] + [m for m in wide.columns if m not in LABELS]]
-    wide.columns = [LABELS.get(m, m) for m in wide.columns]
-    examples = means.groupby(index).examples.first()
-    wide.insert(0, "examples", examples.reindex(wide.index))
-    for _, c in comparisons(results, pairs).groupby(["model", "baseline"], sort=False):
-        label = f"{LABELS.get(c.model.iloc[0], c.model.iloc[0])} vs {LABELS.get(c.baseline.iloc[0], c.baseline.iloc[0])}"
-        c = c.set_index(index)
-        wide[label] = c.apply(lambda r: f"{r.difference:+.{1 if r.name[2] == 'perplexity' else 3}f}, "
-                                        + (f"p = {r.p:.2g}: " if not math.isnan(r.p) else "") + r.verdict, axis=1)
-    return wide.reset_index().set_index(["task", "shots", "metric"])
-
-
-def plot_accuracies(results: pd.DataFrame, axes=None):
-    """One panel per task's headline metric, then the last-word task's target perplexity (log scale): a bar per
-    model and shots at its mean over seeds (for the perplexity a diamond), a dot per seed, the level of guessing
-    dashed."""
-    import matplotlib.pyplot as plt
-
-    from ..report.figures import log_perplexity_axis
-
-    means = summary(results)
-    panels = sorted(set(zip(means.task, means.metric)), key=lambda p: (p[1] == "perplexity", p[0]))
-    if axes is None:
-        fig, axes = plt.subplots(1, len(panels), figsize=(3.4 * len(panels), 3.2), squeeze=False)
-        axes = axes[0]
-    models = [m for m in LABELS if m in set(means.model)] + sorted(set(means.model) - set(LABELS))
-    colours = dict(zip(models, plt.get_cmap("tab10").colors))
-    judged = headline(results)
-    width = 0.8 / len(models)
-    for ax, (task, metric) in zip(axes, panels):
-        shots = sorted(means[means.task == task].shots.unique())
-        for j, model in enumerate(models):
-            for i, k in enumerate(shots):
-                row = means[(means.task == task) & (means.metric == metric) & (means.model == model)
-                            & (means.shots == k)]
-                if row.empty:
-                    continue
-                x = i + (j - (len(models) - 1) / 2) * width
-                label = LABELS.get(model, model) if i == 0 else None
-                if metric == "perplexity":  # a bar's length on a log axis means nothing: its mean as a mark
-                    ax.plot([x], [row["mean"].iloc[0]], "D", color=colours[model], markersize=7, label=label)
-                else:
-                    ax.bar(x, row["mean"].iloc[0], width, color=colours[model], alpha=0.8, label=label)
-                values = judged[(judged.task == task) & (judged.metric == metric) & (judged.model == model)
-                                & (judged.shots == k)].value
-                ax.plot(np.full(len(values), x), values, "o", color="black", markersize=2.5)
-        if metric == "perplexity":
-            log_perplexity_axis(ax, "perplexity of the last word")
-        else:
-            top = float(judged[(judged.task == task) & (judged.metric == metric)].value.max())
-            ax.set_ylim(0, max(0.05, 1.15 * top, 1.15 * CHANCE.get(task, 0)))
-            ax.set_ylabel(metric)
-            if task in CHANCE:
-                ax.axhline(CHANCE[task], color="grey", linestyle="--", linewidth=1)
-        ax.set_xticks(range(len(shots)), [f"{k}-shot" for k in shots])
-        ax.set_title(task, fontsize=9)
-    handles, labels = axes[0].get_legend_handles_labels()
-    axes[0].figure.legend(handles, labels, loc="lower center", ncol=len(models), fontsize=8, frameon=False,
-                          bbox_to_anchor=(0.5, -0.06))
-    axes[0].figure.tight_layout()
-    return axes
-
-
-def describe(task_files: held_out.TaskFiles) -> str:
-    """One sentence per held-out task: its examples and how they were built (for the book's page)."""
-    m = task_files.manifest
-    c = m["counts"]
-    docs = ", ".join(m["documents"])
-    return (f"From the held-out documents ({docs}), passages of at most {m['max_tokens']} tokens: "
-            f"{held_out.LASTWORD} has {c[held_out.LASTWORD]['test']} test examples (and "
-            f"{c[held_out.LASTWORD]['fewshot']} for few-shot prompts) drawn from "
-            f"{c[held_out.LASTWORD]['candidates']} passages whose last word, of {held_out.MIN_WORD_LETTERS} letters or "
-            f"more and none of the {held_out.COMMON_WORDS} commonest, occurs in an earlier line of the passage and not "
-            f"before it in its own line; {held_out.NEXTLINE} has {c[held_out.NEXTLINE]['test']} test examples (and "
-            f"{c[held_out.NEXTLINE]['fewshot']} for few-shot prompts) drawn from {c[held_out.NEXTLINE]['candidates']} "
-            f"passages, each with the true next line and {held_out.NUM_CHOICES - 1} lines that follow other held-out "
-            f"passages, of a length within {held_out.DISTRACTOR_LENGTH:.0%} of it.")
-
-
 def check_shots(shots: Sequence[int], max_seq_len: int) -> list[int]:
     """``shots`` as a list of distinct non-negative integers whose largest leaves room for an example of
     ``tasks.example_budget`` tokens in ``max_seq_len``."""
@@ -490,43 +377,16 @@ def build_tasks(runs: dict, *, num_examples: int, shots: Sequence[int], num_fews
                                 seed=seed, vocab_size=data.vocab_size, tokenizer=tokenizer)
 
 
-def sentences(results: pd.DataFrame, pairs=PAIRS) -> dict[str, str]:
-    """Glue texts for the book: per held-out task and shots, ``<task>_<k>`` the comparison of DiffEqFormer with
-    GPT-2 (``seeds.Comparison.text``) with both means; ``seeds`` (how many per model); ``verdicts``, a sentence
-    counting the significant ones among the exploratory comparisons of ``pairs`` (all but the primary test,
-    ``verdicts``), beside the count expected by chance."""
-    means = summary(results).set_index(["task", "shots", "metric", "model"])
-    found = comparisons(results, pairs)
-    out = {"seeds": ", ".join(f"{LABELS.get(m, m)} {n}" for m, n in
-                              summary(results).groupby("model", sort=False).seeds.max().items())}
-    for row in found[(found.model == "ours") & (found.baseline == "gpt")].itertuples():
-        if row.task not in HELD_OUT_TASKS:
-            continue
-        digits = 1 if row.metric == "perplexity" else 3
-        ours, gpt = (means.loc[(row.task, row.shots, row.metric, m)] for m in ("ours", "gpt"))
-        out[f"{row.task.removeprefix('shakespeare_')}_{row.metric}_{row.shots}"] = (
-            f"{ours['mean']:.{digits}f} against {gpt['mean']:.{digits}f} ({row.text})")
-    primary = PRIMARY_TASKS[0] if (found.task == PRIMARY_TASKS[0]).any() else PRIMARY_TASKS[1]
-    secondary = found[~((found.task == primary) & (found.shots == 0) & (found.metric == "acc")
-                        & (found.model == "ours") & (found.baseline == "gpt"))]
-    judged = secondary[~secondary.verdict.str.startswith(seeds.UNTESTED)]
-    hits = judged[judged.verdict == seeds.SIGNIFICANT]
-    listed = "; ".join(
-        f"{LABELS.get(r.model, r.model)} {'below' if r.difference < 0 else 'above'} {LABELS.get(r.baseline, r.baseline)} "
-        f"on {r.task} {r.metric} {r.shots}-shot (p = {r.p:.2g})" for r in hits.itertuples())
-    untested = len(secondary) - len(judged)
-    out["verdicts"] = (f"Besides the primary test, {len(judged)} comparisons have seeds to judge them by; they are "
-                       f"exploratory: with no true difference anywhere, {seeds.chance_count(len(judged)):.1f} of them "
-                       f"would come out significant at 5% by chance, and {len(hits)} "
-                       f"{'does' if len(hits) == 1 else 'do'}" + (f" ({listed})" if listed else "") + "."
-                       + (f" {untested} more {'is' if untested == 1 else 'are'} untested (one seed)." if untested
-                          else ""))
-    return out
-
-
 PRIMARY_TASKS = ("lambada_openai", held_out.LASTWORD)
 """The task of F11's primary test (``claims.CLAIMS["f11_lastword"]``): LAMBADA where the preset evaluates the
 paper's tasks, else the LAMBADA-style last-word task built from the corpus."""
+
+
+def exploratory(found: pd.DataFrame) -> pd.DataFrame:
+    """The rows of ``comparisons`` but the primary test's (``verdicts``): those the page calls exploratory."""
+    primary = PRIMARY_TASKS[0] if (found.task == PRIMARY_TASKS[0]).any() else PRIMARY_TASKS[1]
+    return found[~((found.task == primary) & (found.shots == 0) & (found.metric == "acc")
+                   & (found.model == "ours") & (found.baseline == "gpt"))]
 
 
 def verdicts(results: pd.DataFrame) -> dict:

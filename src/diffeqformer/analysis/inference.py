@@ -1,55 +1,36 @@
-"""Adaptive computation at inference: validation perplexity against the number of vector-field evaluations (NFE).
+"""x1: validation perplexity against the number of vector-field evaluations (NFE) of ODE solvers at inference.
 
-A trained DiffEqFormer defines the ODE dx/dt = f(t, x) on [0, 1], so at inference any ODE solver may replace the
-L Euler steps it was trained with. ``solver_sweep`` evaluates the validation loss of one model with
+A trained DiffEqFormer defines dx/dt = f(t, x) on [0, 1], so any solver may replace its L Euler steps. ``solver_sweep``
+evaluates fixed-step solvers at N steps (``euler`` on the training grid, weights of step k at W((k+1)/N), so N = L
+is the model's own forward pass; ``euler_left``, ``heun``, ``midpoint`` on the ODE itself) and adaptive Runge-Kutta
+solvers (``tsit5``, ``dopri5``, ``bosh3``) with Diffrax's PID controller at rtol = atol = ``tolerance``, each
+sequence solved on its own (``jax.vmap``) with its own steps.
 
-* fixed-step solvers at N steps (``steps``): ``euler`` on the training grid (the weights of step k are
-  W((k+1)/N), so N = L is exactly the model's own forward pass and ``discretize(N)`` for other N), ``euler_left``
-  (Diffrax's Euler on the ODE itself, weights at the left end k/N of each step), ``heun`` and ``midpoint``
-  (second order, on the ODE itself);
-* adaptive Runge-Kutta solvers (``tsit5``, ``dopri5``, ``bosh3``) with Diffrax's PID step-size controller at
-  rtol = atol = ``tolerance``; each validation sequence is solved on its own (``jax.vmap``), so each gets its own
-  step sizes, and the NFE reported is the mean over sequences.
+NFE comes from Diffrax's ``num_steps`` (accepted and rejected steps). A fixed-step solver of s stages costs s per
+step. The adaptive ones are FSAL: the last stage of a step is the next one's first, and a rejected step keeps its
+first stage; f(0, x_0) is evaluated once here and handed to Diffrax as the solver state (Diffrax would re-evaluate it
+on every retry of a rejected first step, unseen by its statistics), so every step costs s - 1:
 
-NFE, counted from Diffrax's statistics. ``num_steps`` counts every step attempted, accepted or rejected (Diffrax
-0.7's ``stats``). A fixed-step solver with s stages costs s evaluations per step (Euler 1, Heun and midpoint 2),
-and never rejects a step. Tsit5, Dopri5 (7 stages) and Bosh3 (4 stages) are FSAL ("first same as last"): the last
-stage of an accepted step is f at the new point, reused as the next step's first stage, and a rejected step is
-retried from the same point with its first stage kept. Diffrax evaluates that first stage itself only on the first
-step (and again on every retry of a rejected first step, which its statistics do not show), so we evaluate
-f(0, x_0) once ourselves and hand it to Diffrax as the solver state. Every step then costs s - 1 evaluations:
-
-    NFE = s * num_steps                  (fixed step, not FSAL)
+    NFE = s * num_steps                  (fixed step)
     NFE = 1 + (s - 1) * num_steps        (FSAL, first stage supplied)
 
-The initial step is the model's own 1/L (Diffrax's initial-step heuristic would cost two more evaluations).
-``tests/test_inference.py`` counts the evaluations directly (a host callback in the vector field) and checks both
-formulas. One evaluation of f is one pass through the parallel block for one sequence, the cost of one layer of
-the L-layer transformer; the time-dependent weights W(t) are recomputed at each evaluation (at the solver's own
-times), which a deployment would precompute for fixed grids.
-
-A solve that reaches ``max_steps`` before t = 1 leaves the hidden state short of the end of the interval; its loss
-is not reported (NaN) and the row counts the sequences that hit the cap in ``max_steps_hit``.
-
-With the paper's sinusoid scale s = 1000 the weights W(t) oscillate in t with periods down to 2 pi / 1000, so an
-adaptive solver that resolves the ODE takes hundreds of steps: the trained network is a good L-step map, not a
-smooth ODE. The tables show this rather than hide it.
-
-Data are a tidy ``pandas.DataFrame`` (``COLUMNS``) whose ``attrs`` hold the sweep's configuration, the model's
-configuration and fingerprint, and the data's description; ``save_sweep`` writes it as CSV with a JSON sidecar,
-``cached_sweep`` caches it by a hash of all of that, and the ``plot_*`` functions only draw.
+The initial step is the model's own 1/L (no initial-step heuristic). ``tests/test_inference.py`` counts the
+evaluations with a host callback and checks both formulas. A solve that reaches ``max_steps`` before t = 1 has no
+loss (NaN); ``max_steps_hit`` counts its sequences. With the paper's sinusoid scale s = 1000, W(t) oscillates with
+periods down to 2 pi / 1000, so a resolving adaptive solver takes hundreds of steps: the tables show it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.metadata
 import json
 import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import diffrax
 import draccus
@@ -66,10 +47,6 @@ from levanter.utils.tree_utils import inference_mode
 from ..model.solve import solve_hidden
 from ..model.transformer import DiffEqFormerLMHeadModel
 from ..numerics import cached, check_positive_int, fingerprint
-from ..report.figures import log_perplexity_axis
-
-if TYPE_CHECKING:
-    from matplotlib.figure import Figure
 
 FIXED_SOLVERS = {"euler": 1, "euler_left": 1, "heun": 2, "midpoint": 2}
 """Fixed-step solvers and their stages (vector-field evaluations per step)."""
@@ -222,9 +199,7 @@ def as_token_data(data, model: DiffEqFormerLMHeadModel | None = None) -> TokenDa
     return data
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Solving one chunk of sequences
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Solving one chunk of sequences
 
 
 def _check_solver(solver, known: Mapping[str, int], parameter: str = "solver") -> None:
@@ -346,9 +321,7 @@ def _row(model, data: TokenData, solver: str, config: SweepConfig, *, steps=None
     }
 
 
-# ----------------------------------------------------------------------------------------------------------------------
-# Public API
-# ----------------------------------------------------------------------------------------------------------------------
+# --- Public API
 
 
 def solve_sequences(model: DiffEqFormerLMHeadModel, tokens, solver: str = "euler", *, steps: int | None = None,
@@ -385,20 +358,6 @@ def _check_one(solver, steps, tolerance) -> bool:
     return False
 
 
-def evaluate(model: DiffEqFormerLMHeadModel, data, solver: str, *, steps: int | None = None,
-             tolerance: float | None = None, max_steps: int = 4096, batch_size: int = 16, pcoeff: float = 0.4,
-             icoeff: float = 1.0) -> dict:
-    """One row of ``solver_sweep`` (a dict with the keys ``COLUMNS``): ``solver`` at ``steps`` (fixed step) or
-    ``tolerance`` (adaptive) on ``data`` (``TokenData`` or token ids [batch, seq])."""
-    adaptive = _check_one(solver, steps, tolerance)
-    config = SweepConfig(
-        fixed_solvers=() if adaptive else (solver,), steps=() if adaptive else (steps,),
-        adaptive_solvers=(solver,) if adaptive else (), tolerances=(tolerance,) if adaptive else (),
-        max_steps=max_steps, pcoeff=pcoeff, icoeff=icoeff, batch_size=batch_size,
-    )
-    return solver_sweep(model, data, config).iloc[0].to_dict()
-
-
 def solver_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig = SweepConfig()) -> pd.DataFrame:
     """Validation loss and perplexity against NFE for every solver and step count / tolerance of ``config``.
 
@@ -431,7 +390,7 @@ def solver_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig = Swe
         "nfe_convention": NFE_CONVENTION,
         "compile_s": compile_s,
         "compile_note": "compile_s: seconds to compile each solver and run its cheapest setting on one chunk",
-        "diffrax_version": _version("diffrax"),
+        "diffrax_version": importlib.metadata.version("diffrax"),
         "jax_backend": jax.default_backend(),
     })
     return frame
@@ -487,123 +446,3 @@ def _jsonable(x: Any):
     if isinstance(x, (str, int, float, bool)) or x is None:
         return x
     return getattr(x, "value", str(x))  # enums (activation functions) and anything else: a string
-
-
-def _version(package: str) -> str:
-    from importlib.metadata import version
-
-    return version(package)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Plots: cheap functions of the data above, each returning a matplotlib Figure (no pyplot state is touched).
-# ----------------------------------------------------------------------------------------------------------------------
-
-_STYLE = {
-    "euler": ("C0", "o"), "euler_left": ("C4", "v"), "heun": ("C1", "s"), "midpoint": ("C2", "^"),
-    "tsit5": ("C3", "D"), "dopri5": ("C5", "P"), "bosh3": ("C6", "X"),
-}
-_LABEL = {
-    "euler": "Euler, t_k=(k+1)/N (training grid)", "euler_left": "Euler, t_k=k/N", "heun": "Heun",
-    "midpoint": "midpoint", "tsit5": "Tsit5 (PID, tol. marked)", "dopri5": "Dopri5 (PID, tol. marked)",
-    "bosh3": "Bosh3 (PID, tol. marked)",
-}
-
-_SHORT = {"euler": "Euler", "euler_left": "left-point Euler", "heun": "Heun", "midpoint": "midpoint",
-          "tsit5": "Tsit5", "dopri5": "Dopri5", "bosh3": "Bosh3"}
-
-
-def _num_layers(frame: pd.DataFrame) -> int | None:
-    return (frame.attrs.get("model") or {}).get("num_layers")
-
-
-def plot_perplexity_vs_nfe(frame: pd.DataFrame, ax=None, *, title: str | None = None) -> "Figure":
-    """Validation perplexity against mean NFE per sequence (log x), one line and marker set per solver; adaptive
-    solvers' points carry their tolerance. A dotted line marks the training discretisation (L Euler steps, NFE = L)
-    and a star the model's own forward pass. Rows whose solves hit max_steps (no loss) are listed in the legend."""
-    from matplotlib.figure import Figure
-
-    fig = ax.figure if ax is not None else Figure(figsize=(7.0, 4.5), layout="constrained")
-    ax = ax if ax is not None else fig.subplots()
-    for solver, rows in frame.groupby("solver", sort=False):
-        color, marker = _STYLE.get(solver, ("k", "o"))
-        rows = rows.sort_values("nfe")
-        ok = rows["loss"].notna()
-        label = _LABEL.get(solver, solver)
-        if (~ok).any():
-            label += f" ({int((~ok).sum())} setting(s) hit max_steps)"
-        ax.plot(rows["nfe"][ok], rows["perplexity"][ok], marker=marker, color=color, label=label, lw=1.2, ms=5)
-        if rows["adaptive"].iloc[0]:
-            for _, r in rows[ok].iterrows():
-                ax.annotate(f"{r['tolerance']:.0e}", (r["nfe"], r["perplexity"]), textcoords="offset points",
-                            xytext=(4, 4), fontsize=7, color=color)
-    L = _num_layers(frame)
-    if L:
-        ax.axvline(L, color="0.5", ls=":", lw=1, label=f"training: {L} Euler steps")
-        own = frame[(frame["solver"] == "euler") & (frame["steps"] == L)]
-        if len(own):
-            ax.plot(own["nfe"], own["perplexity"], marker="*", ms=14, color="gold", mec="k", ls="none",
-                    label="the model's own forward pass", zorder=5)
-    ax.set_xscale("log")
-    ax.set_xlabel("vector-field evaluations per sequence (NFE)")
-    log_perplexity_axis(ax)
-    data = frame.attrs.get("data", {})
-    ax.set_title(title or f"perplexity vs NFE ({data.get('num_sequences', '?')} validation sequences)")
-    ax.legend(fontsize=7)
-    return fig
-
-
-def plot_perplexity_vs_steps(frames: Mapping[str, pd.DataFrame], ax=None, *, title: str | None = None) -> "Figure":
-    """Perplexity against the number of Euler steps N on the training grid, one line per model (e.g. fixed vs
-    random step placement in training), from ``perplexity_vs_euler_steps``; dotted lines mark each model's L."""
-    from matplotlib.figure import Figure
-
-    fig = ax.figure if ax is not None else Figure(figsize=(6.5, 4.0), layout="constrained")
-    ax = ax if ax is not None else fig.subplots()
-    for i, (name, frame) in enumerate(frames.items()):
-        rows = frame[frame["solver"] == "euler"].sort_values("steps")
-        ax.plot(rows["steps"].astype(float), rows["perplexity"], marker="o", color=f"C{i}", label=name, ms=4)
-        L = _num_layers(frame)
-        if L:
-            ax.axvline(L, color=f"C{i}", ls=":", lw=1)
-    ax.set_xlabel("Euler steps N at inference (weights at t_k = (k+1)/N)")
-    log_perplexity_axis(ax)
-    ax.set_title(title or "perplexity vs Euler steps (dotted: training steps L)")
-    ax.legend(fontsize=8)
-    return fig
-
-
-def headline(sweep: pd.DataFrame, by_steps: Mapping[str, pd.DataFrame] | None = None) -> dict[str, str]:
-    """Sentences for the book from a ``solver_sweep`` (and, optionally, ``perplexity_vs_euler_steps`` frames per
-    model name): ``own`` (the model's own L Euler steps), ``best_fixed`` (the fixed-step setting with the lowest
-    perplexity), ``adaptive`` (each adaptive solver at its loosest and tightest tolerance) and ``spread`` (per
-    model, the range of perplexity over the step counts and the ratio of its largest to smallest value)."""
-    out = {}
-    L = _num_layers(sweep)
-    own = sweep[(sweep["solver"] == "euler") & (sweep["steps"] == L)]
-    if not len(own) and by_steps:  # the step counts of the sweep left out L: the first model's Euler frame has it
-        first = next(iter(by_steps.values()))
-        own = first[(first["solver"] == "euler") & (first["steps"] == L)]
-    out["own"] = (f"{own['perplexity'].iloc[0]:.1f} with its own {L} Euler steps (NFE {L})" if len(own)
-                  else f"not evaluated with its own {L} Euler steps (L is not among the step counts)")
-    fixed = sweep[~sweep["adaptive"] & sweep["loss"].notna()]
-    if len(fixed):
-        b = fixed.loc[fixed["perplexity"].idxmin()]
-        out["best_fixed"] = (f"{b['perplexity']:.1f} with {_SHORT.get(b['solver'], b['solver'])} at {b['steps']} "
-                             f"steps (NFE {b['nfe']:.0f})")
-    texts = []
-    for solver, rows in sweep[sweep["adaptive"]].groupby("solver", sort=False):
-        rows = rows.sort_values("tolerance")
-        parts = []
-        for _, r in (rows.iloc[[-1, 0]] if len(rows) > 1 else rows).iterrows():
-            value = f"{r['perplexity']:.1f}" if pd.notna(r["loss"]) else "no result (max_steps)"
-            parts.append(f"{value} at tolerance {r['tolerance']:g} (NFE {r['nfe']:.0f})")
-        texts.append(f"{_SHORT.get(solver, solver)}: " + ", ".join(parts))
-    out["adaptive"] = "; ".join(texts) if texts else "no adaptive solver was evaluated"
-    spreads = []
-    for name, frame in (by_steps or {}).items():
-        p = frame[frame["solver"] == "euler"]["perplexity"]
-        spreads.append(f"{name}: {p.min():.1f} to {p.max():.1f} (x{p.max() / p.min():.2f})")
-    if spreads:
-        out["spread"] = "; ".join(spreads)
-    return out

@@ -1,15 +1,9 @@
 """F6: validation perplexity of trained runs, as curves over training and as the paper's Tables 1-2.
 
-Runs are named by a *row key* (``ROWS``): which model of the paper's tables the run stands for at our scale, e.g.
-``gpt`` (GPT-small), ``shared`` (the weight-shared model), ``ours`` (DiffEqFormer-small), ``llama`` /
-``ours_llama`` (Llama-1B and DiffEqFormer's Llama variant). ``curves`` and ``final_table`` read each run's
-``metrics.jsonl`` and ``complete.json``; ``plot_curves`` draws Fig. 4-style validation curves.
-
-Overfitting is measured on each run's own curves, two ways (``overfitting``): how far the validation perplexity has
-risen above its best by the end of training (``rise``: 0 when the last evaluation is the best), and the gap between
-the final validation loss and the mean training loss over the last evaluation interval (``gap``, in nats: the log
-of the ratio of the two perplexities). The training loss is the one the trainer logs, with dropout on, so the gap
-of a model trained with dropout understates how much better it fits its training data than new data.
+Runs are named by a *row key* (``ROWS``): the model of the paper's tables the run stands for at our scale (``gpt``,
+``shared``, ``ours``, ``llama``, ``ours_llama``, ...). Overfitting is measured on each run's own curves two ways
+(``overfitting``); the training loss is the one the trainer logs, with dropout on, so the gap of a model trained with
+dropout understates how much better it fits its training data than new data.
 """
 
 from __future__ import annotations
@@ -20,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from ..report.figures import log_perplexity_axis
 from ..runs import require_complete, summary
 from . import claims, seeds
 from .seeds import Comparison, as_list, compare, spread
@@ -75,18 +68,14 @@ OVERFIT_MEASURES = {"rise": "final rise of the validation perplexity above its b
 
 
 def check_runs(runs: Mapping[str, str | Sequence[str]]) -> dict[str, list[Path]]:
-    """``runs`` (row key -> a run directory, or a list of them: the seeds of that row; absolute or relative to
-    DIFFEQFORMER_HOME) validated: known keys, directories of finished runs."""
+    """``runs`` (row key -> a run directory, or a list of them: the row's seeds) as finished runs' directories."""
     out = {}
     for key, value in runs.items():
         if key not in ROWS:
             raise ValueError(f"unknown row key {key!r}; known: {', '.join(ROWS)}")
-        seeds = as_list(value)
-        if not seeds:
+        if not as_list(value):
             raise ValueError(f"runs[{key!r}] names no run")
-        out[key] = []
-        for run in seeds:
-            out[key].append(require_complete(run, label=f"runs[{key!r}] ="))
+        out[key] = [require_complete(run, label=f"runs[{key!r}] =") for run in as_list(value)]
     return out
 
 
@@ -133,14 +122,9 @@ def final_losses(frame) -> dict[str, list[float]]:
 
 
 def overfitting(frame) -> dict[str, dict[str, list[float]]]:
-    r"""Row key -> measure -> its value for each seed, from ``curves``; the measures (``OVERFIT_MEASURES``), both in
-    nats (differences of log-perplexities, so ``seeds.percent`` writes them as percent ratios):
-
-    - ``rise``: final minus best validation loss over the run, :math:`\log(\mathrm{ppl}_T / \min_s
-      \mathrm{ppl}_s)` (0 when the last evaluation is the best);
-    - ``gap``: final validation loss minus the mean training loss over the last evaluation interval (the steps
-      after the evaluation before it, up to it); :math:`e^{\mathrm{gap}}` is the ratio of the validation
-      perplexity to the training perplexity of that interval. NaN where the run logged no training loss."""
+    """Row key -> measure (``OVERFIT_MEASURES``) -> its value for each seed, from ``curves``, in nats: ``rise``, the
+    final less the best validation loss (0 when the last evaluation is the best); ``gap``, the final validation loss
+    less the mean training loss over the last evaluation interval (NaN where the run logged no training loss)."""
     out: dict[str, dict[str, list[float]]] = {}
     for (key, _), c in frame.sort_values("step").groupby(["row", "seed"], sort=False):
         last = c.iloc[-1]
@@ -151,10 +135,8 @@ def overfitting(frame) -> dict[str, dict[str, list[float]]]:
 
 
 def _pair(values: Mapping[str, Sequence[float]], a: str, b: str) -> Comparison:
-    """Row ``a``'s seed values against row ``b``'s (``seeds.RULE``), on the seeds both rows have. Seeds are matched
-    by their place in the rows' lists: the workflow trains every row as seeds 0..n-1 (``workflow.presets.seeded``), and seed
-    k of two rows reads the training sequences in the same order, so the first n seeds of both rows are compared by
-    the paired t-test (n the fewer of the two rows' seeds)."""
+    """Row ``a``'s seed values against row ``b``'s by the paired t-test (``seeds.RULE``) on the first n seeds of
+    both (n the fewer): seed k of every row reads the training sequences in the same order."""
     n = min(len(values[a]), len(values[b]))
     return compare(values[a][:n], values[b][:n], paired=True)
 
@@ -226,13 +208,10 @@ MAIN_COLUMNS = ("model", "paper row", "paper ppl", "final ppl", "vs baseline %",
 
 
 def final_table(runs: Mapping[str, str | Sequence[str]]):
-    """One row per row key (the index), in the tables' order: parameters, steps, seeds, mean final validation
-    perplexity and its spread over seeds, mean best perplexity, the change against the row's baseline in percent
-    (the ratio of perplexities from the paired differences of log-perplexities over the seeds both rows have,
-    negative: better) with its 95% interval and p, whether it is significant (``seeds.RULE``), the two measures of
-    overfitting (``overfitting``: the mean rise of the final validation perplexity above the run's best in percent,
-    the mean final validation-training gap in nats, each with its standard deviation over seeds), training
-    throughput, and the paper's row (T1/T2: Table 1/2) and number beside it."""
+    """One row per row key (the index), in the tables' order: parameters, steps, seeds, the final validation
+    perplexity's mean and sd over seeds, the mean best perplexity, the change against the row's baseline in percent
+    (``comparisons``; negative: better) with its 95% interval, p and verdict, the two measures of ``overfitting``
+    (the rise in percent, the gap in nats, each with its sd), throughput, and the paper's row and number."""
     import pandas as pd
 
     frame = curves(runs)
@@ -274,54 +253,3 @@ def _sd(values: Sequence[float]) -> float:
 
 TABLE_FORMATS = {"params": "{:,.0f}", "p": "{:.2g}", "gap nats": "{:.3f}", "gap sd": "{:.3f}", "paper ppl": "{:.2f}"}
 """How the F6 table's columns are written (``report.figures.save_table``'s ``formats``)."""
-
-
-def headline(table) -> dict[str, str]:
-    """The numbers the book's prose quotes, formatted: GPT-2's and DiffEqFormer's final validation perplexity (mean
-    ± sd over seeds), the change between them (the ratio from log-perplexities), their parameters, the number of
-    steps and seeds (``verdicts`` judges the claims). Needs the rows ``gpt`` and ``ours``."""
-    missing = [k for k in ("gpt", "ours") if k not in table.index]
-    if missing:
-        raise ValueError(f"F6 needs runs for the rows {missing} (runs={{'gpt': ..., 'ours': ...}})")
-
-    def ppl(key):
-        t = table.loc[key]
-        return f"{t['final ppl']:.1f}" + (f" ± {t['sd']:.1f}" if t["seeds"] > 1 else "")
-
-    def params(key):
-        value = table.loc[key, "params"]
-        return f"{value / 1e6:.2f}M" if math.isfinite(value) else "not recorded"
-
-    found = sorted(set(int(n) for n in table["seeds"]))
-    return {"ppl_gpt": ppl("gpt"), "ppl_ours": ppl("ours"),
-            "change_ours": f"{table.loc['ours', 'vs baseline %']:+.1f}%",
-            "params_gpt": params("gpt"), "params_ours": params("ours"),
-            "steps": str(table.loc["ours", "steps"]),
-            "seeds": " to ".join(map(str, (found[0], found[-1]) if len(found) > 1 else found))
-            + (" seed" if found == [1] else " seeds")}
-
-
-def plot_curves(frame, ax=None, *, log: bool = True):
-    """Validation perplexity against training step, one line per row: the mean over its seeds, with the band from
-    the lowest to the highest seed where there are several (dashed: the mean training perplexity)."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(7, 4))
-    for key in [k for k in ROWS if k in set(frame.row)]:
-        by_step = frame[frame.row == key].groupby("step")
-        val, seeds = by_step.perplexity, by_step.seed.nunique().max()
-        label = ROWS[key].label + (f" ({seeds} seeds)" if seeds > 1 else "")
-        (line,) = ax.plot(val.mean().index, val.mean().values, marker="o", ms=3, lw=1.4, label=label)
-        if seeds > 1:
-            ax.fill_between(val.min().index, val.min().values, val.max().values, color=line.get_color(), alpha=0.2,
-                            lw=0)
-        train = by_step.train_perplexity.mean()
-        ax.plot(train.index, train.values, ls="--", lw=0.8, color=line.get_color(), alpha=0.6)
-    ax.set_ylabel("perplexity (solid: validation, dashed: training)")
-    if log:
-        log_perplexity_axis(ax, "perplexity (solid: validation, dashed: training)")
-    ax.set_xlabel("training step")
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3, which="both")
-    return ax
