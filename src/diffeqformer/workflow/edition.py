@@ -168,7 +168,7 @@ def pack(out: Path, *, preset: str = PRESET, device: str | None = None, commit: 
         first = next(e["path"] for e in entries if e["part"] == over)
         raise EditionError(f"the pack needs {len(parts)} parts and its manifest, more than {MAX_FILES} files: "
                            f"{over} (from {first} on) is one too many")
-    if device is None:
+    if not device:
         import jax
 
         n = len(jax.devices())

@@ -1,5 +1,5 @@
 """What each job of ``workflow/Snakefile`` runs: ``python -m diffeqformer.workflow.jobs tokens|train|notebook|publish``
-(the book: ``workflow.build``). Each writes its outputs only once it has succeeded (a temporary name, then a rename).
+(the book: ``workflow.pages``). Each writes its outputs only once it has succeeded (a temporary name, then a rename).
 Nothing heavy is imported at the top: a training job pins itself to its cores before JAX starts."""
 
 from __future__ import annotations

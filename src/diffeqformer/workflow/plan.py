@@ -205,10 +205,10 @@ def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]
             else ["-m", "diffeqformer.population", "--config", str(r0.path), *r0.overrides, "--seeds",
                   str(len(members))]
         jobs.append({"name": re.sub(r"\W", "_", cfg0.name), "argv": argv, "tokens": data,
-                     "after": sorted({paths.home_relative(p) for *_, p in resolved if p is not None}),
                      "configs": sorted({str(r.path) for r in members}), "steps": cfg0.trainer.num_train_steps,
-                     "runs": [paths.home_relative(d) for *_, d, _ in resolved], "hashes": [h for *_, h, _, _ in resolved],
-                     "outputs": [_marker(d, h) for *_, h, d, _ in resolved]})
+                     "runs": [paths.home_relative(d) for *_, d, _ in resolved],
+                     "hashes": [h for *_, h, _, _ in resolved], "outputs": [_marker(d, h) for *_, h, d, _ in resolved],
+                     "after": sorted({paths.home_relative(p) for *_, p in resolved if p is not None})})
     for key, (where, digest) in wants.items():
         if where in hash_of and hash_of[where] != digest:
             raise WorkflowError(f"fine-tuning {key!r} would read {key_of[where]!r} as its pretraining, but names "
