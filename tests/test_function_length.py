@@ -20,7 +20,7 @@ then remove it here. No function joins the list."""
 
 SHORT_MODULES = ("diffeqformer.config", "diffeqformer.runs", "diffeqformer.train", "diffeqformer.finetune",
                  "diffeqformer.population", "diffeqformer.workflow.presets", "diffeqformer.workflow.plan",
-                 "diffeqformer.workflow.jobs", "diffeqformer.workflow.build")
+                 "diffeqformer.workflow.jobs", "diffeqformer.workflow.pages")
 """Modules whose functions are all under ``LIMIT`` lines, without exception."""
 
 

@@ -227,10 +227,10 @@ def test_a_variant_is_the_config_with_its_overrides_under_its_own_name(tmp_path,
     v = presets.variant("smoke/diffeqformer", "smoke-x", {"model.time_embed_dim": 2, "model.hypernet": "shared_mlp",
                                                           "model.random_step_offset": True,
                                                           "optimizer.beta2": 0.95})
-    cfg, digest, run_dir = v.identity()
+    cfg, digest, run_dir = v.resolve()[:3]
     assert cfg.name == "smoke-x" and run_dir == tmp_path / "smoke-x"
     assert (cfg.model.time_embed_dim, cfg.model.hypernet, cfg.model.random_step_offset) == (2, "shared_mlp", True)
-    assert cfg.optimizer.beta2 == 0.95 and digest != base.identity()[1]
+    assert cfg.optimizer.beta2 == 0.95 and digest != base.resolve()[:3][1]
     assert v.key.startswith("smoke/diffeqformer --name smoke-x ") and base.key == "smoke/diffeqformer"
     assert base.path == paths.CONFIG / "smoke" / "diffeqformer.yaml"
 
@@ -238,13 +238,13 @@ def test_a_variant_is_the_config_with_its_overrides_under_its_own_name(tmp_path,
 def test_a_finetuning_run_is_hashed_with_its_pretraining_before_that_has_run(tmp_path, monkeypatch):
     monkeypatch.setattr(paths, "RUNS", tmp_path)
     run = Run("smoke/finetune_diffeqformer_lora", module="finetune")
-    cfg, digest, run_dir = run.identity()
+    cfg, digest, run_dir = run.resolve()[:3]
     assert isinstance(cfg, configs.FinetuneConfig) and run_dir == tmp_path / cfg.name
     pre = configs.load_config(paths.CONFIG / "smoke" / "diffeqformer.yaml")
     assert digest == configs.finetune_hash(cfg, configs.config_hash(pre))
     # a member of a population of fine-tunings: its hash covers the population, as a training's does
     members = presets.seeded(run, 2, population=True)
-    (first, first_hash, _), (second, second_hash, second_dir) = (m.identity() for m in members)
+    (first, first_hash, _), (second, second_hash, second_dir) = (m.resolve()[:3] for m in members)
     assert first_hash == configs.finetune_hash(cfg, configs.config_hash(pre), population=[0, 1]) != digest
     assert second.trainer.seed == 1 and second_dir == tmp_path / f"{cfg.name}-seed1"
     assert second_hash == configs.finetune_hash(second, configs.config_hash(pre), population=[0, 1])
@@ -279,7 +279,7 @@ def _expected_markers(monkeypatch, home: Path, preset: str) -> dict[str, dict[st
     for nb, values in plan.join_populations(presets.presets()[preset]).items():
         for r in plan.collect_runs(values):
             if r.key not in identity:
-                identity[r.key] = r.identity()
+                identity[r.key] = r.resolve()[:3]
             _, digest, run_dir = identity[r.key]
             found.setdefault(nb, {})[f"runs/{run_dir.name}"] = f"runs/{run_dir.name}/trained-{digest[:16]}.json"
     return found

@@ -42,8 +42,8 @@ LAYERS = [
     # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost
     ["report.verdicts", "report.accelerators"],
     # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition
-    ["workflow", "workflow.presets"], ["workflow.plan"], ["workflow.jobs", "workflow.edition"],
-    ["workflow.pages"], ["workflow.build"],
+    ["workflow", "workflow.presets"], ["workflow.plan"], ["workflow.jobs"], ["workflow.edition"],
+    ["workflow.pages"],
 ]
 """The package's modules (below ``diffeqformer.``) in the order data flows through them, from the bottom up: a
 module imports only modules of lower layers (``tests/test_layers.py`` checks it, and that every module is placed

@@ -1,8 +1,6 @@
-"""What each job of ``workflow/Snakefile`` runs: ``python -m diffeqformer.workflow.jobs tokens|train|notebook|publish
-...`` (the book job: ``python -m diffeqformer.workflow.build``). Each writes its outputs only once it has succeeded (a temporary name, then a rename), so that a job
-killed midway leaves nothing that Snakemake or a reader could take for a result.
-
-Imports nothing heavy at the top: a training job pins itself to its cores before JAX starts its CPU backend."""
+"""What each job of ``workflow/Snakefile`` runs: ``python -m diffeqformer.workflow.jobs tokens|train|notebook|publish``
+(the book: ``workflow.pages``). Each writes its outputs only once it has succeeded (a temporary name, then a rename).
+Nothing heavy is imported at the top: a training job pins itself to its cores before JAX starts."""
 
 from __future__ import annotations
 
@@ -22,41 +20,31 @@ from pathlib import Path
 from .. import paths
 
 KEPT_HEAP = ("glibc.malloc.mmap_threshold=4294967296", "glibc.malloc.trim_threshold=4294967296")
-"""glibc malloc settings (``GLIBC_TUNABLES``) for every job: allocations of up to 4 GiB come from the heap and freed
-memory stays there, to be reused, where by default glibc maps every allocation above its threshold afresh and
-unmaps it when freed, so that each of XLA's CPU steps (which allocates its buffers on every call) touched new pages.
-The trained parameters are the same, bit for bit. glibc reads them at a process's start; elsewhere they are
-ignored."""
+"""``GLIBC_TUNABLES`` for every job: allocations up to 4 GiB come from the heap and freed memory stays there for
+reuse, where glibc would map and unmap each of XLA's per-step buffers afresh. The trained bits are the same."""
 ONE_ARENA = ("glibc.malloc.arena_max=1",)
-"""Added for a training job pinned to its cores: one heap for all its threads, whose own arenas otherwise give freed
-memory back as well. Not for the jobs that run on every core, where it slows XLA's multi-threaded compilation."""
+"""Added for a training job pinned to its cores (not for jobs on every core: it slows XLA's compilation)."""
 SHARED_DEVICE = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-"""JAX's settings for every job: on a GPU, JAX takes 75% of the device's memory when a process starts, so that a
-second training or a notebook's kernel beside one would find none left; with these, each process allocates what it
-uses. The user's own settings win. A CPU ignores them."""
+"""On a GPU, each process allocates what it uses instead of 75% of the device, so that jobs can share it."""
 PRUNE_CHECKPOINTS = "DIFFEQFORMER_PRUNE_CHECKPOINTS"
-"""Environment variable: ``1`` deletes a run's Levanter checkpoints once the run is complete (the notebooks read its
-``model.eqx`` and ``complete.json``), so that a preset's runs fit a small disk."""
+"""``1``: delete a run's Levanter checkpoints once it is complete, so that a preset's runs fit a small disk."""
 IOPUB_TIMEOUT_S = 300
-"""How long a cell's output may lag behind its end before Papermill gives up on it (nbclient's default, 4 s, can
-fail a cell that has finished, on a busy machine)."""
-
-
+"""How long a cell's output may lag behind its end (nbclient's 4 s fails finished cells on a busy machine)."""
+_PROFILE = "(default-resources in the profile's config.yaml)"
 SLURM_REFUSALS = {
-    "Invalid partition name": "slurm_partition (default-resources in the profile's config.yaml)",
-    "Invalid account": "slurm_account (default-resources in the profile's config.yaml)",
-    "More processors requested than permitted": "cpus_per_task (default-resources in the profile's config.yaml)",
+    "Invalid partition name": f"slurm_partition {_PROFILE}",
+    "Invalid account": f"slurm_account {_PROFILE}",
+    "More processors requested than permitted": f"cpus_per_task {_PROFILE}",
     "Invalid generic resource": "gpus (training in the profile's cluster.yaml)",
-    "Memory required by task is not available": "mem_mb (default-resources in the profile's config.yaml)",
+    "Memory required by task is not available": f"mem_mb {_PROFILE}",
     "Requested node configuration is not available": "nodes, tasks or gpus (training in the profile's cluster.yaml), "
                                                      "cpus_per_task or mem_mb (default-resources)",
 }
-"""What ``sbatch`` says when the cluster refuses a job, and the profile field that asked for it."""
+"""What ``sbatch`` says when the cluster refuses a job -> the profile field that asked for it."""
 
 
 def slurm_refusals(log: str) -> list[str]:
-    """One line for each distinct refusal of ``sbatch`` in a workflow's log, naming the profile field to edit (the
-    Snakefile's ``onerror`` prints them)."""
+    """One line per distinct refusal of ``sbatch`` in a workflow's log, naming the profile field to edit."""
     found = {}
     for line in log.splitlines():
         for said, field in SLURM_REFUSALS.items():
@@ -73,26 +61,29 @@ def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> st
 
 
 def job_env(env) -> None:
-    """What every job's environment gets (``env``, e.g. ``os.environ``, before the jobs start): ``KEPT_HEAP``,
-    ``SHARED_DEVICE``, unbuffered output, one tokenizer thread."""
+    """Every job's environment: ``KEPT_HEAP``, ``SHARED_DEVICE``, unbuffered output, one tokenizer thread."""
     env["GLIBC_TUNABLES"] = keep_heap(env.get("GLIBC_TUNABLES"))
     for name, value in {**SHARED_DEVICE, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
         env.setdefault(name, value)
 
 
-def hold_checkout(folder: Path = Path(".snakemake")):
-    """The lock of the one workflow that runs in this directory (``folder/diffeqformer.lock``, held by this process
-    until it ends, however it ends), or None where another workflow holds it. Holding it, the locks that Snakemake
-    left in ``folder/locks`` are a killed workflow's (SIGKILL, a machine lost), which would refuse every later run
-    until ``--unlock``: they are removed. The Snakefile takes it in the main process of a local workflow."""
-    folder.mkdir(parents=True, exist_ok=True)
-    held = open(folder / "diffeqformer.lock", "w")
+def _try_lock(path: Path):
+    """``path`` opened and locked (``flock``, released when the process ends), or None where another holds it."""
+    held = open(path, "w")
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         held.close()
         return None
-    stale = sorted((folder / "locks").glob("*.lock"))
+    return held
+
+
+def hold_checkout(folder: Path = Path(".snakemake")):
+    """The lock of the one workflow running in this directory, or None where another holds it. Held, the locks in
+    ``folder/locks`` are a killed workflow's, which would refuse every run until ``--unlock``: they go."""
+    folder.mkdir(parents=True, exist_ok=True)
+    held = _try_lock(folder / "diffeqformer.lock")
+    stale = sorted((folder / "locks").glob("*.lock")) if held else []
     for lock in stale:
         lock.unlink()
     if stale:
@@ -100,16 +91,11 @@ def hold_checkout(folder: Path = Path(".snakemake")):
     return held
 
 
-# ---------------------------------------------------------------------------------------------- training jobs
-
-
 @contextlib.contextmanager
 def pinned(threads: int, folder: Path):
-    """Run on ``threads`` cores of this process's that no other training job holds (a lock file per core in
-    ``folder``, released when the process ends, however it ends), before JAX sizes its thread pool by the cores a
-    process may run on: a run trains on the same number of threads, and so to the same bits, whatever runs beside it
-    and however many cores ``--cores`` gives Snakemake. Where every core is held (more jobs than cores), it takes the
-    first ones: the same threads, only slower."""
+    """Run on ``threads`` of this process's cores that no other training holds (a lock file per core in ``folder``),
+    before JAX sizes its thread pool: a run trains on the same threads, so to the same bits, whatever runs beside it.
+    Where every core is held, it takes the first ones."""
     if not hasattr(os, "sched_setaffinity") or "SLURM_STEP_ID" in os.environ:  # SLURM binds a task's cores itself
         yield
         return
@@ -117,16 +103,9 @@ def pinned(threads: int, folder: Path):
     folder.mkdir(parents=True, exist_ok=True)
     held, taken = [], []
     for core in cores:
-        if len(taken) == threads:
-            break
-        f = open(folder / f"core-{core}.lock", "w")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            f.close()
-            continue
-        held.append(f)
-        taken.append(core)
+        if len(taken) < threads and (f := _try_lock(folder / f"core-{core}.lock")):
+            held.append(f)
+            taken.append(core)
     os.sched_setaffinity(0, set(taken if len(taken) == threads else cores[:threads]))
     try:
         yield
@@ -136,9 +115,8 @@ def pinned(threads: int, folder: Path):
 
 
 def set_aside_stale(run_dir: Path, digest: str) -> None:
-    """Move ``run_dir`` to ``runs/.stale/`` when it holds a run of another configuration than ``digest`` (its
-    ``config.yaml`` records another hash): Snakemake reruns a training whose configuration changed, and its old
-    checkpoints must not be resumed. A run of the same configuration, interrupted, stays and resumes."""
+    """Move ``run_dir`` to ``runs/.stale/`` when it holds a run of another config hash than ``digest``, so that its
+    checkpoints are not resumed; an interrupted run of the same config stays and resumes."""
     from ..runs import saved_hash
 
     saved = saved_hash(run_dir)
@@ -152,26 +130,22 @@ def set_aside_stale(run_dir: Path, digest: str) -> None:
 
 
 def train(args) -> None:
-    """A training job: the run (or a population's runs) trained by ``python ARGV`` in this process, on its own
-    cores; then, in the first process of the job, each run's marker (the job's outputs)."""
+    """A training job: ``python ARGV`` in this process on its own cores; then, in the job's first process, each run's
+    marker (the job's outputs)."""
     from ..runs import COMPLETE, checkpoints, is_complete
 
     first = os.environ.get("SLURM_PROCID", "0") == "0"
     runs = [paths.HOME / r for r in args.runs]
-    if first:
-        for run_dir, digest in zip(runs, args.hashes):
-            set_aside_stale(run_dir, digest)
+    for run_dir, digest in zip(runs, args.hashes) if first else ():
+        set_aside_stale(run_dir, digest)
     with pinned(args.threads, paths.HOME / "_build" / "workflow" / "cores"):
-        module = args.argv[1]
-        sys.argv = [module, *args.argv[2:]]
+        sys.argv = [args.argv[1], *args.argv[2:]]
         try:
-            runpy.run_module(module, run_name="__main__", alter_sys=True)
+            runpy.run_module(args.argv[1], run_name="__main__", alter_sys=True)
         except SystemExit as err:
             if err.code not in (None, 0):
                 raise
-    if not first:
-        return
-    for run_dir, digest, marker in zip(runs, args.hashes, args.outputs):
+    for run_dir, digest, marker in zip(runs, args.hashes, args.outputs) if first else ():
         if not is_complete(run_dir, digest):
             raise SystemExit(f"error: {run_dir} has no {COMPLETE} for config hash {digest} after its training")
         paths.write_atomic(paths.HOME / marker, json.dumps({"config_hash": digest}) + "\n")
@@ -180,38 +154,20 @@ def train(args) -> None:
 
 
 def tokens(args) -> None:
-    """A token-cache job: the training and validation caches of one run's data, built before the trainings that
-    read them (so that no two trainings build one at once)."""
+    """A token-cache job: one run's training and validation caches, before the trainings that read them."""
     from .. import config as configs
     from ..data import corpora
 
     cls = configs.FinetuneConfig if args.module == "finetune" else configs.TrainConfig
-    argv = args.argv
-    config = configs.load_config(argv[1], argv[2:], cls=cls)
+    config = configs.load_config(args.argv[1], args.argv[2:], cls=cls)
     corpora.build_token_caches(config.data.levanter_config())
     paths.write_atomic(Path(args.output), json.dumps({"data": repr(config.data)}) + "\n")
 
 
-# --------------------------------------------------------------------------------------------- notebook jobs
-
-
-def kernel_over_unix_sockets(folder: str):
-    """Jupyter configuration under which kernel and client talk over Unix sockets in ``folder`` instead of TCP ports:
-    a port found free by one notebook job can be taken by a kernel another job starts in between ("Address already
-    in use"); sockets in a folder of the job's own cannot collide."""
-    from traitlets.config import Config
-
-    config = Config()
-    config.KernelManager.transport = "ipc"
-    config.KernelManager.ip = os.path.join(folder, "kernel")
-    return config
-
-
 def check_outputs(path: Path, notebook: str) -> None:
-    """No output of the executed notebook holds a Python traceback (a logged exception does not stop Papermill), and
-    none shows a figure as its text (``<Figure size 1300x340 with 5 Axes>``, with no image)."""
-    nb = json.loads(Path(path).read_text())
-    for i, cell in enumerate(nb["cells"]):
+    """No output of the executed notebook holds a traceback (a logged exception does not stop Papermill) or shows a
+    figure as its text (``<Figure size 1300x340 with 5 Axes>``, no image)."""
+    for i, cell in enumerate(json.loads(Path(path).read_text())["cells"]):
         for out in cell.get("outputs", []):
             text = "".join(out.get("text", ""))
             if out.get("output_type") == "error" or "Traceback (most recent call last)" in text:
@@ -236,19 +192,21 @@ def check_figures(folder: Path, notebook: str) -> list[str]:
 
 
 def _execute(notebook: str, work: Path, parameters: dict, name: str) -> float:
-    """Papermill on ``notebook`` into ``work/notebook.ipynb`` (the kernel's figures into ``work/figures``), its
-    outputs and figures checked; the seconds it took. ``SystemExit`` with the failing cell's exception."""
+    """Papermill on ``notebook`` into ``work/notebook.ipynb`` (figures into ``work/figures``), checked; its seconds.
+    Kernel and client talk over Unix sockets in a folder of the job's own: a TCP port found free can be taken."""
     import papermill
     from papermill.exceptions import PapermillExecutionError
+    from traitlets.config import Config
 
     os.environ.update(DIFFEQFORMER_FIGURES=str(work / "figures"), PYDEVD_DISABLE_FILE_VALIDATION="1")
     start = time.time()
     try:
         with tempfile.TemporaryDirectory(prefix="diffeqformer-kernel-") as sockets:
+            config = Config()
+            config.KernelManager.transport, config.KernelManager.ip = "ipc", os.path.join(sockets, "kernel")
             papermill.execute_notebook(notebook, work / "notebook.ipynb", parameters=parameters,
                                        kernel_name="python3", progress_bar=False, log_output=True,
-                                       cwd=str(paths.HOME), config=kernel_over_unix_sockets(sockets),
-                                       iopub_timeout=IOPUB_TIMEOUT_S)
+                                       cwd=str(paths.HOME), config=config, iopub_timeout=IOPUB_TIMEOUT_S)
     except PapermillExecutionError as err:
         trace = "\n".join(re.sub(r"\x1b\[[0-9;]*m", "", line) for line in err.traceback[-12:])
         raise SystemExit(f"error: notebook {name} failed in cell {err.exec_count}: {err.ename}: {err.evalue}\n"
@@ -259,35 +217,27 @@ def _execute(notebook: str, work: Path, parameters: dict, name: str) -> float:
 
 
 def notebook(args) -> None:
-    """A notebook job: Papermill executes the notebook with its parameters in a work folder of the job's own, the
-    outputs are checked, then the executed notebook, its figures and its record (parameters, seconds) are renamed
-    into place. A failing cell or check stops the job with its error; the executed copy, with the error, is kept in
-    ``failed/``, and nothing of the work folder is left."""
+    """A notebook job: executed in a work folder of its own, checked, then the notebook, its figures and its record
+    renamed into place. On failure the executed copy, with the error, is kept in ``failed/``; nothing else is left."""
     output, figures, record = Path(args.output), Path(args.figures), Path(args.record)
     work = Path(tempfile.mkdtemp(prefix=f".{args.name}-", dir=output.parent))
     (work / "figures").mkdir()
     parameters = json.loads(args.parameters)
     try:
         seconds = _execute(args.input, work, parameters, args.name)
-    except BaseException as err:
-        message = getattr(err, "code", None)
-        if isinstance(err, SystemExit) and (work / "notebook.ipynb").exists():
-            failed = output.parent.parent / "failed" / f"{args.name}.ipynb"
-            failed.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(work / "notebook.ipynb", failed)
-            message = f"{err.code}\n(the executed notebook, with the error, is in {failed})"
+        paths.write_atomic(record, json.dumps({"notebook": args.name, "seconds": seconds, "parameters": parameters,
+                                               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
+        swap_in(work / "figures", figures)
+        os.replace(work / "notebook.ipynb", output)
+    except SystemExit as err:
+        if not (work / "notebook.ipynb").exists():
+            raise SystemExit(err.code) from None
+        failed = output.parent.parent / "failed" / f"{args.name}.ipynb"
+        failed.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(work / "notebook.ipynb", failed)
+        raise SystemExit(f"{err.code}\n(the executed notebook, with the error, is in {failed})") from None
+    finally:
         shutil.rmtree(work, ignore_errors=True)
-        if isinstance(err, SystemExit):
-            raise SystemExit(message) from None
-        raise
-    paths.write_atomic(record, json.dumps({"notebook": args.name, "seconds": seconds, "parameters": parameters,
-                                           "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
-    swap_in(work / "figures", figures)
-    os.replace(work / "notebook.ipynb", output)
-    shutil.rmtree(work, ignore_errors=True)
-
-
-# ------------------------------------------------------------------------------------------------- the book
 
 
 def swap_in(new: Path, dest: Path) -> None:
@@ -304,8 +254,8 @@ def swap_in(new: Path, dest: Path) -> None:
 
 
 def publish(args) -> None:
-    """The last job: ``_build/html`` and ``figures/`` point at this preset's book and figures (symbolic links
-    replaced in one rename each), which exist only once every notebook and the book have succeeded."""
+    """The last job: ``_build/html`` and ``figures/`` become links to this preset's book and figures (each replaced in
+    one rename), which exist only once every notebook and the book have succeeded."""
     from .plan import folder
 
     for link, target in ((paths.HOME / "_build" / "html", folder(args.preset) / "html"),
@@ -320,21 +270,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.workflow.jobs", description=__doc__.split("\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
     t = verbs.add_parser("train")
-    t.add_argument("--runs", nargs="+", required=True)
-    t.add_argument("--hashes", nargs="+", required=True)
-    t.add_argument("--outputs", nargs="+", required=True)
+    for name in ("runs", "hashes", "outputs"):
+        t.add_argument(f"--{name}", nargs="+", required=True)
     t.add_argument("--threads", type=int, default=1)
-    t.add_argument("argv", nargs=argparse.REMAINDER)
     k = verbs.add_parser("tokens")
     k.add_argument("--module", default="train")
     k.add_argument("--output", required=True)
-    k.add_argument("argv", nargs=argparse.REMAINDER)
-    n = verbs.add_parser("notebook")
-    for name in ("name", "input", "output", "figures", "record", "parameters"):
-        n.add_argument(f"--{name}", required=True)
-    b = verbs.add_parser("publish")
-    b.add_argument("--preset", required=True)
-    b.add_argument("--output", required=True)
+    for p in (t, k):
+        p.add_argument("argv", nargs=argparse.REMAINDER)
+    for verb, names in (("notebook", ("name", "input", "output", "figures", "record", "parameters")),
+                        ("publish", ("preset", "output"))):
+        p = verbs.add_parser(verb)
+        for name in names:
+            p.add_argument(f"--{name}", required=True)
     args = parser.parse_args(argv)
     if getattr(args, "argv", None) and args.argv[0] == "--":
         args.argv = args.argv[1:]

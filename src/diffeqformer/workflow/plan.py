@@ -1,10 +1,7 @@
-"""A preset's jobs as data for ``workflow/Snakefile``: the registry entry (``presets``) checked against the
-notebooks, ``_toc.yml`` and the training configs, and resolved into token caches, trainings and notebook executions.
-
-Nothing here runs anything: Snakemake schedules the jobs (``jobs`` runs each). The plan is kept in
-``_build/workflow/<preset>/plan.json`` with the SHA-256 of everything it was made from (the configs, the package's
-sources, the notebooks, ``_toc.yml``), so that a workflow with nothing to do reads it instead of loading Levanter's
-configs again."""
+"""A preset's jobs as data for ``workflow/Snakefile``: the registry entry (``presets``) checked against the notebooks,
+``_toc.yml`` and the training configs, and resolved into token caches, trainings and notebook executions. Kept in
+``_build/workflow/<preset>/plan.json`` with the hash of what it was made from, so that a workflow with nothing to do
+does not load Levanter's configs again."""
 
 from __future__ import annotations
 
@@ -24,8 +21,7 @@ from .. import paths
 TOC = paths.REPO / "_toc.yml"
 PACKAGE = paths.REPO / "src" / "diffeqformer"
 RUNS_ALONE = frozenset({"f9_time_embedding"})
-"""Notebooks that measure the machine (F9 times training steps): their jobs take every core, so that nothing runs
-beside them (but in the smoke preset, whose timings no result rests on)."""
+"""Notebooks that measure the machine (F9 times training steps): their jobs take every core (but in smoke)."""
 
 
 class WorkflowError(Exception):
@@ -35,9 +31,6 @@ class WorkflowError(Exception):
 def folder(preset: str) -> Path:
     """The workflow's files of ``preset``: ``_build/workflow/<preset>`` below DIFFEQFORMER_HOME."""
     return paths.HOME / "_build" / "workflow" / preset
-
-
-# ---------------------------------------------------------------------------------------------------- validation
 
 
 def toc_notebooks(toc: Path = TOC) -> list[str]:
@@ -63,8 +56,8 @@ _TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "d
 
 
 def type_matches(value, annotation) -> bool:
-    """Whether ``value`` (plain JSON-like data) fits ``annotation`` (``int``, ``list[str]``, ``Optional[int]``...) by
-    pydantic's strict validation: an int fits ``float``; a bool fits only ``bool``; nothing is converted."""
+    """Whether ``value`` fits ``annotation`` by pydantic's strict validation (an int fits ``float``, a bool only
+    ``bool``)."""
     from pydantic import TypeAdapter, ValidationError
 
     try:
@@ -75,7 +68,7 @@ def type_matches(value, annotation) -> bool:
 
 
 def _expected_type(declared: dict):
-    """The type a parameter must have: its annotation, else the type of its literal default, else anything."""
+    """A parameter's annotation, else the type of its literal default, else anything."""
     name = declared["inferred_type_name"]
     if name and name != "None":
         try:
@@ -103,7 +96,7 @@ def check_parameters(notebook: str, values: Mapping[str, Any], declared: Mapping
 
 
 def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
-    """``["f1_model.seed=3"]`` -> {notebook: {parameter: value}}; values are YAML (3 an int, a bare word a str)."""
+    """``["f1_model.seed=3"]`` -> {notebook: {parameter: value}}; values are YAML."""
     import yaml
 
     out: dict[str, dict[str, Any]] = {}
@@ -115,12 +108,8 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-# -------------------------------------------------------------------------------------------------- the plan
-
-
 def _map_runs(value, fn):
-    """``value`` (registry values: plain data in dicts, lists and tuples) with every ``Run`` replaced by ``fn(run)``,
-    visited in order, tuples as lists."""
+    """``value`` (registry values) with every ``Run`` replaced by ``fn(run)``, visited in order, tuples as lists."""
     from .presets import Run
 
     if isinstance(value, Run):
@@ -140,8 +129,8 @@ def collect_runs(value) -> list:
 
 
 def join_populations(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """The entries with every ``Run`` that is also a member of a population elsewhere in the preset replaced by that
-    member: F1 reading ``Run("cpu/diffeqformer")`` reads the first seed of F6's population, trained once."""
+    """Every ``Run`` that is also a population's member elsewhere in the preset replaced by that member: F1's
+    ``Run("cpu/diffeqformer")`` is the first seed of F6's population, trained once."""
     members: dict[tuple, Any] = {}
     for run in collect_runs(list(entries.values())):
         if run.population:
@@ -158,8 +147,7 @@ def entries(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = Non
     names = presets.BUILDERS if registry is None else registry
     if preset not in names:
         raise WorkflowError(f"unknown preset {preset!r}; choose one of: {', '.join(names)}")
-    chosen = presets.preset(preset) if registry is None else registry[preset]
-    found = {nb: dict(values) for nb, values in chosen.items()}
+    found = {nb: dict(v) for nb, v in (presets.preset(preset) if registry is None else registry[preset]).items()}
     for nb, values in (overrides or {}).items():
         if nb not in found:
             raise WorkflowError(f"set names notebook {nb!r}, which preset {preset!r} does not run "
@@ -169,20 +157,30 @@ def entries(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = Non
 
 
 def benchmark_seconds(path: Path) -> float:
-    """The wall-clock seconds of a job, from the benchmark file Snakemake wrote for it (its first column)."""
+    """The wall-clock seconds of a job, from the benchmark file Snakemake wrote for it."""
     return float(path.read_text().splitlines()[1].split("\t")[0])
 
 
 def _marker(run_dir: Path, digest: str) -> str:
-    """The file a training job writes once ``run_dir`` is complete for config hash ``digest``: the job's output, so
-    that a changed configuration (another hash) is a missing output, and the run directory, with its checkpoints,
-    is never an output that Snakemake could delete."""
+    """A training job's output: a file per config hash, so that a changed config is a missing output, and the run
+    directory, with its checkpoints, is never an output that Snakemake could delete."""
     return paths.home_relative(run_dir / f"trained-{digest[:16]}.json")
 
 
+def _resolved(members: list) -> list[tuple]:
+    """``(run, *run.resolve())`` of each member, a config that does not load named."""
+    out = []
+    for r in members:
+        try:
+            out.append((r, *r.resolve()))
+        except Exception as err:  # a missing file, YAML, a field draccus cannot decode, a value refused
+            raise WorkflowError(f"training config {r.key!r}: {err}") from None
+    return out
+
+
 def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]:
-    """The training jobs of ``runs`` (a run alone, or a population's members as one job), longest first, the token
-    caches they read (data id -> the arguments of a run that reads it) and each run's directory (``Run.key`` ->)."""
+    """The training jobs of ``runs`` (a run alone, or a population's members as one job), longest first; the token
+    caches they read (data id -> the arguments of a run that reads it); each run's directory by ``Run.key``."""
     from .. import config as configs
     from ..runs import is_complete
 
@@ -191,12 +189,7 @@ def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]
         units.setdefault(r.population_key if r.population else r.key, []).append(r)
     jobs, tokens, marker_of, dir_of, key_of, hash_of, wants = [], {}, {}, {}, {}, {}, {}
     for members in units.values():
-        resolved = []
-        for r in members:
-            try:
-                resolved.append((r, *r.resolve()))
-            except Exception as err:  # a missing file, YAML, a field draccus cannot decode, a value refused
-                raise WorkflowError(f"training config {r.key!r}: {err}") from None
+        resolved = _resolved(members)
         for r, cfg, digest, run_dir, pretraining in resolved:
             where = paths.home_relative(run_dir)
             if key_of.setdefault(where, r.key) != r.key:
@@ -208,35 +201,31 @@ def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]
         r0, cfg0 = min(resolved, key=lambda x: x[1].trainer.seed)[:2]
         data = hashlib.sha256(repr(cfg0.data).encode()).hexdigest()[:12]
         tokens.setdefault(data, {"argv": ["--config", str(r0.path), *r0.overrides], "module": r0.module})
-        if len(members) == 1:
-            argv = ["-m", f"diffeqformer.{r0.module}", "--config", str(r0.path), *r0.overrides]
-        else:
-            argv = ["-m", "diffeqformer.population", "--config", str(r0.path), *r0.overrides,
-                    "--seeds", str(len(members))]
-        after = [paths.home_relative(p) for *_, p in resolved if p is not None]
-        jobs.append({"name": re.sub(r"\W", "_", cfg0.name), "argv": argv, "tokens": data, "after": after,
+        argv = ["-m", f"diffeqformer.{r0.module}", "--config", str(r0.path), *r0.overrides] if len(members) == 1 \
+            else ["-m", "diffeqformer.population", "--config", str(r0.path), *r0.overrides, "--seeds",
+                  str(len(members))]
+        jobs.append({"name": re.sub(r"\W", "_", cfg0.name), "argv": argv, "tokens": data,
                      "configs": sorted({str(r.path) for r in members}), "steps": cfg0.trainer.num_train_steps,
                      "runs": [paths.home_relative(d) for *_, d, _ in resolved],
-                     "hashes": [d for *_, d, _, _ in resolved],
-                     "outputs": [_marker(d, h) for *_, h, d, _ in resolved]})
+                     "hashes": [h for *_, h, _, _ in resolved], "outputs": [_marker(d, h) for *_, h, d, _ in resolved],
+                     "after": sorted({paths.home_relative(p) for *_, p in resolved if p is not None})})
     for key, (where, digest) in wants.items():
         if where in hash_of and hash_of[where] != digest:
             raise WorkflowError(f"fine-tuning {key!r} would read {key_of[where]!r} as its pretraining, but names "
                                 f"another configuration of it: set its pretrain.population (and pretrain.member) as "
                                 f"the pretraining is trained")
     for job in jobs:  # a fine-tuning waits for its pretraining's job, where this preset trains it
-        pretrainings = sorted(set(job.pop("after")))
-        job["after"] = [marker_of[p] for p in pretrainings if p in marker_of]
-        for p in pretrainings:
+        for p in job["after"]:
             if p not in marker_of and not is_complete(p):
                 raise WorkflowError(f"fine-tuning {job['name']} needs the pretrained run {p}, which is not finished "
                                     f"and which this preset does not train: add its config to the registry")
+        job["after"] = [marker_of[p] for p in job["after"] if p in marker_of]
     return sorted(jobs, key=lambda j: -j["steps"]), tokens, dir_of
 
 
 def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_toc: list[str]) -> dict:
-    """The execution of notebook ``nb`` with ``values`` and ``preset``, after checking that it exists, is in
-    ``_toc.yml``, has a valid Colab cell and declares every parameter with a fitting type."""
+    """The execution of notebook ``nb``, once it is checked: it exists, is in ``_toc.yml``, has a valid Colab cell and
+    declares ``preset`` and every parameter, with a fitting type."""
     from ..report import book
 
     if not path.exists():
@@ -257,8 +246,8 @@ def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_to
 
 def make(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *,
          registry: Mapping | None = None, notebooks_dir: Path | None = None, toc: Path | None = None) -> dict:
-    """Check the preset's entry and resolve it: ``{"preset", "tokens", "trainings", "notebooks"}``, plain data.
-    Every problem raises ``WorkflowError`` naming the preset, notebook, parameter or config."""
+    """The preset checked and resolved: ``{"preset", "tokens", "trainings", "notebooks"}``, plain data; a problem
+    raises ``WorkflowError`` naming the preset, notebook, parameter or config."""
     found = entries(preset, overrides, registry)
     in_toc = toc_notebooks(TOC if toc is None else toc)
     for nb in in_toc:
@@ -267,16 +256,12 @@ def make(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
                                 f"diffeqformer.workflow.presets")
     notebooks_dir = paths.NOTEBOOKS if notebooks_dir is None else Path(notebooks_dir)
     notebooks = [_notebook(preset, nb, values, notebooks_dir / f"{nb}.ipynb", in_toc) for nb, values in found.items()]
-    runs = collect_runs([job["parameters"] for job in notebooks])
-    trainings, tokens, dir_of = _trainings(runs)
+    trainings, tokens, dir_of = _trainings(collect_runs([job["parameters"] for job in notebooks]))
     marker = {d: m for job in trainings for d, m in zip(job["runs"], job["outputs"])}
     for job in notebooks:
         job["inputs"] = sorted({marker[dir_of[r.key]] for r in collect_runs(job["parameters"])})
         job["parameters"] = _map_runs(job["parameters"], lambda r: dir_of[r.key])
     return {"preset": preset, "tokens": tokens, "trainings": trainings, "notebooks": notebooks}
-
-
-# ------------------------------------------------------------------------------------------- sources and cache
 
 
 def module_files() -> dict[str, Path]:
@@ -289,49 +274,37 @@ def module_files() -> dict[str, Path]:
 
 
 def notebook_sources(notebook: Path) -> list[str]:
-    """The package's source files a notebook can run: those its code cells import, and everything they import in
-    turn, imports inside functions included (``modulefinder`` reads the bytecode); a notebook's job reruns when one of
-    them changes. Not the workflow's own modules, so that editing one preset re-executes only the notebooks whose
-    parameters changed."""
+    """The package's files a notebook's code imports, directly or through others, lazily too (``modulefinder``): its
+    job reruns when one changes. Not the workflow's modules: editing a preset reruns only what it changed."""
     cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
     lines = "\n".join("".join(c["source"]) for c in cells).splitlines()
     source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in lines)  # shell, magics
     finder = modulefinder.ModuleFinder(path=[str(PACKAGE.parent)])  # the package alone: nothing else is looked up
     with tempfile.TemporaryDirectory() as scratch:
-        script = Path(scratch) / "notebook.py"
-        script.write_text(source)
-        finder.run_script(str(script))
+        (Path(scratch) / "notebook.py").write_text(source)
+        finder.run_script(str(Path(scratch) / "notebook.py"))
     return sorted(m.__file__ for name, m in finder.modules.items()
                   if name.split(".")[0] == "diffeqformer" and not name.startswith("diffeqformer.workflow"))
 
 
 def book_sources() -> list[Path]:
-    """What the book job reads besides the executed notebooks: the chapters and the GPU edition (``book/``), the
-    book's configuration and table of contents, and the package's sources (the API pages document them)."""
+    """What the book job reads besides the executed notebooks: ``book/``, the book's configuration and table of
+    contents, and the package's sources (the API pages)."""
     chapters = [p for p in paths.BOOK.rglob("*") if p.is_file() and not {"_generated", "_build"} & set(p.parts)]
     return sorted(chapters) + [paths.REPO / "_config.yml", TOC, *sorted(PACKAGE.rglob("*.py"))]
 
 
-def _inputs_hash(preset: str, overrides: Mapping) -> str:
-    """SHA-256 of what a plan is made from: the configs, the package's sources, the notebooks, ``_toc.yml``, the
-    overrides and the environment variables the presets read."""
-    h = hashlib.sha256(json.dumps([preset, overrides, sorted((k, v) for k, v in os.environ.items()
-                                                             if k.startswith("DIFFEQFORMER_GPU"))]).encode())
-    files = [*sorted(paths.CONFIG.rglob("*.yaml")), *sorted(PACKAGE.rglob("*.py")),
-             *sorted(paths.NOTEBOOKS.glob("*.ipynb")), TOC]
-    for f in files:
-        h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
-    return h.hexdigest()
-
-
 def load(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> dict:
-    """The plan of ``preset`` (``make``), read from ``plan.json`` when nothing it was made from has changed."""
-    key = _inputs_hash(preset, overrides or {})
+    """The plan of ``preset`` (``make``), read from ``plan.json`` while nothing it was made from has changed: the
+    configs, sources, notebooks, ``_toc.yml``, the overrides and the environment the presets read."""
+    h = hashlib.sha256(json.dumps([preset, overrides or {}, sorted(
+        (k, v) for k, v in os.environ.items() if k.startswith("DIFFEQFORMER_GPU"))]).encode())
+    for f in [*sorted(paths.CONFIG.rglob("*.yaml")), *sorted(PACKAGE.rglob("*.py")),
+              *sorted(paths.NOTEBOOKS.glob("*.ipynb")), TOC]:
+        h.update(str(f).encode() + b"\0" + f.read_bytes() + b"\0")
     cached = folder(preset) / "plan.json"
-    if cached.exists():
-        saved = json.loads(cached.read_text())
-        if saved.get("key") == key:
-            return saved["plan"]
+    if cached.exists() and (saved := json.loads(cached.read_text())).get("key") == h.hexdigest():
+        return saved["plan"]
     made = make(preset, overrides)
-    paths.write_atomic(cached, json.dumps({"key": key, "plan": made}, indent=1) + "\n")
+    paths.write_atomic(cached, json.dumps({"key": h.hexdigest(), "plan": made}, indent=1) + "\n")
     return made
