@@ -14,7 +14,7 @@ from diffeqformer.analysis import seeds
 from diffeqformer.analysis.attribution import (METHODS, attribution_benchmark, claim, over_seeds,
                                               raw_attention_scores, summarize)
 from diffeqformer.report.plots.lyapunov import benchmark as plot_summary
-from diffeqformer.report.words import attribution_headline as headline
+from diffeqformer.report.words.lyapunov import attribution_headline as headline
 
 
 def test_benchmark_runs_on_a_random_model(tmp_path):

@@ -8,7 +8,7 @@ from scipy import stats
 
 from diffeqformer.analysis import downstream, seeds
 from diffeqformer.data import tasks as held_out
-from diffeqformer.report import words
+from diffeqformer.report.words import language as words
 from diffeqformer.report.plots import language
 
 OURS = {held_out.LASTWORD: [0.40, 0.43, 0.41], held_out.NEXTLINE: [0.30, 0.36, 0.31]}

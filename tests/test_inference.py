@@ -29,7 +29,7 @@ from diffeqformer.analysis.inference import (
     solve_sequences,
     solver_sweep,
 )
-from diffeqformer.report import words
+from diffeqformer.report.words import language as words
 from diffeqformer.report.plots import language
 
 MAX_STEPS = 1024

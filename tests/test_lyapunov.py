@@ -31,7 +31,7 @@ from diffeqformer.analysis.lyapunov import (
 from diffeqformer.report.plots.lyapunov import lyapunov_map as plot_lyapunov_map
 from diffeqformer.report.plots.lyapunov import scores_html, tokens_html
 from diffeqformer.report.plots.lyapunov import token_scores as plot_scores
-from diffeqformer.report.words import lyapunov_headline as headline
+from diffeqformer.report.words.lyapunov import lyapunov_headline as headline
 
 
 def test_linear_system_exponents_are_real_parts_of_eigenvalues(getkey):

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from diffeqformer.analysis import perplexity, seeds
-from diffeqformer.report import words
+from diffeqformer.report.words import language as words
 from diffeqformer.report.plots import language
 
 

@@ -18,7 +18,7 @@ from scipy.optimize import linear_sum_assignment
 
 from diffeqformer.analysis import seeds
 from diffeqformer.analysis import spectra as S
-from diffeqformer.report import words
+from diffeqformer.report.words import spectra as words
 from diffeqformer.report.plots import spectra as P
 
 matplotlib.use("Agg")

@@ -41,7 +41,7 @@ from diffeqformer.analysis.trajectories import (
     uniform_sphere,
     weight_pieces,
 )
-from diffeqformer.report import words
+from diffeqformer.report.words import trajectories as words
 from diffeqformer.report.plots import trajectories as plots
 
 matplotlib.use("Agg")

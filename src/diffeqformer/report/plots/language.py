@@ -11,7 +11,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 
 from ..figures import log_perplexity_axis
-from ..words import MODEL_LABELS
+from ..words.language import MODEL_LABELS
 
 
 def perplexity_curves(frame: pd.DataFrame, rows: Iterable[str], *, log: bool = True, title: str | None = None
