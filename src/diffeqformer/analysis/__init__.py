@@ -7,12 +7,12 @@
 - ``claims``: the paper's headline claims, each with its one primary test, named before any number;
 - ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents
   and the attribution methods they are compared with), ``inference`` (ODE solvers at inference, x1),
-  ``perplexity`` (F6), ``ablations`` (F7-F10 tables, measured step time and peak memory; ``python -m
-  diffeqformer.analysis.ablations --measure``), ``downstream`` (F11);
+  ``perplexity`` (F6), ``ablations`` (F7-F10), ``memory`` (a training step's measured time and peak memory;
+  ``python -m diffeqformer.analysis.memory``), ``downstream`` (F11);
 - ``attribution``: F5's benchmark, ``lyapunov``'s scores against the synthetic language's ground truth.
 
 Each module is imported on its own (``from diffeqformer.analysis import spectra``): this package imports none.
 """
 
-__all__ = ["ablations", "attribution", "claims", "downstream", "inference", "lyapunov", "perplexity", "schematic",
-           "seeds", "spectra", "trajectories"]
+__all__ = ["ablations", "attribution", "claims", "downstream", "inference", "lyapunov", "memory", "perplexity",
+           "schematic", "seeds", "spectra", "trajectories"]
