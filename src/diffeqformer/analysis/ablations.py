@@ -1,10 +1,6 @@
-"""F7-F10 from finished runs: adaptive fine-tuning (Fig. 5) and the ablations (beta2, Fig. 7; d_t, Figs. 14-16 and
-Table 6; the hypernetwork design, Fig. 18) as tables, curves and verdicts.
-
-Every function takes run directories (absolute, or relative to ``DIFFEQFORMER_HOME``) and reads what the runs wrote
-(``config.yaml``, ``metrics.jsonl``, ``complete.json``, a fine-tuning's ``pretrain_config.yaml``); the time and memory
-of a training step are ``analysis.memory``'s measurement.
-"""
+"""F7-F10 as tables, curves and verdicts, read from finished runs (``runs.run_path``): adaptive fine-tuning (Fig. 5)
+and the ablations (beta2, Fig. 7; d_t, Figs. 14-16 and Table 6, with ``analysis.memory``'s measured training step;
+the hypernetwork design, Fig. 18)."""
 
 from __future__ import annotations
 
@@ -33,9 +29,7 @@ from .seeds import Comparison, Trend, as_list, compare, spread, trend
 
 
 def describe(run) -> dict:
-    """What the tables and captions need of one finished run: kind (``pretraining`` / ``fine-tuning``), model type
-    and size, data domain, method, Euler steps N of a fine-tuned DiffEqFormer, the pretraining's domain and seed,
-    final/best/initial validation perplexity and loss, parameter counts, throughput, config and its hashes."""
+    """What the tables and captions need of one finished run (a fine-tuning's model is its pretraining's)."""
     path = require_complete(run)
     done = summary(path)
     config = run_config(path)
@@ -45,15 +39,12 @@ def describe(run) -> dict:
     metrics = read_metrics(path)
     curve = _eval_curve(metrics, run)
     out = {
-        "run": str(run), "kind": "fine-tuning" if finetune else "pretraining",
-        "model": model_type(model), "layers": model.num_layers,
-        "hidden_dim": model.hidden_dim, "domain": config.data.domain,
-        "method": config.method if finetune else "from scratch",
-        "steps": done.get("euler_steps") if finetune else None,
-        "source": pretraining.data.domain if finetune else None,
+        "run": str(run), "kind": "fine-tuning" if finetune else "pretraining", "model": model_type(model),
+        "layers": model.num_layers, "hidden_dim": model.hidden_dim, "domain": config.data.domain,
+        "method": config.method if finetune else "from scratch", "steps": done.get("euler_steps") if finetune else None,
+        "source": pretraining.data.domain if finetune else None, "pretrain_seed": (pretraining or config).trainer.seed,
         "final_ppl": done.get("final_eval_perplexity"), "best_ppl": float(curve.perplexity.min()),
         "final_loss": float(curve.eval_loss.iloc[-1]), "best_loss": float(curve.eval_loss.min()),
-        "pretrain_seed": (pretraining or config).trainer.seed,
         "initial_ppl": float(curve.perplexity.iloc[0]) if finetune else None,
         "trainable_params": done.get("trainable_params"), "total_params": done.get("total_params"),
         # a population's member (diffeqformer.population) records its share of the population's throughput
@@ -67,8 +58,7 @@ def describe(run) -> dict:
 
 
 def eval_curve(run):
-    """Validation loss and perplexity against the training step (a fine-tuning's step -1, the model before it was
-    fine-tuned, is shown as step 0)."""
+    """Validation loss and perplexity per training step (a fine-tuning's step -1, the model before it, as 0)."""
     return _eval_curve(read_metrics(run_path(run)), run)
 
 
@@ -115,12 +105,10 @@ def _model_name(d: dict) -> str:
 
 def finetune_table(runs: Mapping[str, str] | Sequence[str]):
     """One row per setting of Fig. 5 (direction, method, model: a fine-tuning over its seeds, or a model trained
-    from scratch on a fine-tuning's target domain): trainable parameters, validation perplexity before fine-tuning,
-    final and best (means over the seeds), the final's ``sd``, final - best (overfitting), the number of seeds, and
-    per seed, in the order of the pretraining seeds they start from (``pretrain seeds``, which match seed k of two
-    settings): the final perplexity (``finals``), its log (``losses``), the rise of the final loss above the run's
-    best (``rises``), the first seed's run (``run``) and all of them (``runs``). The pretrainings the fine-tunings
-    start from are left out (F6 shows them)."""
+    from scratch on a target domain; not the pretrainings): trainable parameters, validation perplexity before
+    fine-tuning, final and best (means over the seeds), the final's ``sd``, final - best, seeds, and per seed in the
+    order of the ``pretrain seeds`` they start from (seed k of two settings is matched by it): final perplexity
+    (``finals``), its log (``losses``), its rise above the run's best (``rises``), the runs (``run``: the first)."""
     import pandas as pd
 
     described = [describe(r) for r in (runs.values() if isinstance(runs, Mapping) else runs)]
@@ -153,12 +141,9 @@ def finetune_table(runs: Mapping[str, str] | Sequence[str]):
             "losses": tuple(rows["final loss"]), "rises": tuple(rows["final loss"] - rows["best loss"]),
             "pretrain seeds": tuple(int(k) for k in rows["pretrain seed"]), "run": first.run, "runs": tuple(rows.run),
         })
-    table = pd.DataFrame.from_records(settings)
-    order = {"lora": 0, "full": 1}
-    table["_m"] = table.method.map(order)
-    table["_k"] = table.model_order
-    return (table.sort_values(["direction", "_m", "_k"]).drop(columns=["_m", "_k", "model_order"])
-            .reset_index(drop=True))
+    table = pd.DataFrame.from_records(settings).assign(_m=lambda t: t.method.map({"lora": 0, "full": 1}))
+    return table.sort_values(["direction", "_m", "model_order"]).drop(columns=["_m", "model_order"]).reset_index(
+        drop=True)
 
 
 def _finetune_record(d: dict, method: str, source: str) -> dict:
@@ -173,26 +158,21 @@ def _finetune_record(d: dict, method: str, source: str) -> dict:
     }
 
 
-FINETUNE_HIDDEN = ("run", "runs", "finals", "losses", "rises", "pretrain seeds")
-"""Columns of a ``finetune_table`` that are for the code, not for the reader."""
-
-
 def method_name(method: str) -> str:
     """A fine-tuning method as the tables and panels name it."""
     return "LoRA" if method == "lora" else f"{method} fine-tuning"
 
 
 def baseline_row(rows):
-    """The GPT-2 baseline's row among the rows of a ``finetune_table`` of one direction and method (None if it is
-    not there)."""
+    """The GPT-2 baseline among the rows of a ``finetune_table`` of one direction and method (None: none)."""
     gpt = rows[~rows.model.str.startswith("DiffEqFormer") & ~rows.model.str.contains("from scratch")]
     return gpt.iloc[0] if len(gpt) else None
 
 
 def gpt_differences(rows) -> dict:
-    """Per DiffEqFormer N among the rows of a ``finetune_table`` of one direction and method, during fine-tuning:
-    its validation log-perplexity less the GPT-2 baseline's for each pair of the same pretraining seed, as a percent
-    ratio: model -> (steps, array [step, pair]). Empty without a baseline."""
+    """For each DiffEqFormer N among the rows of a ``finetune_table`` of one direction and method: model -> (steps,
+    [step, pair]), its validation log-perplexity less the GPT-2 baseline's of the same pretraining seed during
+    fine-tuning, as a percent ratio. Empty without a baseline."""
     import numpy as np
 
     gpt = baseline_row(rows)
@@ -213,8 +193,7 @@ PRETRAINING = "pretraining seed"
 """The unit of F7's tests."""
 
 OVERFIT_TARGETS = ("plays", "wikitext103")
-"""The fine-tuning domains on which F7 tests "fewer steps overfit less": the paper reports it on WikiText-103, for
-which the offline corpus's plays stand (``finetune.DIRECTIONS``)."""
+"""Where F7 tests "fewer steps overfit less": the paper's WikiText-103, for which the plays stand offline."""
 
 
 def finetune_differences(table, method: str) -> dict[tuple[str, int], dict[int, float]]:
@@ -233,8 +212,8 @@ def finetune_differences(table, method: str) -> dict[tuple[str, int], dict[int, 
 
 
 def finetune_per_seed(table, method: str) -> list[float]:
-    """F7's primary number under ``method``, one per pretraining seed: the mean over directions and N of
-    ``finetune_differences`` (on the pretraining seeds every setting has)."""
+    """F7's primary number under ``method`` per pretraining seed (that every setting has): the mean over
+    directions and N of ``finetune_differences``."""
     differences = finetune_differences(table, method)
     if not differences:
         return []
@@ -243,10 +222,9 @@ def finetune_per_seed(table, method: str) -> list[float]:
 
 
 def finetune_verdicts(table) -> dict[str, claims.Verdict]:
-    """The verdicts on F7's claims (``claims.CLAIMS``), each from its one primary test over the pretraining seeds:
-    ``f7_lora`` (the one-sample t-test of ``finetune_per_seed`` under LoRA), ``f7_full`` (the same under full
-    fine-tuning, tested for equivalence), ``f7_overfit`` (the slope of each DiffEqFormer's rise above its best
-    against N, with an intercept per pretraining seed, under full fine-tuning on ``OVERFIT_TARGETS``)."""
+    """F7's verdicts over the pretraining seeds: ``f7_lora`` and ``f7_full`` (``finetune_per_seed`` under each
+    method, by the one-sample t-test; full: for equivalence), ``f7_overfit`` (the slope against N of each fully
+    fine-tuned DiffEqFormer's rise above its best on ``OVERFIT_TARGETS``, an intercept per pretraining seed)."""
     out = {}
     for name, method in (("f7_lora", "lora"), ("f7_full", "full")):
         per_seed = finetune_per_seed(table, method)
@@ -269,11 +247,9 @@ def finetune_verdicts(table) -> dict[str, claims.Verdict]:
 
 
 def finetune_secondary(table):
-    """F7's exploratory comparisons: per method, direction and N, DiffEqFormer against GPT-2 over the pretraining
-    seeds (the one-sample t-test of the seed-matched differences of final log-perplexities): the ratio in percent
-    with its 95% interval, p, the verdict on its method's claim (LoRA: lower; full: equivalent within
-    ``claims.EQUIVALENCE_PERCENT``), whether a significant ratio is negligible (within ``claims.NEGLIGIBLE_PERCENT``)
-    and the smallest ratio the design detects 80% of the time."""
+    """F7's exploratory comparisons: per method, direction and N, ``finetune_differences`` judged as its method's
+    claim: the ratio in percent with its 95% interval, p, verdict, whether it is negligible and the smallest ratio
+    the design detects 80% of the time."""
     import pandas as pd
 
     rows = []
@@ -291,12 +267,10 @@ def finetune_secondary(table):
 
 
 def ablation_table(runs: Sequence[str | Sequence[str]], fields: Mapping[str, str]):
-    """One row per entry of ``runs`` (a run, or a list of runs: the seeds of one setting): the configuration values
-    named by ``fields`` (column -> dotted config field, e.g. ``{"d_t": "model.time_embed_dim"}``, read from the
-    first seed), model, number of seeds, the mean final validation perplexity over the seeds and its standard
-    deviation, the mean best perplexity, parameters, mean training tokens/s; ``run`` is the first seed
-    (for measurements that do not depend on the seed), ``runs`` all of them, ``finals`` each seed's final
-    perplexity and ``losses`` its log, the final validation loss (for ``seeds.compare``)."""
+    """One row per entry of ``runs`` (a run, or the seed runs of one setting): the config values of ``fields``
+    (column -> dotted field, e.g. ``{"d_t": "model.time_embed_dim"}``), model, seeds, final validation perplexity
+    (mean and ``sd`` over the seeds), best (mean), parameters, training tokens/s (mean); ``run`` the first seed,
+    ``runs`` all, ``finals`` each seed's final perplexity and ``losses`` its log."""
     import pandas as pd
 
     records = []
@@ -314,8 +288,8 @@ def ablation_table(runs: Sequence[str | Sequence[str]], fields: Mapping[str, str
     return pd.DataFrame.from_records(records)
 
 
-HIDDEN_COLUMNS = ("run", "runs", "finals", "losses", "change")
-"""Columns of an ``ablation_table`` that are for the code, not for the reader."""
+HIDDEN_COLUMNS = ("run", "runs", "finals", "losses", "change", "rises", "pretrain seeds")
+"""Columns of the tables here that are for the code, not for the reader."""
 
 
 def shown(table):
@@ -324,20 +298,18 @@ def shown(table):
 
 
 def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Final validation log-perplexities of two settings over seeds compared by ``seeds.RULE``: the difference is
-    the log of the ratio of perplexities. Seeds are matched by their place in the lists: the workflow trains every
-    setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of two settings reads the training sequences in
-    the same order, so the first n seeds of both (n the fewer) are compared by the paired t-test."""
+    """Final validation log-perplexities of two settings over seeds compared by ``seeds.RULE`` (the difference: the
+    log of the ratio of perplexities), the first n seeds of both (n the fewer) paired: the workflow trains every
+    setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training sequences."""
     n = min(len(a), len(b))
     return compare(a[:n], b[:n], paired=True)
 
 
 def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
-    """F8 (Fig. 7): one row per setting of ``runs`` (model key, e.g. ``ours`` / ``gpt`` -> its runs, or lists of
-    seed runs, differing in Adam's beta2): final and best validation perplexity (means over seeds), the change of
-    the final one against the same model at beta2 = 0.999 in percent (the ratio from the seed-matched differences
-    of log-perplexities, negative: better), whether that change is significant (``seeds.RULE``; seeds matched as in
-    ``_settings``) and the ``Comparison`` itself (``change``; None at 0.999)."""
+    """F8 (Fig. 7): an ``ablation_table`` row per setting of ``runs`` (model key, e.g. ``ours``, -> its settings,
+    differing in Adam's beta2) with its ``key``, the ``_settings`` comparison of its final perplexity with the same
+    model's at beta2 = 0.999 (``change``; None at 0.999), as a percent ratio (``vs 0.999 %``, negative: better) and
+    its ``verdict``."""
     import pandas as pd
 
     parts = []
@@ -356,8 +328,8 @@ def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
 
 def beta2_interaction(table) -> Comparison | None:
     """F8's primary test: per seed, DiffEqFormer's change of final log-perplexity from beta2 = 0.999 to the lower
-    beta2, less GPT-2's (the interaction of model and beta2), by the one-sample t-test over the seeds all four
-    settings share (seed k of each reads the same sequences). None where a setting is missing."""
+    beta2 less GPT-2's (the interaction), by the one-sample t-test over the seeds all four settings share. None
+    where a setting is missing."""
     changes = {}
     for key, rows in table.groupby("key", sort=False):
         base, low = rows[rows.beta2 == 0.999], rows[rows.beta2 < 0.999]
@@ -379,16 +351,14 @@ def beta2_verdicts(table) -> dict[str, claims.Verdict]:
 
 
 def time_embedding_table(runs: Sequence[str], measured: Sequence[Mapping] | None = None):
-    """F9 (Table 6, Figs. 14-16): one row per d_t, sorted: final and best validation perplexity, parameters,
-    training tokens/s (the trainer's median) and, given ``measure_training_step`` results for the same runs, the
-    tokens/s and memory measured back to back."""
+    """F9 (Table 6, Figs. 14-16): an ``ablation_table`` per d_t, sorted, and, given ``memory.measure_training_steps``
+    of the same runs, the tokens/s and memory measured back to back."""
     table = ablation_table(runs, {"d_t": "model.time_embed_dim"}).sort_values("d_t").reset_index(drop=True)
     if measured is not None:
         by_run = {str(run_path(m["run"])): m for m in measured}
         for column, key in [("step tokens/s", "tokens_per_second"), ("training MiB", "training_mib"),
-                            ("device peak MiB", "device_peak_mib"), ("XLA planned MiB", "xla_planned_mib")]:
-            table[column] = [by_run[str(run_path(r))].get(key) for r in table.run]
-        for column, key in [("XLA arguments MiB", "xla_arguments_mib"), ("XLA temporaries MiB", "xla_temporaries_mib")]:
+                            ("device peak MiB", "device_peak_mib"), ("XLA planned MiB", "xla_planned_mib"),
+                            ("XLA arguments MiB", "xla_arguments_mib"), ("XLA temporaries MiB", "xla_temporaries_mib")]:
             table[column] = [by_run[str(run_path(r))].get(key) for r in table.run]
         if table["device peak MiB"].isna().all():
             table = table.drop(columns="device peak MiB")
@@ -423,11 +393,9 @@ def time_embedding_memory(table, column: str | None = None, *, batch: int | None
 
 
 def time_embedding_trend(table) -> Trend:
-    """F9's perplexity trend: the slope of every seed's final validation log-perplexity against log2 d_t (the log
-    of the ratio of perplexities per doubling of d_t), over all settings of ``table`` (``time_embedding_table``),
-    judged by ``seeds.trend``. Seeds are matched by their place in each setting's list where every setting has as
-    many (seed k of every d_t reads the training sequences in the same order: an intercept per seed), otherwise one
-    intercept."""
+    """F9's perplexity trend (``seeds.trend``): the slope of every seed's final validation log-perplexity against
+    log2 d_t over all rows of a ``time_embedding_table``, with an intercept per seed where every d_t has as many
+    (seed k of each reads the training sequences in the same order), else one intercept."""
     matched = len({len(f) for f in table.losses}) == 1
     return trend([math.log2(d) for d, losses in zip(table.d_t, table.losses) for _ in losses],
                  [v for losses in table.losses for v in losses],
@@ -445,8 +413,7 @@ def time_embedding_verdicts(table, memory: MemoryGrowth | None = None,
 
 
 def hypernetwork_verdicts(table) -> dict[str, claims.Verdict]:
-    """The verdict on F10's claim: per-weight MLPs against one shared MLP, the paired t-test of the final
-    log-perplexities (seeds matched as in ``_settings``)."""
+    """The verdict on F10's claim: per-weight MLPs against one shared MLP by ``_settings``."""
     rows = table.set_index("hypernet")
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
         return {"f10_hypernet": claims.untested("f10_hypernet", "the preset did not train both designs")}

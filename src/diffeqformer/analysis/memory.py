@@ -28,12 +28,10 @@ from ..train import next_token_loss
 
 
 def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4, donate: bool = True, mp=None):
-    """A jitted AdamW train step (forward, backward, update; Levanter's next-token loss) over the model's float
-    arrays, compiled for ``tokens`` (batch x position). ``donate``: the step's outputs take the buffers of the
-    parameters and optimiser state it is given, as the trainer's step does (``dispatch``), so that a step holds one
-    copy of them, not two. ``mp``: a ``jmp.Policy`` (a run's ``trainer.mp``) whose compute dtype the loss runs in, as
-    in training; None: the parameters' own dtype. Returns (step, params, opt_state, XLA's planned peak bytes:
-    ``memory_parts``' ``peak``, or None)."""
+    """A jitted AdamW train step (Levanter's next-token loss) over the model's float arrays, compiled for ``tokens``
+    (batch x position). ``donate``: the outputs take the buffers of the parameters and optimiser state, as in the
+    trainer's step (``dispatch``). ``mp``: a ``jmp.Policy`` (a run's ``trainer.mp``) whose compute dtype the loss runs
+    in. Returns (step, params, opt_state, ``memory_parts``' ``peak`` or None)."""
     import equinox as eqx
     import haliax as hax
     import jax
@@ -63,10 +61,9 @@ def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4, donate: b
 
 
 def memory_parts(compiled) -> dict[str, int] | None:
-    """XLA's plan for a compiled step, in bytes (None where the backend gives none): ``arguments`` (for a train
-    step: parameters and optimiser state), ``outputs``, ``aliased`` (outputs written into donated arguments),
-    ``temporaries`` (gradients, activations, workspace) and ``peak`` = arguments + outputs - aliased +
-    temporaries. Planned, not measured."""
+    """XLA's plan for a compiled step in bytes (None where the backend gives none): ``arguments`` (parameters and
+    optimiser state), ``outputs``, ``aliased`` (outputs written into donated arguments), ``temporaries`` (gradients,
+    activations, workspace) and ``peak`` = arguments + outputs - aliased + temporaries."""
     mem = compiled.memory_analysis()
     if mem is None:
         return None
@@ -103,11 +100,6 @@ class MemoryGrowth:
     @property
     def params_ratio(self) -> float:
         return self.params[-1] / self.params[0]
-
-    @property
-    def parameter_state(self) -> tuple[float, ...]:
-        """``PARAMETER_BYTES`` x parameters of each setting: the memory its parameters' training state takes."""
-        return tuple(PARAMETER_BYTES * p for p in self.params)
 
     @property
     def growth_ratio(self) -> float:
@@ -170,8 +162,7 @@ def _status_mib(field: str) -> float | None:
 
 
 def _reset_peak_rss() -> bool:
-    """Reset this process's resident-memory high-water mark to its current value (Linux: ``clear_refs`` 5), so that
-    a transient peak of the imports does not hide what comes after. False where that is not possible."""
+    """Reset this process's resident-memory high-water mark (Linux: ``clear_refs`` 5); False where impossible."""
     try:
         Path("/proc/self/clear_refs").write_text("5")
         return True
@@ -247,26 +238,25 @@ def _measure(run, batch: int, steps: int, cache: str | None = None) -> dict:
 
 
 def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
-    """The measured cost of a training step of the run's model (built fresh from its config, random tokens, AdamW,
-    its dropout): ``step_s`` (median seconds per step, after the first) and ``tokens_per_second``, and its memory:
-
-    * ``training_mib``: the process's peak resident memory less its resident memory once JAX's runtime was up (on
-      Linux the high-water mark is reset there, so that the imports' transient peak does not hide a small model):
-      parameters, AdamW state, the compiled step and its activations for ``batch`` sequences. The compiler needs
-      several times that, so the step is compiled in a first process (``compile_mib``: its peak;
-      ``first_compile_s``) into a private persistent compilation cache, and measured in a second one that loads it
-      (``step_from_cache``);
-    * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
-    * ``xla_planned_mib``: XLA's plan of the step (``memory_parts``) and its parts ``xla_arguments_mib``,
-      ``xla_outputs_mib``, ``xla_aliased_mib``, ``xla_temporaries_mib``;
-    * ``params``: the parameters (float array elements) the step trains; ``timed_from``, ``timed_to``: when."""
+    """``measure_training_steps`` of one run."""
     return measure_training_steps([run], batch=batch, steps=steps)[0]
 
 
 def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, progress: bool = False) -> list[dict]:
-    """``measure_training_step`` for each of ``runs``: the compiling processes side by side (nothing of them that
-    a result uses is timed), then the measuring processes one after the other, so that no two timed steps share
-    the machine. ``progress``: a progress bar over the measurements."""
+    """The measured cost of a training step of each run's model (built fresh from its config, random tokens, AdamW,
+    its dropout): ``step_s`` (median seconds per step, after the first), ``tokens_per_second`` and its memory:
+
+    * ``training_mib``: the process's peak resident memory less its resident memory once JAX's runtime was up (where
+      the high-water mark is reset, so that the imports' transient peak does not hide a small model): parameters,
+      AdamW state, the compiled step and its activations for ``batch`` sequences. The compiler needs several times
+      that, so the step is compiled in a first process (``compile_mib``: its peak; ``first_compile_s``) into a
+      private compilation cache and measured in a second one that loads it (``step_from_cache``);
+    * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
+    * ``xla_planned_mib``: XLA's plan (``memory_parts``) and its parts ``xla_arguments_mib``, ``xla_outputs_mib``,
+      ``xla_aliased_mib``, ``xla_temporaries_mib``; ``params``: the float parameters the step trains.
+
+    The compiling processes run side by side (nothing of them that a result uses is timed), then the measuring
+    processes one after the other (``timed_from``, ``timed_to``), so that no two timed steps share the machine."""
     from tqdm.auto import tqdm
 
     if batch < 1 or steps < 1:

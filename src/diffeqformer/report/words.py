@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 
+from ..analysis import ablations, seeds
+from ..analysis.memory import PARAMETER_BYTES
+
 # ----------------------------------------------------------------------------------------------------------------------
 # F2: eigenvalue spectra (analysis.spectra)
 
@@ -27,8 +30,6 @@ import math
 
 def finetune_scale(table) -> str:
     """F7's captions: the pretrainings' and fine-tunings' scale, read from a ``finetune_table``'s first fine-tuning."""
-    from ..analysis import ablations
-
     d = ablations.describe(table[~table.model.str.contains("from scratch")].run.iloc[0])
     pre = d["config"].pretrain.config
     trainer = d["config"].trainer
@@ -39,8 +40,6 @@ def finetune_scale(table) -> str:
 def change_words(comparison) -> str:
     """A ``seeds.Comparison`` of log-perplexities: ``-9.5% (95% CI -12.0% to -7.0%), p = 0.01, paired t-test over
     3 seeds: significant``; ``+0.4%: untested: 1 seed``."""
-    from ..analysis import seeds
-
     change = f"{seeds.percent(comparison.difference):+.1f}%"
     if comparison.untested:
         return f"{change}: {comparison.verdict}"
@@ -53,14 +52,12 @@ def change_words(comparison) -> str:
 def beta2_headline(table) -> dict[str, str]:
     """F8, per model key of a ``beta2_table``: the perplexity at each beta2 (mean ± sd over seeds) and the change at
     the lower beta2 with its verdict (exploratory: ``beta2_verdicts`` judges the claim by the interaction)."""
-    from ..analysis.seeds import Comparison, spread
-
     out = {}
     for key, rows in table.groupby("key", sort=False):
-        values = ", ".join(f"{spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
+        values = ", ".join(f"{seeds.spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
         low = rows[rows.beta2 < 0.999].change
         change = low.iloc[0] if len(low) else None
-        text = f" (the lower beta2: {change_words(change)})" if isinstance(change, Comparison) else ""
+        text = f" (the lower beta2: {change_words(change)})" if isinstance(change, seeds.Comparison) else ""
         out[key] = f"{rows.model.iloc[0]}: {values}{text}"
     return out
 
@@ -70,40 +67,35 @@ def time_embedding_headline(table, verdicts, *, batch: int | None = None) -> dic
     the largest d_t of a ``time_embedding_table``, the trend over every d_t (``verdicts["f9_dt"]``), what an added
     parameter costs (``memory_growth``: of ``time_embedding_memory``; ``memory_rss``: of the resident memory, where
     measured). ``batch``: the sequences of the measured step."""
-    from ..analysis.ablations import MEMORY_SOURCES, memory_column, time_embedding_memory
-    from ..analysis.seeds import spread
-
     lo, hi = table.iloc[0], table.iloc[-1]
-    memory = memory_column(table)
+    memory = ablations.memory_column(table)
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     out = {
         "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
-        "ppl": f"{spread(lo.finals).text()} to {spread(hi.finals).text()}",
+        "ppl": f"{seeds.spread(lo.finals).text()} to {seeds.spread(hi.finals).text()}",
         "best_dt": f"{int(table.loc[table['final ppl'].idxmin(), 'd_t'])}",
         "params": f"{lo.params / 1e6:.2f}M to {hi.params / 1e6:.2f}M (x{hi.params / lo.params:.2f})",
         "throughput": f"x{hi[speed] / lo[speed]:.2f}",
         "memory": (f"x{hi[memory] / lo[memory]:.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB, "
-                   f"{MEMORY_SOURCES[memory]})" if memory else "not measured"),
+                   f"{ablations.MEMORY_SOURCES[memory]})" if memory else "not measured"),
         "trend": verdicts["f9_dt"].text(),
         "memory_growth": "not measured", "memory_rss": "not measured",
     }
     if memory is not None:
-        out["memory_growth"] = memory_growth_text(time_embedding_memory(table, memory, batch=batch))
+        out["memory_growth"] = memory_growth_text(ablations.time_embedding_memory(table, memory, batch=batch))
         if memory != "training MiB" and "training MiB" in table:
-            out["memory_rss"] = memory_growth_text(time_embedding_memory(table, "training MiB", batch=batch))
+            out["memory_rss"] = memory_growth_text(ablations.time_embedding_memory(table, "training MiB", batch=batch))
     return out
 
 
 def hypernetwork_headline(table) -> dict[str, str]:
     """F10: per-weight MLPs against one shared MLP (final validation perplexity over seeds, parameters)."""
-    from ..analysis.seeds import spread
-
     rows = table.set_index("hypernet")
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
         return {"comparison": "The preset did not train both hypernetwork designs."}
     a, b = rows.loc["per_weight"], rows.loc["shared_mlp"]
-    return {"comparison": (f"per-weight MLPs {spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) against "
-                           f"one shared MLP {spread(b.finals).text()} ({b.params / 1e6:.2f}M)")}
+    return {"comparison": (f"per-weight MLPs {seeds.spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) "
+                           f"against one shared MLP {seeds.spread(b.finals).text()} ({b.params / 1e6:.2f}M)")}
 
 
 def size(n: float) -> str:
@@ -114,8 +106,6 @@ def size(n: float) -> str:
 def memory_growth_text(growth) -> str:
     """A ``MemoryGrowth``: ``14.0 B per added parameter (16 expected), 2.80 GiB that does not grow with them; memory
     x3.18 for parameters x5.67 (H100 ...)``."""
-    from ..analysis.memory import PARAMETER_BYTES
-
     return (f"{growth.per_parameter:.1f} B per added parameter ({PARAMETER_BYTES} expected), "
             f"{size(growth.fixed)} that does not grow with them; memory x{growth.memory_ratio:.2f} for parameters "
             f"x{growth.params_ratio:.2f} ({growth.source})")
@@ -124,8 +114,6 @@ def memory_growth_text(growth) -> str:
 def memory_explanation(growth) -> str:
     """How much the memory grew for what the parameters grew, then, exploratory, what an added parameter costs
     against its training state and why the memory grows less than the parameters all the same."""
-    from ..analysis.memory import PARAMETER_BYTES
-
     half = "less" if growth.far_less else "more"
     return (f"memory x{growth.memory_ratio:.2f} where the parameters grow x{growth.params_ratio:.2f}: "
             f"{growth.growth_ratio:.2f} of their growth. Exploratory, stricter: an added parameter costs "
