@@ -27,7 +27,7 @@ import jax, haliax as hax
 jax.config.update("jax_compilation_cache_dir", sys.argv[4])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 from diffeqformer import config as configs, train
-from diffeqformer.analysis.ablations import compiled_train_step
+from diffeqformer.analysis.memory import compiled_train_step
 config = configs.load_config(sys.argv[1], [])
 vocab = hax.Axis("vocab", int(sys.argv[2]))
 model = config.model.build(vocab, key=jax.random.PRNGKey(0))

@@ -1,4 +1,4 @@
-"""ablations.measure_training_step's two processes: the second loads the step the first compiled.
+"""memory.measure_training_step's two processes: the second loads the step the first compiled.
 
     python benchmarks/step_measure.py [--run runs/smoke-diffeqformer] [--batch 4] [--steps 3]
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from diffeqformer.analysis import ablations
+from diffeqformer.analysis import memory
 
 
 def main():
@@ -24,7 +24,7 @@ def main():
     p.add_argument("--batch", type=int, default=4)
     p.add_argument("--steps", type=int, default=3)
     args = p.parse_args()
-    r = ablations.measure_training_step(args.run, batch=args.batch, steps=args.steps)
+    r = memory.measure_training_step(args.run, batch=args.batch, steps=args.steps)
     ratio = r["first_compile_s"] / r["compile_s"]
     print(f"compile, first process: {r['first_compile_s']:.2f} s; second process (from the cache): "
           f"{r['compile_s']:.2f} s; ratio {ratio:.1f}")

@@ -20,7 +20,7 @@ import jax
 from diffeqformer.model.baselines import baseline_config
 
 from diffeqformer import DiffEqFormerConfig, count_params
-from diffeqformer.analysis.ablations import compiled_train_step
+from diffeqformer.analysis.memory import compiled_train_step
 
 PRESETS = {
     # name: (dimensions, batch size)

@@ -1,5 +1,6 @@
-"""F7-F10 tables and sentences (diffeqformer.analysis.ablations) on hand-written run directories, and the measurement
-of a training step's time and memory on a smoke-size model."""
+"""F7-F10 tables, sentences and figures (diffeqformer.analysis.ablations, report.words, report.plots.ablations) on
+hand-written run directories, and the measurement of a training step's time and memory (analysis.memory) on a
+smoke-size model."""
 
 from __future__ import annotations
 
@@ -12,7 +13,9 @@ import yaml
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
-from diffeqformer.analysis import ablations, seeds
+from diffeqformer.analysis import ablations, memory, seeds
+from diffeqformer.report.words import ablations as words
+from diffeqformer.report.plots import ablations as plots
 
 
 def fake_run(root, name, *, model=None, data=None, optimizer=None, losses, complete=None, pretrain=None,
@@ -105,12 +108,12 @@ def test_plot_finetune_draws_a_line_per_setting(grid):
 
     matplotlib.use("Agg")
     table = ablations.finetune_table(grid)  # one seed a setting: sd is NaN
-    fig = ablations.plot_finetune(table)
+    fig = plots.finetune(table)
     lines = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
     assert lines == list(table.model)
     markers = [line.get_marker() for line in fig.axes[0].get_lines()]
     assert len(set(markers)) == len(markers)  # lines that coincide stay told apart
-    differences = ablations.plot_finetune_differences(table)
+    differences = plots.finetune_differences(table)
     labels = [line.get_label() for line in differences.axes[0].get_lines()]
     assert labels == ["GPT-2 (24 layers)", "DiffEqFormer N=9", "DiffEqFormer N=18"]
     assert differences.axes[0].get_lines()[1].get_ydata()[-1] == pytest.approx(100 * math.expm1(5.0 - 5.5))
@@ -198,8 +201,13 @@ def test_beta2_table_and_interaction(tmp_path):
     interaction = ablations.beta2_interaction(table)
     assert interaction.test == seeds.ONE_SAMPLE and interaction.a.values == pytest.approx((-0.30, -0.29, -0.32))
     assert ablations.beta2_verdicts(table)["f8_beta2"].word == seeds.REPRODUCED
-    words = ablations.beta2_headline(table)
-    assert f"(the lower beta2: {100 * math.expm1(-0.10):+.1f}% (95% CI " in words["ours"]
+    headline = words.beta2_headline(table)
+    assert f"(the lower beta2: {100 * math.expm1(-0.10):+.1f}% (95% CI " in headline["ours"]
+    fig = plots.beta2(table)  # a panel per model, a line per beta2 (the mean over its seeds)
+    assert [ax.get_title() for ax in fig.axes] == ["DiffEqFormer (18 steps)", "GPT-2 (24 layers)"]
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["beta2 = 0.95 (3 seeds)", "beta2 = 0.999 (3 seeds)"]
+    assert lines[0].get_ydata()[-1] == pytest.approx(sum(math.exp(v) for v in (5.90, 5.92, 5.88)) / 3)
     # the lower beta2 helps GPT-2 more than DiffEqFormer: the claim's interaction the other way
     runs["gpt"][1] = seed_runs(tmp_path, "g3", [5.80, 5.81, 5.79], model=GPT, optimizer={"beta2": 0.95})
     assert ablations.beta2_verdicts(ablations.beta2_table(runs))["f8_beta2"].word == seeds.CONTRADICTED
@@ -230,7 +238,9 @@ def test_time_embedding_table_and_headline(tmp_path):
     assert list(table.d_t) == [2, 8] and list(table["training MiB"]) == [100.0, 150.0]
     assert "device peak MiB" not in table  # no accelerator: the column says nothing
     assert table.params.iloc[1] > table.params.iloc[0]  # counted on the model built from each config
-    text = ablations.time_embedding_headline(table, batch=16)
+    growth = ablations.time_embedding_memory(table, batch=16)
+    verdicts = ablations.time_embedding_verdicts(table, growth, words.memory_note(growth))
+    text = words.time_embedding_headline(table, verdicts, batch=16)
     assert text["range"] == "d_t = 2 to 8" and text["throughput"] == "x0.90" and text["best_dt"] == "8"
     assert text["ppl"].endswith("(3 seeds)")
     ratio = table.params.iloc[1] / table.params.iloc[0]
@@ -239,13 +249,12 @@ def test_time_embedding_table_and_headline(tmp_path):
     per_parameter = 30 * 2**20 / (table.params.iloc[1] - table.params.iloc[0])
     assert text["memory_growth"].startswith(f"{per_parameter:.1f} B per added parameter (16 expected)")
     assert "XLA's plan of the step at batch 16" in text["memory_growth"]
-    verdicts = ablations.time_embedding_verdicts(table, batch=16)
     # judged as the paper words it: the memory's growth (x1.50) over the parameters' growth
     assert verdicts["f9_memory"].word == (seeds.REPRODUCED if 0.5 / (ratio - 1) < 0.5 else seeds.CONTRADICTED)
     assert verdicts["f9_memory"].effect == pytest.approx(0.5 / (ratio - 1)) and math.isnan(verdicts["f9_memory"].p)
     assert f"costs {per_parameter:.1f} B" in verdicts["f9_memory"].note  # the stricter reading, exploratory
     assert text["memory_rss"].startswith(f"{50 * 2**20 / (table.params.iloc[1] - table.params.iloc[0]):.1f} B")
-    assert table[f"{ablations.PARAMETER_BYTES} B x params MiB"].tolist() == pytest.approx(
+    assert table[f"{memory.PARAMETER_BYTES} B x params MiB"].tolist() == pytest.approx(
         (table.params * 16 / 2**20).tolist())
     # two d_t, matched seeds: the slope per doubling is the paired difference of log-perplexities over
     # log2(8 / 2) = 2 doublings
@@ -297,19 +306,18 @@ def test_memory_growth_is_judged_as_the_paper_words_it_and_per_added_parameter()
     saving, 4 B would be one."""
     params = [100e6, 400e6, 1000e6]
     for b, saving in [(16.0, False), (14.0, False), (4.0, True)]:
-        g = ablations.memory_growth(params[::-1], [2 * 2**30 + b * p for p in params[::-1]], "a line")
+        g = memory.memory_growth(params[::-1], [2 * 2**30 + b * p for p in params[::-1]], "a line")
         assert g.params == tuple(params) and g.per_parameter == pytest.approx(b) and g.fixed == pytest.approx(2**31)
         assert g.memory_ratio < g.params_ratio  # the ratio form holds in every case
         assert g.far_less is saving
         relative = (g.memory_ratio - 1) / (g.params_ratio - 1)
         assert g.growth_ratio == pytest.approx(relative) and g.grows_far_less is (relative < 0.5)
-        verdict = ablations.memory_verdict(g)
+        verdict = words.memory_verdict(g)
         holds = "holds" if relative < 0.5 else "does not hold"
         assert verdict.startswith(f"Fig. 16's claim, as the paper words it, {holds} in this sweep (a line)")
         assert f"costs {b:.1f} B against the 16 B" in verdict and "2.00 GiB of the memory does not grow" in verdict
-    assert ablations.memory_growth([1, 2], [10, 20], "x").parameter_state == (16.0, 32.0)
     with pytest.raises(ValueError, match="two or more parameter counts"):
-        ablations.memory_growth([5, 5], [1, 2], "x")
+        memory.memory_growth([5, 5], [1, 2], "x")
 
 
 def test_gpu_memory_growth_reads_a_measurement_file(tmp_path):
@@ -321,18 +329,18 @@ def test_gpu_memory_growth_reads_a_measurement_file(tmp_path):
     path.write_text(json.dumps({"device": "Some GPU", "pairs": [{"diffeqformer": entry(20, 2e8, 5.0)}],
                                 "time_embed_dim": [entry(144, 1e9, 5.0 + 14 * 8e8 / 2**30),
                                                    entry(48, 4e8, 5.0 + 14 * 2e8 / 2**30)]}))
-    growth, table = ablations.gpu_memory_growth(path)
+    growth, table = memory.gpu_memory_growth(path)
     assert growth.per_parameter == pytest.approx(14.0) and list(table.d_t) == [20, 48, 144]
     assert growth.source.startswith("Some GPU, allocator peak at batch 16, 12 x 768")
     assert table["16 B x params GiB"].tolist() == pytest.approx([16 * p / 2**30 for p in (2e8, 4e8, 1e9)])
     path.write_text(json.dumps({"device": "Some GPU", "pairs": [{"diffeqformer": entry(20, 2e8, 5.0)}]}))
     with pytest.raises(ValueError, match="fewer than two d_t"):
-        ablations.gpu_memory_growth(path)
+        memory.gpu_memory_growth(path)
 
 
 def test_plot_memory_draws_a_panel_per_sweep():
-    g = ablations.memory_growth([1e6, 2e6, 4e6], [40e6 + 16 * p for p in (1e6, 2e6, 4e6)], "a line")
-    fig = ablations.plot_memory({"here": g, "there": g})
+    g = memory.memory_growth([1e6, 2e6, 4e6], [40e6 + 16 * p for p in (1e6, 2e6, 4e6)], "a line")
+    fig = plots.memory({"here": g, "there": g})
     assert len(fig.axes) == 2 and len(fig.axes[0].lines) == 4  # points, fit, 16 B a parameter, fixed part
 
 
@@ -343,7 +351,7 @@ def test_hypernetwork_headline(tmp_path):
     assert "run" not in ablations.shown(table) and "losses" not in ablations.shown(table)
     verdict = ablations.hypernetwork_verdicts(table)["f10_hypernet"]
     assert verdict.word == seeds.CONTRADICTED and verdict.effect == pytest.approx(100 * math.expm1(0.10))
-    assert ablations.hypernetwork_headline(table)["comparison"].startswith("per-weight MLPs ")
+    assert words.hypernetwork_headline(table)["comparison"].startswith("per-weight MLPs ")
     better = ablations.ablation_table(runs[::-1], {"hypernet": "model.hypernet"})
     better = better.assign(hypernet=["per_weight", "shared_mlp"])
     assert ablations.hypernetwork_verdicts(better)["f10_hypernet"].word == seeds.REPRODUCED
@@ -352,8 +360,8 @@ def test_hypernetwork_headline(tmp_path):
 
 @pytest.mark.pipeline
 def test_f9_measures_each_runs_training_step_in_a_process_of_its_own(smoke_book):  # noqa: F811
-    """F9's measurement in the smoke pipeline (``measure_training_steps`` on its two runs of different d_t, batch 4,
-    3 steps; the notebook saves what it returned as ``f9_measured.csv``): compiled side by side, timed one after the
+    """F9's measurement in the smoke pipeline (``memory.measure_training_steps`` on its two runs of different d_t,
+    batch 4, 3 steps; the notebook saves what it returned as ``f9_measured.csv``): compiled side by side, timed one after the
     other, each result its own run's; memory measured and XLA's plan of the step consistent; the measuring process
     loaded the step its compiling process compiled."""
     import pandas as pd
@@ -392,14 +400,14 @@ _TWICE = """
 import json, os, sys
 import jax
 import diffeqformer
-os.environ["XLA_FLAGS"] = diffeqformer.ONEDNN_CACHEABLE_FLAG  # what F9's measuring processes add (ablations._main)
+os.environ["XLA_FLAGS"] = diffeqformer.ONEDNN_CACHEABLE_FLAG  # what F9's measuring processes add (memory._measure)
 jax.config.update("jax_compilation_cache_dir", sys.argv[2])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-from diffeqformer.analysis import ablations
-first = ablations._measure(sys.argv[1], 4, 1)
+from diffeqformer.analysis import memory
+first = memory._measure(sys.argv[1], 4, 1)
 jax.clear_caches()  # the second compilation asks the persistent cache, as a second process would
-second = ablations._measure(sys.argv[1], 4, 1)
+second = memory._measure(sys.argv[1], 4, 1)
 print(json.dumps([first["step_from_cache"], second["step_from_cache"]]))
 """
 
@@ -421,13 +429,13 @@ def test_a_training_step_with_f9s_onednn_kernels_is_kept_by_the_compilation_cach
 
 def test_measure_training_step_rejects_bad_input(tmp_path):
     with pytest.raises(ValueError, match="batch and steps must be positive"):
-        ablations.measure_training_step(tmp_path, batch=0)
+        memory.measure_training_step(tmp_path, batch=0)
     with pytest.raises(FileNotFoundError, match="no finished run"):
-        ablations.measure_training_step(tmp_path / "nothing")
+        memory.measure_training_step(tmp_path / "nothing")
     smoke = yaml.safe_load((paths.CONFIG / "smoke" / "diffeqformer.yaml").read_text())
     run = fake_run(tmp_path, "smoke", model=smoke["model"], losses={0: 8.0, 1: 7.0})
     with pytest.raises(FileNotFoundError, match="no finished run"):  # checked before any process starts
-        ablations.measure_training_steps([run, tmp_path / "nothing"])
+        memory.measure_training_steps([run, tmp_path / "nothing"])
 
 
 def test_time_embedding_figure_shows_each_seed():
@@ -437,6 +445,6 @@ def test_time_embedding_figure_shows_each_seed():
     table = pd.DataFrame({"d_t": [2, 8, 32], "final ppl": [487.5, 481.8, 490.8], "params": [1, 2, 3],
                           "tokens/s": [5.0, 5.0, 5.0], "finals": [(470.0, 490.0, 502.5), (470.0, 481.0, 494.4),
                                                                   (482.0, 491.0, 499.4)]})
-    fig = ablations.plot_time_embedding(table)
+    fig = plots.time_embedding(table)
     dots = fig.axes[0].collections[0].get_offsets()
     assert len(dots) == 9 and sorted(dots[:, 1].tolist()) == sorted(v for f in table.finals for v in f)

@@ -11,7 +11,6 @@ LIMIT = 60
 """A function has fewer lines than this, from its ``def`` line to its last line (decorators not counted)."""
 
 LONGER = {
-    "diffeqformer.analysis.ablations.measure_training_steps",
     "diffeqformer.data.corpora.corpus_documents",
     "diffeqformer.model.solve.solve_hidden",
 }

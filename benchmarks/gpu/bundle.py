@@ -59,8 +59,8 @@ PLATFORMS = ["manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_24_x8
 TRAIN_PROBE = r"""
 import importlib, importlib.metadata as md, json, os, sys, tempfile
 from diffeqformer import config as configs, train
-for module in ("diffeqformer.finetune", "diffeqformer.analysis.ablations", "diffeqformer.analysis.inference",
-               "diffeqformer.analysis.spectra", "diffeqformer.workflow.jobs"):
+for module in ("diffeqformer.finetune", "diffeqformer.analysis.ablations", "diffeqformer.analysis.memory",
+               "diffeqformer.analysis.inference", "diffeqformer.analysis.spectra", "diffeqformer.workflow.jobs"):
     importlib.import_module(module)
 with tempfile.TemporaryDirectory() as tmp:
     train.use_compilation_cache(os.path.join(tmp, "jax-cache"))

@@ -32,14 +32,15 @@ LAYERS = [
     # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
     ["analysis", "analysis.seeds"],
     ["analysis.claims"],  # the headline claims, each with its one primary test, and their verdicts
+    ["analysis.memory"],  # a training step's measured time and peak memory (F9), the fit against the parameters
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution", "analysis.model_trajectories", "analysis.clustering"],
     # diffeqformer.report again: the words and the plots of the analyses' data
     ["report.words", "report.words.spectra", "report.words.trajectories", "report.words.lyapunov",
-     "report.words.language"],
+     "report.words.ablations", "report.words.language"],
     ["report.plots", "report.plots.schematic", "report.plots.spectra", "report.plots.trajectories",
-     "report.plots.lyapunov", "report.plots.language"],
+     "report.plots.lyapunov", "report.plots.ablations", "report.plots.language"],
     # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost
     ["report.verdicts", "report.accelerators"],
     # diffeqformer.workflow: the presets as data, the plan Snakemake schedules, the jobs, the pages, the GPU edition

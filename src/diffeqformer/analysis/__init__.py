@@ -6,9 +6,8 @@
   where the values have no spread; a claim's four verdicts; equivalence; Holm's adjustment);
 - ``claims``: the paper's headline claims, each with its one primary test, named before any number;
 - ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents,
-  F5), ``inference`` (ODE solvers at inference, x1),
-  ``perplexity`` (F6), ``ablations`` (F7-F10 tables, measured step time and peak memory; ``python -m
-  diffeqformer.analysis.ablations --measure``), ``downstream`` (F11);
+  F5), ``inference`` (ODE solvers at inference, x1), ``perplexity`` (F6), ``ablations`` (F7-F10), ``memory`` (a
+  training step's measured time and peak memory; ``python -m diffeqformer.analysis.memory``), ``downstream`` (F11);
 - ``attribution``: F5's attribution methods (attention, rollout, gradient x input, ``lyapunov``'s exponents) and
   their benchmark against the synthetic language's ground truth.
 - ``model_trajectories``: F3's dynamics driven by a trained model's heads; ``clustering``: F3's metrics and tests.
@@ -16,5 +15,5 @@
 Each module is imported on its own (``from diffeqformer.analysis import spectra``): this package imports none.
 """
 
-__all__ = ["ablations", "attribution", "claims", "clustering", "downstream", "inference", "lyapunov",
+__all__ = ["ablations", "attribution", "claims", "clustering", "downstream", "inference", "lyapunov", "memory",
            "model_trajectories", "perplexity", "schematic", "seeds", "spectra", "trajectories"]
