@@ -25,7 +25,7 @@ from levanter.tracker import NoopConfig
 from levanter.trainer import TrainerConfig
 
 from . import paths
-from .model.transformer import DiffEqFormerConfig
+from .model.config import DiffEqFormerConfig
 from .numerics import check_positive_int
 
 LOOP_VERSION = 3
