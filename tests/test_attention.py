@@ -1,6 +1,10 @@
 """The cuDNN attention route (diffeqformer.model.attention): the same attention as Levanter's, taken only where cuDNN
 computes it exactly, and never on a CPU."""
 
+import os
+import subprocess
+import sys
+
 import haliax as hax
 import jax
 import jax.numpy as jnp
@@ -110,7 +114,7 @@ def test_cudnn_applies_only_where_it_is_exact(getkey, monkeypatch, change):
 
 
 def test_installed_route_leaves_cpu_attention_unchanged(getkey, monkeypatch):
-    """Installed (as importing the model does), Levanter's GPT-2 and attention layer call the route, which on a CPU
+    """Installed (as training and loading a model do), Levanter's GPT-2 and attention layer call the route, which on a CPU
     hands every call to Levanter's own function: the same output, bit for bit."""
     assert attention.install() or pytest.skip("Transformer Engine is installed: Levanter's default is kept")
     assert levanter_gpt2.dot_product_attention is attention.dot_product_attention
@@ -122,3 +126,12 @@ def test_installed_route_leaves_cpu_attention_unchanged(getkey, monkeypatch):
     assert jax.default_backend() == "cpu"
     np.testing.assert_array_equal(routed.array, direct.rearrange(routed.axes).array)
 
+
+
+def test_importing_the_model_leaves_levanter_alone():
+    """The route is installed where a model is trained or loaded (``train.initialize_and_build``,
+    ``runs.load_model``), not by importing the package."""
+    code = ("import diffeqformer.model, levanter.layers.attention as a, levanter.models.gpt2 as g; "
+            "from diffeqformer.model import attention; "
+            "assert a.dot_product_attention is g.dot_product_attention is attention.LEVANTER_ATTENTION")
+    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})

@@ -100,7 +100,7 @@ def test_bad_layouts_and_a_silent_coordinator_are_refused_in_one_line(tmp_path):
                 "127.0.0.1:1", "--trainer.distributed.num_processes", "2", "--trainer.distributed.process_id", "1"),
             job("width", "diffeqformer.yaml", tmp_path, "--model.hidden_dim", "30"),
             job("heads", "diffeqformer.yaml", tmp_path, "--model.hidden_dim", "48", "--model.num_heads", "3",
-                "--trainer.mesh.axes.model", "2"),
+                "--trainer.mesh.axes", "{model: 2}"),
             job("batch", "diffeqformer.yaml", tmp_path, "--trainer.train_batch_size", "6"),
             job("population", "diffeqformer.yaml", tmp_path, "--trainer.train_batch_size", "3",
                 module="population", seeds=2)]
@@ -140,7 +140,7 @@ def layouts(tmp_path_factory):
 
     results = {"one": trained(runs(one), 1, root)}
     results["four"] = trained([*runs(four), _cut_back("resumed", one / "ode", four),
-                               job("tensor", "diffeqformer.yaml", four, "--trainer.mesh.axes.model", "2")], 4, root)
+                               job("tensor", "diffeqformer.yaml", four, "--trainer.mesh.axes", "{model: 2}")], 4, root)
     results["one"].update(trained([_cut_back("resumed", four / "ode", one)], 1, root))
     return {**results, "root": root}
 

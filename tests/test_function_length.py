@@ -1,5 +1,4 @@
-"""Functions read in one screen: every function of the package is under ``LIMIT`` lines, except those of
-``LONGER``, a list that only shrinks (issue 40)."""
+"""Functions read in one screen: every function of the package is under ``LIMIT`` lines, without exception."""
 
 from __future__ import annotations
 
@@ -9,18 +8,6 @@ from diffeqformer.workflow import plan as sources
 
 LIMIT = 60
 """A function has fewer lines than this, from its ``def`` line to its last line (decorators not counted)."""
-
-LONGER = {
-    "diffeqformer.data.corpora.corpus_documents",
-    "diffeqformer.model.solve.solve_hidden",
-}
-"""Functions (module and qualified name) that were ``LIMIT`` lines or longer when this test was written: split one,
-then remove it here. No function joins the list."""
-
-SHORT_MODULES = ("diffeqformer.config", "diffeqformer.runs", "diffeqformer.train", "diffeqformer.finetune",
-                 "diffeqformer.population", "diffeqformer.workflow.presets", "diffeqformer.workflow.plan",
-                 "diffeqformer.workflow.jobs", "diffeqformer.workflow.pages")
-"""Modules whose functions are all under ``LIMIT`` lines, without exception."""
 
 
 def _lengths(module: str, tree: ast.AST) -> dict[str, int]:
@@ -46,16 +33,9 @@ def _package_lengths() -> dict[str, int]:
             for name, n in _lengths(module, ast.parse(f.read_text())).items()}
 
 
-def test_no_function_is_longer_than_the_limit_outside_the_list():
-    long = {name: n for name, n in _package_lengths().items() if n >= LIMIT and name not in LONGER}
+def test_no_function_is_longer_than_the_limit():
+    long = {name: n for name, n in _package_lengths().items() if n >= LIMIT}
     assert long == {}, f"split these functions into ones under {LIMIT} lines"
-
-
-def test_the_workflow_and_the_trainers_have_no_long_function():
-    prefixes = tuple(f"{m}." for m in SHORT_MODULES)
-    theirs = {name: n for name, n in _package_lengths().items() if name.startswith(prefixes)}
-    assert {"diffeqformer.workflow.plan.make", "diffeqformer.workflow.jobs.train"} <= set(theirs)
-    assert {name: n for name, n in theirs.items() if n >= LIMIT} == {}
 
 
 def test_lengths_count_methods_and_nested_functions():

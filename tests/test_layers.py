@@ -11,7 +11,7 @@ from diffeqformer.workflow.plan import module_files
 WITHIN_LAYER: set[tuple[str, str]] = set()
 """Imports allowed between modules of one layer (importer, imported)."""
 
-PACKAGE_INIT = 4
+PACKAGE_INIT = 5
 """``diffeqformer/__init__.py`` re-exports the model's public names (``diffeqformer.model``): it may import layers up
 to this one."""
 

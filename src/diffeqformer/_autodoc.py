@@ -14,6 +14,7 @@ LAYERS = [
     ["paths", "numerics", "_autodoc", "dispatch", "devices"],
     # diffeqformer.model: the model core, bottom up
     ["model.time_embedding", "model.temporal", "model.attention"],
+    ["model.config"],
     ["model.vector_field"],
     ["model.transformer"],
     ["model.baselines", "model.solve", "model"],
@@ -82,7 +83,7 @@ def _attribute_documenter():
         Sphinx's ``update_annotations`` copies the annotations of every base class, as source strings, into the class's
         own ``__annotations__``: after the API page documents ``DiffEqFormerConfig``, it holds draccus's
         ``'ClassVar[Dict[str, Any]]'``, which ``typing.get_type_hints`` cannot resolve in
-        ``diffeqformer.model.transformer``, so decoding any config later in the same build fails (``NameError: name 'ClassVar' is not defined``) and with it
+        ``diffeqformer.model.config``, so decoding any config later in the same build fails (``NameError: name 'ClassVar' is not defined``) and with it
         the import of ``diffeqformer.workflow.presets``, which reads configs. The copies only serve type hints, which
         the book does not show (``autodoc_typehints: none``)."""
 

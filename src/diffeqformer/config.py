@@ -1,21 +1,14 @@
-"""The configurations, typed and frozen: a training run's (``TrainConfig``: data, model, Levanter trainer and
-optimiser) and a fine-tuning's (``FinetuneConfig``), read from YAML with draccus-style overrides, validated, hashed
-and dumped here and nowhere else.
-
-* ``load_config(path, overrides, cls=...)`` parses a file and overrides such as ``--model.time_embed_dim 32``
-  (``parse_overrides``; ``without_overrides`` and ``override_args`` edit such lists): the one parser of overrides;
-* ``validate`` / ``validate_finetune`` reject bad fields before anything runs, naming the field;
-* ``config_hash`` is what decides whether a finished run is the run asked for: what determines the trained
-  parameters, not where the run is written;
-* ``dump_config`` is the YAML a run directory keeps (``runs``), which ``load_config`` reads back.
-
-The model configurations are Levanter's ``LmConfig`` subclasses (``DiffEqFormerConfig``, GPT-2, Llama), chosen by
-their ``type`` in YAML.
+"""The configurations, typed and frozen: a training run's (``TrainConfig``) and a fine-tuning's (``FinetuneConfig``),
+read from YAML with draccus overrides (``load_config``), validated (naming the bad field), hashed (``config_hash``:
+what determines the trained parameters) and dumped (``dump_config``) here and nowhere else. The model configurations
+are Levanter's ``LmConfig`` subclasses (``DiffEqFormerConfig``, GPT-2, Llama), chosen by their ``type`` in YAML.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import hashlib
 import math
 from dataclasses import dataclass, field
@@ -23,6 +16,8 @@ from pathlib import Path
 from typing import Any, Literal, Optional
 
 import draccus
+import yaml
+from draccus.argparsing import ArgumentParser
 from levanter.adaptor.lora import LoraConfig, loraize
 from levanter.models.lm_model import LmConfig
 from levanter.optim.config import AdamConfig, OptimizerConfig
@@ -30,37 +25,27 @@ from levanter.tracker import NoopConfig
 from levanter.trainer import TrainerConfig
 
 from . import paths
-from .model.transformer import DiffEqFormerConfig
+from .model.config import DiffEqFormerConfig
 from .numerics import check_positive_int
 
 LOOP_VERSION = 3
 """Version of the training loop's numerics, hashed into every run's config hash: runs trained by an older loop are
-trained again. 3: Levanter's own trainer (marin-levanter on JAX 0.11), buffer donation and all, with which a run
-killed and resumed ends bit-identical to an uninterrupted one (``tests/test_train.py`` kills and resumes runs to
-check it; the earlier versions: measurements page)."""
-
+trained again. 3: Levanter's own trainer, with which a run killed and resumed ends bit-identical to an uninterrupted
+one (``tests/test_train.py``)."""
 
 DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
-"""Weight decay of the ODE model (GPT variant), a regex for Levanter's ``weight_decay_modules`` (``re.match`` on each
-parameter's path): the paper's code (``qkvflow/train_lm.py``, model choice ``neuralode``) decays the paths matching
-``time_embedding``, ``token_embeddings`` or ``position_embeddings``; its time embedding is the parameter-free
-sinusoidal e(t), so only the embeddings decay (not the hypernetworks, norms or biases)."""
-
+"""Weight decay of the ODE model (GPT variant), a regex for Levanter's ``weight_decay_modules``: the paper's code
+(``qkvflow/train_lm.py``, ``neuralode``) decays ``time_embedding`` and the embeddings; its time embedding has no
+parameters, so only the embeddings decay."""
 
 DECAY_BASELINE = r"(?!.*norm)(.*\.)?(attn|self_attn|mlp)\.(.*\.)?weight$|.*token_embeddings.*|.*position_embeddings.*"
-"""Weight decay of the baselines (GPT-2, Llama, the weight-shared model), as the paper's code decays GPT-2 and Llama
-(model choices ``gpt2``, ``llama``: the weight matrices of attention and MLP, and the embeddings) and as nanoGPT
-does: the weight matrices of the attention and MLP submodules (``attn``/``self_attn``/``mlp``) and the embeddings;
-never a norm or a bias. A path that names a norm anywhere is excluded: the parallel block's
-``attn_norm``/``mlp_norm`` (GPT-2's ``ln_1``/``ln_2``) are norms, although their names begin like the submodules'."""
-
+"""Weight decay of the baselines (GPT-2, Llama, the weight-shared model), as the paper's code and nanoGPT decay them:
+the weight matrices of attention and MLP, and the embeddings; never a norm (a path naming one anywhere, such as the
+parallel block's ``attn_norm``) or a bias."""
 
 DECAY_ALL = r".*"
-"""Weight decay of every parameter: the paper's code gives its Llama ODE model (model choice ``llamaode``) no mask,
-and its fine-tuning optimiser none either (``qkvflow/finetune.py``), so optax decays every parameter they train,
-norms and biases included. Here: the Llama variant of DiffEqFormer, and every fine-tuning (a discretised DiffEqFormer
-as a GPT-2, LoRA and full alike; LoRA's frozen weights match too but get no update)."""
-
+"""Weight decay of every parameter, as the paper's code has for its Llama ODE model (``llamaode``) and its
+fine-tunings (``qkvflow/finetune.py``): the Llama variant of DiffEqFormer, and every fine-tuning."""
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -73,18 +58,13 @@ class DataConfig:
     vocab_size: int = 4096
     """Size of the byte-level BPE trained on the offline corpus (online corpora use GPT-2's tokenizer)."""
     shuffle: bool = True
-    """Shuffle the training sequences (one Feistel permutation, the same each epoch). Levanter's own default is not to
-    shuffle, which feeds the corpus document after document, and every model's validation loss then follows the
-    genre it is reading (measurements page)."""
+    """Shuffle the training sequences (one Feistel permutation, the same each epoch); unshuffled, Levanter feeds the
+    corpus document after document and the validation loss follows the genre being read."""
     tuning: bool = False
-    """Train on part of the domain's training documents and evaluate on the rest, its tuning documents
-    (``corpora.tuning_split``), never on the validation split the verdicts are computed on: the split a learning
-    rate is chosen on (``benchmarks/lora_sweep.py``). Hashed only when set, so runs trained before it existed keep
-    their hashes."""
+    """Train on part of the domain's training documents and evaluate on the rest (``corpora.tuning_split``), never on
+    the validation split: the split a learning rate is chosen on. Hashed only when set."""
 
     def levanter_config(self):
-        import dataclasses
-
         from .data.corpora import lm_dataset_config
 
         config = lm_dataset_config(self.dataset, self.domain, vocab_size=self.vocab_size, tuning=self.tuning)
@@ -105,7 +85,7 @@ class TrainConfig:
     run_dir: Optional[str] = None
     """Where the run is written (default: runs/<name>)."""
     wandb: bool = False
-    """Also log to Weights & Biases (off by default)."""
+    """Also log to Weights & Biases."""
 
 
 METHODS = ("lora", "full")
@@ -114,9 +94,8 @@ METHODS = ("lora", "full")
 
 @dataclass(frozen=True)
 class PaperLoraConfig(LoraConfig):
-    """Levanter's ``LoraConfig`` with LoRA's own initialisation (Hu et al., 2021): A drawn at random, B = 0, so the
-    adapted model starts as the pretrained model and the first update moves B. (Levanter's default is the reverse,
-    A = 0 and B random.)"""
+    """Levanter's ``LoraConfig`` with LoRA's own initialisation (Hu et al., 2021; Levanter's is the reverse): A drawn
+    at random, B = 0, so the adapted model starts as the pretrained one."""
 
     zero_init_b: bool = True
     """B starts at zero (LoRA's convention)."""
@@ -133,12 +112,9 @@ class PretrainRef:
     run_dir: Optional[str] = None
     """Its run directory (default: runs/<name in that config file>); it must hold a run of exactly that config."""
     population: int = 1
-    """How many seeds of that config were pretrained together as one population (``diffeqformer.population``): the
-    file's ``trainer.seed`` and the next ones; 1: it was trained alone."""
+    """How many seeds of that config were pretrained together (``diffeqformer.population``); 1: alone."""
     member: int = 0
-    """Which seed of that population the fine-tuning starts from: member k is the file's config with ``trainer.seed``
-    + k, named ``<name>-seed<k>`` (``seed_member``). A population of fine-tunings of such a pretraining starts its
-    member k from pretraining member ``member`` + k (``population.members_of``)."""
+    """Which seed of that population the fine-tuning starts from (``seed_member``)."""
 
 
 @dataclass(frozen=True)
@@ -155,8 +131,7 @@ class FinetuneConfig:
     lora: PaperLoraConfig = field(default_factory=PaperLoraConfig)
     """Levanter's LoRA: rank r, alpha (adapters scaled by alpha/r), dropout, target_modules (None: every linear map)."""
     lora_embeddings: bool = True
-    """LoRA also trains the embeddings (token and position embeddings, tied with the output layer; an untied output
-    layer too), as the paper's code does. Without them the output layer cannot follow the target domain's words."""
+    """LoRA also trains the embeddings (and an untied output layer), as the paper's code does."""
     data: DataConfig = field(default_factory=DataConfig)
     """The target domain; its tokenizer must be the pretraining's."""
     trainer: TrainerConfig = field(default_factory=lambda: TrainerConfig(tracker=NoopConfig()))
@@ -179,27 +154,19 @@ def run_dir_of(config: Config) -> Path:
 
 def validate(config: TrainConfig) -> None:
     """Reject bad input before any compute, naming the field."""
-    validate_name(config)
-    validate_trainer(config.trainer)
-    validate_optimizer(config.optimizer)
-    validate_data(config.data)
+    validate_common(config)
     for name in ("max_seq_len", "hidden_dim", "num_layers", "num_heads"):
         check_positive_int(getattr(config.model, name, 1), f"model.{name}")
     if config.model.hidden_dim % config.model.num_heads:
-        raise ValueError(
-            f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
-            f"({config.model.num_heads})"
-        )
+        raise ValueError(f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
+                         f"({config.model.num_heads})")
     validate_regularisers(config.model)
 
 
 def validate_regularisers(model: LmConfig) -> None:
-    """Reject a dropout rate outside [0, 1), and a regulariser that the model would not apply, naming the field.
-
-    Levanter's GPT-2 has an ``attn_pdrop`` field that its attention never reads: ``Gpt2Attention`` calls
-    ``dot_product_attention`` without a dropout rate, so the rate is that function's default, 0, whatever the
-    attention backend (the field only travels to and from Hugging Face configs). A GPT-2 config with attention
-    dropout would claim a regulariser it does not have; DiffEqFormer, like the official code, has none either."""
+    """Reject a dropout rate outside [0, 1), and a regulariser the model would not apply, naming the field: Levanter's
+    GPT-2 never reads ``attn_pdrop`` (its attention passes no dropout rate), so a GPT-2 config with attention dropout
+    would claim a regulariser it does not have."""
     from levanter.models.gpt2 import Gpt2Config
 
     if not isinstance(model, Gpt2Config):  # DiffEqFormerConfig checks its own rates; Levanter's Llama has none
@@ -209,24 +176,21 @@ def validate_regularisers(model: LmConfig) -> None:
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"model.{name} must be in [0, 1), got {rate!r}")
     if model.attn_pdrop != 0:
-        raise ValueError(
-            f"model.attn_pdrop must be 0, got {model.attn_pdrop!r}: Levanter's GPT-2 does not apply attention "
-            "dropout (its attention passes no dropout rate to dot_product_attention), so the value would do nothing"
-        )
+        raise ValueError(f"model.attn_pdrop must be 0, got {model.attn_pdrop!r}: Levanter's GPT-2 does not apply "
+                         "attention dropout (its attention passes no dropout rate), so the value would do nothing")
 
 
-def validate_name(config) -> None:
-    """Reject a run name that is not a non-empty string: without ``run_dir`` the run would be written in ``runs/``
-    itself (an empty name) or fail on a path of None."""
+def validate_common(config: Config) -> None:
+    """Reject a bad run name (the run would be written in ``runs/`` itself), trainer, optimiser or data section."""
     if not isinstance(config.name, str) or not config.name.strip():
         raise ValueError(f"name must be a non-empty string (the run directory is runs/<name>), got {config.name!r}")
+    validate_trainer(config.trainer)
+    validate_optimizer(config.optimizer)
+    validate_data(config.data)
 
 
 def validate_trainer(t: TrainerConfig) -> None:
-    """Reject a trainer section that would not train, naming the field: a non-positive number of steps, batch size,
-    evaluation interval or number of evaluation batches (an evaluation of no batch has no loss), a seed that is not an
-    integer, a number of examples per device that is neither -1 (Levanter's: the batch split over the devices) nor
-    positive."""
+    """Reject a trainer section that would not train, naming the field."""
     check_positive_int(t.num_train_steps, "trainer.num_train_steps")
     if isinstance(t.train_batch_size, int):  # else a schedule of batch sizes
         check_positive_int(t.train_batch_size, "trainer.train_batch_size")
@@ -241,32 +205,20 @@ def validate_trainer(t: TrainerConfig) -> None:
 
 
 def validate_optimizer(o: OptimizerConfig) -> None:
-    """Reject an optimizer section that would not train, naming the field: a learning rate that is not a positive
-    finite number (a negative one climbs the loss), a negative weight decay, Adam's betas outside [0, 1), a
-    non-positive epsilon or gradient-norm bound, a warm-up or final learning-rate ratio outside [0, 1]."""
-    def number(name):
+    """Reject an optimizer section that would not train, naming the field."""
+    for name, ok, expected in (
+            ("learning_rate", lambda v: v > 0, "a positive number"), ("weight_decay", lambda v: v >= 0, "at least 0"),
+            ("beta1", lambda v: 0 <= v < 1, "in [0, 1)"), ("beta2", lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("epsilon", lambda v: v > 0, "a positive number"),
+            ("max_grad_norm", lambda v: v > 0, "a positive number (or null for no clipping)"),
+            ("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]"),
+            ("warmup", lambda v: 0 <= v <= 1 or float(v).is_integer() and v > 1,
+             "a fraction of the steps in [0, 1] or a whole number of steps")):
         value = getattr(o, name, None)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             raise ValueError(f"optimizer.{name} must be a number, got {value!r}")
-        return value
-
-    def check(name, ok, expected):
-        value = number(name)
         if value is not None and not (math.isfinite(value) and ok(value)):
             raise ValueError(f"optimizer.{name} must be {expected}, got {value!r}")
-
-    check("learning_rate", lambda v: v > 0, "a positive number")
-    check("weight_decay", lambda v: v >= 0, "at least 0")
-    check("beta1", lambda v: 0 <= v < 1, "in [0, 1)")
-    check("beta2", lambda v: 0 <= v < 1, "in [0, 1)")
-    check("epsilon", lambda v: v > 0, "a positive number")
-    check("max_grad_norm", lambda v: v > 0, "a positive number (or null for no clipping)")
-    check("min_lr_ratio", lambda v: 0 <= v <= 1, "in [0, 1]")
-    warmup = number("warmup")
-    if warmup is not None and not (math.isfinite(warmup) and (0 <= warmup <= 1 or float(warmup).is_integer()
-                                                                and warmup > 1)):
-        raise ValueError(f"optimizer.warmup must be a fraction of the steps in [0, 1] or a whole number of steps, "
-                         f"got {warmup!r}")
 
 
 def validate_data(data: DataConfig) -> None:
@@ -284,20 +236,14 @@ def validate_data(data: DataConfig) -> None:
 
 
 def validate_finetune(config: FinetuneConfig) -> None:
-    """Reject a fine-tuning's bad fields before anything runs, naming the field: those of its name, trainer,
-    optimiser and data (as ``validate``), its method, Euler steps and LoRA settings, and a missing pretraining. What
-    needs the pretraining (that it finished with its config file's hash, its model kind, tokenizer and width) is
-    checked by ``finetune.validate``."""
-    validate_name(config)
-    validate_trainer(config.trainer)
-    validate_optimizer(config.optimizer)
-    validate_data(config.data)
+    """Reject a fine-tuning's bad fields before anything runs, naming the field; what needs the pretraining is checked
+    by ``finetune.validate``."""
+    validate_common(config)
     if config.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
     if config.steps is not None and (not _is_int(config.steps) or config.steps < 1):
-        raise ValueError(
-            f"steps must be a positive integer (or null for a GPT/Llama pretraining), got {config.steps!r}"
-        )
+        raise ValueError(f"steps must be a positive integer (or null for a GPT/Llama pretraining), "
+                         f"got {config.steps!r}")
     if not config.pretrain.config:
         raise ValueError("pretrain.config must name the pretraining's config file")
     if config.method == "lora":
@@ -311,49 +257,31 @@ def validate_finetune(config: FinetuneConfig) -> None:
 
 
 def plain_tree(config) -> dict:
-    """A draccus-encoded config reduced to plain YAML values (enums to their values, paths to strings).
-
-    ``draccus.dump`` writes str-valued enums (Levanter's activation functions) as Python-object tags that a safe
-    YAML loader refuses, hence this reduction."""
+    """A draccus-encoded config reduced to plain YAML values (enums to their values, paths to strings): ``draccus.dump``
+    writes Levanter's str-valued enums as Python-object tags that a safe YAML loader refuses."""
     import enum
 
     def plain(x):
-        if isinstance(x, enum.Enum):
-            return x.value
         if isinstance(x, dict):
             return {k: plain(v) for k, v in x.items()}
         if isinstance(x, (list, tuple)):
             return [plain(v) for v in x]
-        if isinstance(x, Path):
-            return str(x)
-        return x
+        return x.value if isinstance(x, enum.Enum) else str(x) if isinstance(x, Path) else x
 
     return plain(draccus.encode(config))
 
 
 def dump_config(config) -> str:
     """The config as plain YAML that ``load_config`` reads back."""
-    import yaml
-
     return yaml.safe_dump(plain_tree(config), sort_keys=False)
 
 
 def config_hash(config: Config, *, population: Optional[list[int]] = None,
                 pretrain_config_hash: Optional[str] = None) -> str:
-    """Hash of what determines the trained parameters (``hashed_tree``: not where the run is written, nor logging,
-    nor the devices it is laid over): a training run's (below) or a fine-tuning's (``finetune_hash``, which needs
-    ``pretrain_config_hash``).
-
-    ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, so
-    that a member of a population and the solo run of the same config never share a hash.
-
-    Model fields left at their class default are not hashed, so that adding a model option whose default keeps the
-    old behaviour (e.g. ``random_step_offset``) does not invalidate finished runs. Any value that differs from the
-    default is hashed, so two configs that train differently never share a hash. So is the weight-decay mask the run
-    trains with (``with_paper_weight_decay``), which the config leaves to the code: a run trained with another mask
-    is trained again."""
-    import yaml
-
+    """Hash of what determines the trained parameters (``hashed_tree``), a training run's or a fine-tuning's
+    (``finetune_hash``, which needs ``pretrain_config_hash``); ``population``: the seeds it is trained with, if in a
+    population. Model fields at their class default are left out (a new option that keeps the old behaviour keeps
+    finished runs valid); the weight-decay mask the run trains with (``with_paper_weight_decay``) is hashed."""
     if isinstance(config, FinetuneConfig):
         if pretrain_config_hash is None:
             raise ValueError("a fine-tuning's config hash covers its pretraining's: pass pretrain_config_hash")
@@ -372,16 +300,13 @@ def config_hash(config: Config, *, population: Optional[list[int]] = None,
 TRAINER_LAYOUT = ("mesh", "distributed", "per_device_parallelism", "allow_nondivisible_batch_size",
                   "use_explicit_mesh_axes", "require_accelerator", "jax_compilation_cache_dir", "shutdown_at_exit",
                   "checkpointer")
-"""Fields of the trainer section that no config hash covers: how a run is laid over devices and processes (the mesh,
-the distributed runtime, examples per device at a time) and when and where it is checkpointed. They change how the
-steps are computed, not what they compute (float32 rounding aside: ``tests/test_devices.py``), so a run resumes on
-another number of devices, on a cluster, or with another checkpoint interval. ``per_device_eval_parallelism`` is
-covered: it sets which validation examples are evaluated (``train.evaluated_examples``)."""
+"""Fields of the trainer section that no config hash covers: how a run is laid over devices and processes and when it
+is checkpointed, which change how the steps are computed, not what (float32 rounding aside: ``tests/test_devices.py``);
+``per_device_eval_parallelism`` is covered: it sets which examples are evaluated (``train.evaluated_examples``)."""
 
 
 def hashed_tree(config: Config) -> dict:
-    """What of a configuration its hash covers, as plain values: all of it but where the run is written (``run_dir``),
-    W&B logging and the trainer's layout (``TRAINER_LAYOUT``)."""
+    """What of a configuration its hash covers, as plain values: all but ``run_dir``, W&B and ``TRAINER_LAYOUT``."""
     tree = plain_tree(dataclasses.replace(config, run_dir=None, wandb=False))
     for name in TRAINER_LAYOUT:
         tree["trainer"].pop(name, None)
@@ -391,16 +316,14 @@ def hashed_tree(config: Config) -> dict:
 
 
 def with_paper_weight_decay(optimizer: OptimizerConfig, model: LmConfig) -> OptimizerConfig:
-    """The paper's weight-decay mask of a pretraining of ``model`` (``DECAY_ODE``, ``DECAY_ALL`` for the Llama
-    variant of DiffEqFormer, ``DECAY_BASELINE``), unless the config sets its own ``weight_decay_modules``."""
+    """The paper's weight-decay mask of a pretraining of ``model``, unless the config sets its own."""
     if isinstance(model, DiffEqFormerConfig) and model.time_dependent:
         return with_weight_decay(optimizer, DECAY_ALL if model.variant == "llama" else DECAY_ODE)
     return with_weight_decay(optimizer, DECAY_BASELINE)
 
 
 def with_finetune_weight_decay(optimizer: OptimizerConfig) -> OptimizerConfig:
-    """The paper's weight-decay mask of a fine-tuning: every parameter it trains (``DECAY_ALL``), unless the config
-    sets its own ``weight_decay_modules``."""
+    """The paper's weight-decay mask of a fine-tuning (``DECAY_ALL``), unless the config sets its own."""
     return with_weight_decay(optimizer, DECAY_ALL)
 
 
@@ -412,36 +335,22 @@ def with_weight_decay(optimizer: OptimizerConfig, modules: str) -> OptimizerConf
 
 
 def override_pairs(overrides: list[str] | tuple[str, ...] | None) -> list[tuple[str, str]]:
-    """The (dotted field, value as written) of each draccus-style override: ``["--model.time_embed_dim", "32",
-    "--trainer.seed=1"]`` -> ``[("model.time_embed_dim", "32"), ("trainer.seed", "1")]``; ``ValueError`` for an item
-    that is not one."""
+    """The (dotted field, value as written) of each override: ``["--model.x", "32", "--trainer.seed=1"]`` ->
+    ``[("model.x", "32"), ("trainer.seed", "1")]``; ``ValueError`` for an item that is not one."""
     pairs = []
     items = iter(overrides or [])
     for item in items:
         if not item.startswith("--") or item == "--":
             raise ValueError(f"an override must look like --field.name VALUE, got {item!r}")
         key, eq, value = item[2:].partition("=")
-        if not eq:
-            value = next(items, None)
-            if value is None:
-                raise ValueError(f"the override {item} has no value")
+        if not eq and (value := next(items, None)) is None:
+            raise ValueError(f"the override {item} has no value")
         pairs.append((key, value))
     return pairs
 
 
-def parse_overrides(overrides: list[str] | tuple[str, ...] | None) -> dict:
-    """Nested values of draccus-style overrides: ``["--model.time_embed_dim", "32", "--trainer.seed=1"]`` ->
-    ``{"model": {"time_embed_dim": 32}, "trainer": {"seed": 1}}``, each value parsed as draccus's command line parses
-    it (YAML)."""
-    from draccus import cfgparsing, utils
-
-    flat: dict[str, Any] = {key: cfgparsing.parse_string(value) for key, value in override_pairs(overrides)}
-    return utils.deflatten(flat, sep=".")
-
-
 def without_overrides(overrides: list[str] | tuple[str, ...], *fields: str) -> tuple[str, ...]:
-    """``overrides`` less those that set one of ``fields`` (dotted names, e.g. ``"trainer.seed"``), each kept one as
-    ``--field value``."""
+    """``overrides`` less those that set one of ``fields`` (dotted names, e.g. ``"trainer.seed"``)."""
     return tuple(item for key, value in override_pairs(overrides) if key not in fields
                  for item in (f"--{key}", value))
 
@@ -455,40 +364,38 @@ def with_override(overrides: list[str] | tuple[str, ...], dotted: str, value: st
 
 
 def override_args(values: dict[str, Any]) -> tuple[str, ...]:
-    """Overrides that set each dotted field of ``values`` to its value (a string as it is, anything else as JSON, which
-    draccus reads back as YAML): ``{"model.hypernet": "shared_mlp", "optimizer.beta2": 0.95}`` ->
-    ``("--model.hypernet", "shared_mlp", "--optimizer.beta2", "0.95")``."""
+    """Overrides that set each dotted field of ``values`` (a string as it is, anything else as JSON, which draccus
+    reads as YAML): ``{"optimizer.beta2": 0.95}`` -> ``("--optimizer.beta2", "0.95")``."""
     import json
 
     return tuple(item for key, value in values.items()
                  for item in (f"--{key}", value if isinstance(value, str) else json.dumps(value)))
 
 
+@functools.cache
+def _parser(cls: type):
+    """draccus's parser of ``cls`` (``draccus.parse``'s), built once: it reads every registered class's docstrings."""
+    return ArgumentParser(cls, exit_on_error=False)
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: type = TrainConfig):
-    """Parse a YAML file (plus draccus-style overrides such as ``--model.time_embed_dim 32``) into ``cls``.
-
-    This is what ``draccus.parse`` does (the file's values, the overrides merged over them, decoded into ``cls``)
-    without building its command-line parser, which reads the docstring of every field of every registered Levanter
-    config class at every call (measurements page), while the workflow's plan loads about 70 configs before it trains
-    anything. An override naming no field is refused by the decoder, by name."""
-    import mergedeep
-    from draccus import cfgparsing
-    from draccus.parsers import decoding
-
+    """Parse a YAML file plus draccus-style overrides (``--model.time_embed_dim 32``) into ``cls``, as
+    ``draccus.parse`` does; bad input is refused in one line naming the file or the override."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}" + (" (a directory)" if path.is_dir() else ""))
-    values = parse_overrides(overrides)
     try:
-        with path.open(encoding="utf-8") as handle:
-            loaded = cfgparsing.load_config(handle, file=str(path)) or {}
-    except Exception as err:  # draccus wraps YAML's error, which says where: "line 1, column 7"
-        raise ValueError(f"{path}: not valid YAML ({one_line(err.__cause__ or err)})") from None
-    if not isinstance(loaded, dict):
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as err:  # YAML's error says where: "line 1, column 7"
+        raise ValueError(f"{path}: not valid YAML ({one_line(err)})") from None
+    if not isinstance(loaded, dict | None):
         raise ValueError(f"{path}: a config file is a mapping of fields (name: ..., model: ...), got a "
                          f"{type(loaded).__name__}")
+    args = [*(["--config_path", str(path)] if loaded else []), *map(str, overrides or [])]
     try:
-        return decoding.decode(cls, mergedeep.merge(loaded, values))
+        return _parser(cls).parse_args(args)
+    except argparse.ArgumentError as err:  # an override without a value, or a choice that does not exist
+        raise ValueError(one_line(err)) from None
     except draccus.utils.DecodingError as err:  # a value of the wrong type: "`epochs`: Couldn't parse 'x' into an int"
         raise ValueError(f"{path}: {one_line(err)}") from None
     except Exception as err:
@@ -500,12 +407,13 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: ty
             cause = cause.__cause__ or cause.__context__
         if innermost is not None and innermost is not err:
             raise ValueError(f"{path}: {innermost}") from None
+        if isinstance(err, draccus.utils.DraccusException):  # an override that names no field
+            raise ValueError(one_line(err)) from None
         raise
 
 
 def one_line(error) -> str:
-    """An error's message on one line: the lines of a multi-line one (draccus lists every type it tried, YAML points
-    at the column) joined by "; ", or by a space after a colon."""
+    """An error's message on one line: its lines joined by "; ", or by a space after a colon."""
     text = ""
     for line in filter(None, (line.strip() for line in str(error).splitlines())):
         text += (" " if text.endswith(":") else "; ") + line if text else line
@@ -514,13 +422,8 @@ def one_line(error) -> str:
 
 def finetune_hash(config: FinetuneConfig, pretrain_config_hash: str, *,
                   population: Optional[list[int]] = None) -> str:
-    """Hash of what determines the fine-tuned parameters: the fine-tuning config without its paths (``hashed_tree``),
-    and the pretraining's config hash (so the same file at another path, or the same run moved, hashes the same).
-
-    ``population``: the seeds of the population the run is trained in (``diffeqformer.population``), hashed too, as
-    a training run's hash does."""
-    import yaml
-
+    """Hash of what determines the fine-tuned parameters: the config without its paths (``hashed_tree``) and the
+    pretraining's config hash (so the same file at another path hashes the same), and ``population`` as a training's."""
     tree = hashed_tree(dataclasses.replace(config, pretrain=PretrainRef()))
     text = yaml.safe_dump(tree, sort_keys=False) + f"pretrain_config_hash: {pretrain_config_hash}\n"
     if config.optimizer.weight_decay:
@@ -531,8 +434,7 @@ def finetune_hash(config: FinetuneConfig, pretrain_config_hash: str, *,
 
 
 def adapt(model, config: FinetuneConfig, *, key):
-    """The pretrained model as it is fine-tuned: a DiffEqFormer discretised to ``config.steps`` Euler steps, then,
-    for LoRA, with Levanter's adapters on the linear maps that ``config.lora.target_modules`` selects."""
+    """The pretrained model as it is fine-tuned: discretised to ``config.steps`` Euler steps, with LoRA's adapters."""
     if config.steps is not None:
         model = model.discretize(config.steps)
     if config.method == "lora":
@@ -541,9 +443,8 @@ def adapt(model, config: FinetuneConfig, *, key):
 
 
 def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
-    """The pretraining's configuration (parsed from ``pretrain.config``; member ``pretrain.member`` of its population,
-    ``seed_member``) and its run directory (``pretrain.run_dir``, else the configuration's own); neither is checked
-    here (``runs.pretraining`` does)."""
+    """The pretraining's configuration (member ``pretrain.member`` of ``pretrain.config``'s population) and its run
+    directory, unchecked (``runs.pretraining`` checks them)."""
     ref = config.pretrain
     if not (_is_int(ref.population) and ref.population >= 1 and _is_int(ref.member)
             and 0 <= ref.member < ref.population):
@@ -554,8 +455,7 @@ def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
 
 
 def pretraining_hash(config: FinetuneConfig) -> str:
-    """The config hash a fine-tuning's pretraining must have been trained with (``pretraining_of``; a member of a
-    population of ``pretrain.population`` seeds hashes them too, as ``population.main`` does)."""
+    """The config hash a fine-tuning's pretraining must have been trained with (its population's seeds hashed too)."""
     pre = load_config(repository_path(config.pretrain.config))
     population = ([pre.trainer.seed + k for k in range(config.pretrain.population)]
                   if config.pretrain.population > 1 else None)
@@ -563,8 +463,7 @@ def pretraining_hash(config: FinetuneConfig) -> str:
 
 
 def seed_member(config: Config, k: int) -> Config:
-    """Seed k of ``config`` as ``workflow.presets.seeded`` and ``population.members_of`` name it: ``trainer.seed`` + k, named
-    ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` where the config sets ``run_dir``); ``config`` itself for k = 0."""
+    """Seed k of ``config``: ``trainer.seed`` + k, named ``<name>-seed<k>`` (its ``run_dir`` too, if set)."""
     if k == 0:
         return config
     return dataclasses.replace(config, name=f"{config.name}-seed{k}",
@@ -583,18 +482,14 @@ def repository_path(path: str) -> Path:
 
 
 def config_class(path: str | Path) -> type:
-    """The config class of a YAML file: ``FinetuneConfig`` if it names a pretraining (``pretrain``), else
-    ``TrainConfig``."""
-    import yaml
-
+    """``FinetuneConfig`` for a YAML file that names a pretraining (``pretrain``), else ``TrainConfig``."""
     path = Path(path)
     loaded = yaml.safe_load(path.read_text()) if path.exists() else None
     return FinetuneConfig if isinstance(loaded, dict) and "pretrain" in loaded else TrainConfig
 
 
 def config_field(config: Config, dotted: str) -> Any:
-    """``config.model.time_embed_dim`` for ``"model.time_embed_dim"``; ``AttributeError`` naming the field if the
-    configuration has no such field."""
+    """``config.model.time_embed_dim`` for ``"model.time_embed_dim"``; ``AttributeError`` naming a missing field."""
     node = config
     for part in dotted.split("."):
         if not hasattr(node, part):

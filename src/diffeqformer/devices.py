@@ -4,7 +4,7 @@ and host copies of arrays sharded over processes.
 
 Levanter lays a run over a mesh of devices (``trainer.mesh``). By default every device is on its ``data`` axis: the
 batch is split over the devices and each parameter is sharded over them along its ``embed`` axis (FSDP). A mesh with
-``model: 2`` (``--trainer.mesh.axes.model 2``) also splits each attention layer's heads and each MLP's hidden units
+``model: 2`` (``--trainer.mesh.axes '{model: 2}'``) also splits each attention layer's heads and each MLP's hidden units
 over pairs of devices (tensor parallelism). The mesh changes how a step is computed, not what it computes: the losses
 agree with a one-device run's up to float32 rounding (``tests/test_devices.py``), and a run's configuration hash
 leaves the mesh out (``config.config_hash``), so a run resumes on another number of devices.

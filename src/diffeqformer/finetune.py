@@ -43,7 +43,8 @@ from .config import (
 )
 from .data.corpora import build_token_caches
 from .dispatch import Trainer
-from .model.transformer import DiffEqFormerConfig, count_params
+from .model.config import DiffEqFormerConfig
+from .model.transformer import count_params
 from .train import cli, fit, next_token_loss
 
 

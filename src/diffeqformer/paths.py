@@ -10,6 +10,8 @@ import os
 import sys
 from pathlib import Path
 
+import filelock
+
 REPO = Path(__file__).resolve().parents[2]
 """The repository root (src/diffeqformer/paths.py -> ../../..)."""
 HOME = Path(os.environ.get("DIFFEQFORMER_HOME", REPO)).resolve()
@@ -43,21 +45,19 @@ def write_atomic(path: Path, text: str) -> None:
 
 @contextlib.contextmanager
 def exclusive(lock_file: Path, waiting: str):
-    """Hold an exclusive lock on ``lock_file`` (``fcntl.flock``, made with its folder if missing) for the block: a
-    second process that asks for it prints ``waiting`` and waits until the first one's block ends (or it dies)."""
-    import fcntl
-
+    """Hold ``filelock``'s lock on ``lock_file`` (made with its folder if missing) for the block: a second process
+    that asks for it prints ``waiting`` and waits until the first one's block ends (or it dies)."""
+    lock = filelock.FileLock(lock_file)
     lock_file.parent.mkdir(parents=True, exist_ok=True)
-    with lock_file.open("w") as handle:
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            print(waiting, file=sys.stderr)
-            fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+    try:
+        lock.acquire(blocking=False)
+    except filelock.Timeout:
+        print(waiting, file=sys.stderr)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def read_json(path: Path, remedy: str):

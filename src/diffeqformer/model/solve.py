@@ -32,25 +32,13 @@ class SolveStats:
     num_rejected_steps: int
 
 
-def solve_hidden(
-    model: DiffEqFormerLMHeadModel,
-    x0: NamedArray,
-    attn_mask=None,
-    *,
-    solver: diffrax.AbstractSolver | None = None,
-    dt0: float | None = None,
-    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
-    t0: float = 0.0,
-    t1: float = 1.0,
-    time_offset: float = 0.0,
-    adjoint: diffrax.AbstractAdjoint | None = None,
-    max_steps: int = 4096,
-    pos_ids: NamedArray | None = None,
-    saveat: diffrax.SaveAt | None = None,
-    time_map: Callable[[jax.Array], jax.Array] | None = None,
-    supply_first_stage: bool = False,
-    throw: bool = True,
-) -> tuple[NamedArray, diffrax.Solution]:
+def solve_hidden(model: DiffEqFormerLMHeadModel, x0: NamedArray, attn_mask=None, *,
+                 solver: diffrax.AbstractSolver | None = None, dt0: float | None = None,
+                 stepsize_controller: diffrax.AbstractStepSizeController | None = None, t0: float = 0.0,
+                 t1: float = 1.0, time_offset: float = 0.0, adjoint: diffrax.AbstractAdjoint | None = None,
+                 max_steps: int = 4096, pos_ids: NamedArray | None = None, saveat: diffrax.SaveAt | None = None,
+                 time_map: Callable[[jax.Array], jax.Array] | None = None, supply_first_stage: bool = False,
+                 throw: bool = True) -> tuple[NamedArray, diffrax.Solution]:
     """Solve dx/dt = f(t + time_offset, x) from x(t0) = x0 to t1; x0 is [..., Pos, Embed].
 
     Defaults: Euler with the model's own step 1/L, and Diffrax's recursive-checkpoint adjoint (online
@@ -58,9 +46,9 @@ def solve_hidden(
 
     ``time_map``: the field is evaluated at the weights' time ``time_map(t)`` for the solver's time t, in place of
     t + time_offset (e.g. ``diffeqformer.analysis.inference`` snaps t to the training grid).
-    ``supply_first_stage`` (FSAL solvers such as Tsit5): evaluate f(t0, x0) here, once, and hand it to Diffrax as the solver's state, so that
-    Diffrax does not evaluate it again on retries of a rejected first step (``inference`` counts evaluations by
-    this). ``throw``: Diffrax's; with False a solve that hits ``max_steps`` returns, and ``sol.result`` says so.
+    ``supply_first_stage`` (FSAL solvers such as Tsit5): evaluate f(t0, x0) here, once, and hand it to Diffrax as the
+    solver's state, so that Diffrax does not evaluate it again on retries of a rejected first step (``inference``
+    counts evaluations by this). ``throw``: Diffrax's; with False a solve that hits ``max_steps`` returns, and ``sol.result`` says so.
     """
     if time_map is not None and time_offset != 0.0:
         raise ValueError("give either time_map or time_offset, not both")
@@ -82,21 +70,10 @@ def solve_hidden(
     solver_state = made_jump = None
     if supply_first_stage:
         solver_state, made_jump = _first_stage_state(solver, term, field, t0, dt0, y0)
-    sol = diffrax.diffeqsolve(
-        term,
-        solver,
-        t0=t0,
-        t1=t1,
-        dt0=dt0,
-        y0=y0,
-        stepsize_controller=controller,
-        adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
-        max_steps=max_steps,
-        saveat=diffrax.SaveAt(t1=True) if saveat is None else saveat,
-        throw=throw,
-        solver_state=solver_state,
-        made_jump=made_jump,
-    )
+    sol = diffrax.diffeqsolve(term, solver, t0=t0, t1=t1, dt0=dt0, y0=y0, stepsize_controller=controller,
+                              adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
+                              max_steps=max_steps, saveat=diffrax.SaveAt(t1=True) if saveat is None else saveat,
+                              throw=throw, solver_state=solver_state, made_jump=made_jump)
     return hax.named(sol.ys[-1], axes), sol
 
 

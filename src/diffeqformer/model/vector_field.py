@@ -10,8 +10,6 @@ all layers at once).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import equinox as eqx
 import haliax as hax
 import haliax.nn as hnn
@@ -25,13 +23,11 @@ from levanter.layers.rotary import RotaryEmbeddings
 from levanter.models.gpt2 import Gpt2Mlp
 from levanter.models.llama import LlamaMlp
 
+from .config import DiffEqFormerConfig
 from .temporal import TemporalLinear, TemporalNorm, TimeMLP
 
-if TYPE_CHECKING:
-    from .transformer import DiffEqFormerConfig
 
-
-def make_norm(config: "DiffEqFormerConfig") -> hnn.LayerNorm | hnn.RmsNorm:
+def make_norm(config: DiffEqFormerConfig) -> hnn.LayerNorm | hnn.RmsNorm:
     """The static norm of the variant: LayerNorm (gpt) or RMSNorm (llama)."""
     if config.variant == "llama":
         return hnn.RmsNorm.init(config.Embed, eps=config.layer_norm_epsilon, use_bias=False)
@@ -48,7 +44,7 @@ class ParallelBlock(eqx.Module):
     dropout: hnn.Dropout
 
     @staticmethod
-    def init(config: "DiffEqFormerConfig", *, key) -> "ParallelBlock":
+    def init(config: DiffEqFormerConfig, *, key) -> "ParallelBlock":
         k_attn, k_mlp = jrandom.split(key)
         attn = Attention.init(config.attention_config(), key=k_attn)
         if config.variant == "llama":
@@ -92,7 +88,7 @@ class TemporalBlock(eqx.Module):
     dropout: hnn.Dropout  # kept as a module so that Levanter's inference_mode reaches the materialised blocks
 
     @staticmethod
-    def init(config: "DiffEqFormerConfig", TimeFeatures: Axis, *, key) -> "TemporalBlock":
+    def init(config: DiffEqFormerConfig, TimeFeatures: Axis, *, key) -> "TemporalBlock":
         ac = config.attention_config()
         TimeEmbed, Embed, Mlp = config.TimeEmbed, config.Embed, config.Mlp
         own = config.hypernet == "per_weight"
