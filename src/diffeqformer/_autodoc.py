@@ -20,6 +20,7 @@ LAYERS = [
     ["model.baselines", "model.solve", "model"],
     # diffeqformer.data: the synthetic language (its data, no analysis), then the corpora, which serve it to Levanter
     ["data", "data.synthetic"],
+    ["data.shakespeare"],  # the archive's documents and splits
     ["data.corpora"],
     ["data.tasks"],  # F11's downstream tasks from the corpus's held-out documents
     ["data.__main__"],

