@@ -43,7 +43,7 @@ Every number comes from a library, but Holm's adjustment (``holm`` says why): th
 (``mcnemar``, ``proportion_confint``, ``OLS``, ``ttost_paired``, ``ttost_ind``). Why not "twice the standard error",
 the rule this replaced: with 2-3 seeds a side Welch's t has 1-4 degrees of freedom, whose two-sided 5% critical values
 (12.7 at 1, 4.30, 3.18, 2.78 at 4) are all far above 2, so that rule called many more than 5% of comparisons without a
-true difference results (``tests/test_seeds.py`` simulates it).
+true difference results (``tests/test_statistics.py`` simulates it).
 """
 
 from __future__ import annotations
