@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from diffeqformer.analysis import downstream, statistics
+from diffeqformer.analysis import downstream, multiplicity, statistics
 from diffeqformer.data import tasks as held_out
 from diffeqformer.report.words import language as words
 from diffeqformer.report.plots import language
@@ -54,7 +54,7 @@ def test_every_other_comparison_is_exploratory_beside_the_count_expected_by_chan
     assert text.startswith("Besides the primary test, 3 comparisons have seeds to judge them by; they are "
                            "exploratory: with no true difference anywhere, 0.2 of them would come out significant "
                            "at 5% by chance, and 1 does (DiffEqFormer above GPT-2 on shakespeare_lastword acc 5-shot")
-    assert statistics.chance_count(3) == pytest.approx(0.15)
+    assert multiplicity.chance_count(3) == pytest.approx(0.15)
 
 
 def test_the_table_and_the_figure_show_every_model_and_comparison():

@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from . import statistics
+from . import multiplicity, statistics
 
 PERCENT, PLAIN = "percent", "plain"
 """How a claim's effect is written: ``PERCENT``, a log ratio (of perplexities) shown as the percent change of the
@@ -344,10 +344,10 @@ every model scored 0, both methods ranked every prompt alike. The exact tests ha
 
 def intersection(name: str, tests: Mapping[str, statistics.Judged]) -> Verdict:
     """``Verdict`` of claim ``name``, which needs every one of ``tests`` (part name -> its test) in the claim's
-    direction: the intersection-union test's word (``statistics.intersection``), the numbers of the test that decides it
-    (its name in the note) and every part's effect, interval and p (``Verdict.parts``)."""
+    direction: the intersection-union test's word (``multiplicity.intersection``), the numbers of the test that
+    decides it (its name in the note) and every part's effect, interval and p (``Verdict.parts``)."""
     claim = CLAIMS[name]
-    word, deciding = statistics.intersection(list(tests.values()), claim.direction)
+    word, deciding = multiplicity.intersection(list(tests.values()), claim.direction)
     which = next(k for k, t in tests.items() if t is deciding)
     parts = tuple((k, claim.written(t.effect), claim.written(t.low), claim.written(t.high), float(t.p))
                   for k, t in tests.items())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from ..analysis import claims, statistics
+from ..analysis import claims, multiplicity, statistics
 
 NO_GPU_VERDICT = "no GPU edition yet"
 
@@ -82,7 +82,7 @@ def holm_verdicts(notebooks: Mapping[str, Mapping[str, str]] | None) -> dict[str
         text = (notebooks or {}).get(claim.notebook, {}).get(claim.glue_name)
         found[claim.name] = claims.Verdict.from_json(text) if text else None
     names = [n for n, v in found.items() if v is not None and v.word != statistics.UNTESTED and not v.of.measured]
-    adjusted = dict(zip(names, statistics.holm([found[n].p for n in names])))
+    adjusted = dict(zip(names, multiplicity.holm([found[n].p for n in names])))
     return {n: (v, adjusted.get(n)) if v is not None else None for n, v in found.items()}
 
 

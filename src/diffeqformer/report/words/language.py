@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from ...analysis import statistics
+from ...analysis import multiplicity, statistics
 from ...data import tasks as held_out
 
 MODEL_LABELS = {"gpt": "GPT-2", "shared": "weight-shared", "ours": "DiffEqFormer", "llama": "Llama",
@@ -105,8 +105,9 @@ def f11_sentences(means, found, exploratory) -> dict[str, str]:
         for r in hits.itertuples())
     untested = len(exploratory) - len(judged)
     out["verdicts"] = (f"Besides the primary test, {len(judged)} comparisons have seeds to judge them by; they are "
-                       f"exploratory: with no true difference anywhere, {statistics.chance_count(len(judged)):.1f} of "
-                       f"them would come out significant at 5% by chance, and {len(hits)} "
+                       f"exploratory: with no true difference anywhere, "
+                       f"{multiplicity.chance_count(len(judged)):.1f} of them would come out significant at 5% by "
+                       f"chance, and {len(hits)} "
                        f"{'does' if len(hits) == 1 else 'do'}" + (f" ({listed})" if listed else "") + "."
                        + (f" {untested} more {'is' if untested == 1 else 'are'} untested (one seed)." if untested
                           else ""))
