@@ -13,7 +13,7 @@ import yaml
 from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
-from diffeqformer.analysis import ablations, memory, seeds
+from diffeqformer.analysis import ablations, memory, statistics
 from diffeqformer.report.words import ablations as words
 from diffeqformer.report.plots import ablations as plots
 
@@ -92,11 +92,11 @@ def test_finetune_verdicts_of_one_seed_are_untested(grid):
     table = ablations.finetune_table(grid)
     verdicts = ablations.finetune_verdicts(table)
     # one pretraining seed: nothing to judge the claims by; no full fine-tuning: that claim is not even asked
-    assert [v.word for v in verdicts.values()] == [seeds.UNTESTED] * 3
+    assert [v.word for v in verdicts.values()] == [statistics.UNTESTED] * 3
     assert "full fine-tuning" in verdicts["f7_full"].note
     # every N against the GPT-2, not the best of them, each as exploration
     secondary = ablations.finetune_secondary(table)
-    assert list(secondary.N) == [9, 18] and list(secondary.verdict) == [seeds.UNTESTED] * 2
+    assert list(secondary.N) == [9, 18] and list(secondary.verdict) == [statistics.UNTESTED] * 2
     assert secondary["effect (95% CI)"].iloc[0] == f"{100 * math.expm1(5.0 - 5.5):+.1f}%"
     # the overfitting of each fine-tuning: its final perplexity above its best
     over = table.set_index("model")["final - best"]
@@ -153,13 +153,13 @@ def test_finetune_table_aggregates_seeds_and_the_verdicts_pair_the_pretrainings(
     verdicts = ablations.finetune_verdicts(table)
     per_seed = ablations.finetune_per_seed(table, "lora")
     assert per_seed == pytest.approx([-0.10, -0.12, -0.09])
-    assert verdicts["f7_lora"].word == seeds.REPRODUCED and verdicts["f7_lora"].n == 3
-    assert verdicts["f7_lora"].test == seeds.ONE_SAMPLE
+    assert verdicts["f7_lora"].word == statistics.REPRODUCED and verdicts["f7_lora"].n == 3
+    assert verdicts["f7_lora"].test == statistics.ONE_SAMPLE
     # under full fine-tuning the ODE ends within 1.5% of GPT-2 in every seed: equivalent within the 5% margin by the
     # two one-sided tests; the overfitting claim needs two N on the target standing for WikiText-103
     assert ablations.finetune_per_seed(table, "full") == pytest.approx([0.005, -0.015, 0.015])
-    assert verdicts["f7_full"].word == seeds.REPRODUCED and verdicts["f7_full"].p < 0.05
-    assert verdicts["f7_overfit"].word == seeds.UNTESTED
+    assert verdicts["f7_full"].word == statistics.REPRODUCED and verdicts["f7_full"].p < 0.05
+    assert verdicts["f7_overfit"].word == statistics.UNTESTED
     # the curve of a setting is the mean over its seeds
     curve = ablations.mean_curve(row.runs)
     assert list(curve.step) == [0, 5, 10]
@@ -197,10 +197,10 @@ def test_beta2_table_and_interaction(tmp_path):
     assert list(table.beta2) == [0.95, 0.999, 0.95, 0.999] and set(table.seeds) == {3}
     assert table.loc[0, "vs 0.999 %"] == pytest.approx(100 * math.expm1(-0.10))
     assert math.isnan(table.loc[1, "vs 0.999 %"])
-    assert list(table.verdict) == [seeds.SIGNIFICANT, "", seeds.SIGNIFICANT, ""]
+    assert list(table.verdict) == [statistics.SIGNIFICANT, "", statistics.SIGNIFICANT, ""]
     interaction = ablations.beta2_interaction(table)
-    assert interaction.test == seeds.ONE_SAMPLE and interaction.a.values == pytest.approx((-0.30, -0.29, -0.32))
-    assert ablations.beta2_verdicts(table)["f8_beta2"].word == seeds.REPRODUCED
+    assert interaction.test == statistics.ONE_SAMPLE and interaction.a.values == pytest.approx((-0.30, -0.29, -0.32))
+    assert ablations.beta2_verdicts(table)["f8_beta2"].word == statistics.REPRODUCED
     headline = words.beta2_headline(table)
     assert f"(the lower beta2: {100 * math.expm1(-0.10):+.1f}% (95% CI " in headline["ours"]
     fig = plots.beta2(table)  # a panel per model, a line per beta2 (the mean over its seeds)
@@ -210,10 +210,10 @@ def test_beta2_table_and_interaction(tmp_path):
     assert lines[0].get_ydata()[-1] == pytest.approx(sum(math.exp(v) for v in (5.90, 5.92, 5.88)) / 3)
     # the lower beta2 helps GPT-2 more than DiffEqFormer: the claim's interaction the other way
     runs["gpt"][1] = seed_runs(tmp_path, "g3", [5.80, 5.81, 5.79], model=GPT, optimizer={"beta2": 0.95})
-    assert ablations.beta2_verdicts(ablations.beta2_table(runs))["f8_beta2"].word == seeds.CONTRADICTED
+    assert ablations.beta2_verdicts(ablations.beta2_table(runs))["f8_beta2"].word == statistics.CONTRADICTED
     # the same directions, but the seed-matched differences spread too much: inconclusive, not refuted
     runs["gpt"][1] = seed_runs(tmp_path, "g4", [6.30, 5.90, 6.40], model=GPT, optimizer={"beta2": 0.95})
-    assert ablations.beta2_verdicts(ablations.beta2_table(runs))["f8_beta2"].word == seeds.INCONCLUSIVE
+    assert ablations.beta2_verdicts(ablations.beta2_table(runs))["f8_beta2"].word == statistics.INCONCLUSIVE
 
 
 def test_one_seed_reproduces_nothing(tmp_path):
@@ -223,7 +223,7 @@ def test_one_seed_reproduces_nothing(tmp_path):
                     fake_run(tmp_path, "g2", model=GPT, optimizer={"beta2": 0.95}, losses={0: 8.0, 10: 6.2})]}
     table = ablations.beta2_table(runs)
     assert list(table.verdict) == ["untested: 1 seed", "", "untested: 1 seed", ""]
-    assert ablations.beta2_verdicts(table)["f8_beta2"].word == seeds.UNTESTED
+    assert ablations.beta2_verdicts(table)["f8_beta2"].word == statistics.UNTESTED
 
 
 def test_time_embedding_table_and_headline(tmp_path):
@@ -250,7 +250,7 @@ def test_time_embedding_table_and_headline(tmp_path):
     assert text["memory_growth"].startswith(f"{per_parameter:.1f} B per added parameter (16 expected)")
     assert "XLA's plan of the step at batch 16" in text["memory_growth"]
     # judged as the paper words it: the memory's growth (x1.50) over the parameters' growth
-    assert verdicts["f9_memory"].word == (seeds.REPRODUCED if 0.5 / (ratio - 1) < 0.5 else seeds.CONTRADICTED)
+    assert verdicts["f9_memory"].word == (statistics.REPRODUCED if 0.5 / (ratio - 1) < 0.5 else statistics.CONTRADICTED)
     assert verdicts["f9_memory"].effect == pytest.approx(0.5 / (ratio - 1)) and math.isnan(verdicts["f9_memory"].p)
     assert f"costs {per_parameter:.1f} B" in verdicts["f9_memory"].note  # the stricter reading, exploratory
     assert text["memory_rss"].startswith(f"{50 * 2**20 / (table.params.iloc[1] - table.params.iloc[0]):.1f} B")
@@ -260,12 +260,12 @@ def test_time_embedding_table_and_headline(tmp_path):
     # log2(8 / 2) = 2 doublings
     slope = ablations.time_embedding_trend(table)
     assert slope.slope == pytest.approx((sum((5.80, 5.82, 5.79)) - sum((6.00, 6.01, 5.99))) / 3 / 2)
-    assert slope.df == 2 and verdicts["f9_dt"].word == seeds.REPRODUCED
+    assert slope.df == 2 and verdicts["f9_dt"].word == statistics.REPRODUCED
     assert text["trend"] == verdicts["f9_dt"].text() and "% per doubling" in text["trend"]
     noisy = table.assign(losses=[(6.00, 5.95, 6.05), (5.99, 6.05, 5.94)])
-    assert ablations.time_embedding_verdicts(noisy)["f9_dt"].word == seeds.INCONCLUSIVE
+    assert ablations.time_embedding_verdicts(noisy)["f9_dt"].word == statistics.INCONCLUSIVE
     worse = table.assign(losses=[(6.00, 6.01, 5.99), (6.10, 6.12, 6.09)])
-    assert ablations.time_embedding_verdicts(worse)["f9_dt"].word == seeds.CONTRADICTED
+    assert ablations.time_embedding_verdicts(worse)["f9_dt"].word == statistics.CONTRADICTED
 
 
 def _dt_table(d_ts, losses):
@@ -286,16 +286,16 @@ def test_time_embedding_trend_over_every_d_t():
     known = _dt_table(d_ts, [[6.0 - 0.03 * k + 0.1 * s + wobble[k][s] for s in range(3)] for k in range(4)])
     slope = ablations.time_embedding_trend(known)
     assert slope.slope == pytest.approx(-0.03, abs=1e-3) and slope.significant and (slope.n, slope.groups) == (12, 3)
-    assert ablations.time_embedding_verdicts(known)["f9_dt"].word == seeds.REPRODUCED
+    assert ablations.time_embedding_verdicts(known)["f9_dt"].word == statistics.REPRODUCED
     # ends 0.01 apart (significant by the paired test of the ends alone), the middle settings up and down: no trend
     bumpy = _dt_table(d_ts, [[6.00, 6.01, 5.99], [6.04, 5.96, 6.06], [5.94, 6.06, 5.97], [5.99, 6.00, 5.98]])
     ends = ablations._settings(bumpy.losses.iloc[-1], bumpy.losses.iloc[0])
-    assert ends.test == seeds.EXACT_SIGNS and ends.difference < 0  # the same 0.01 in every seed
-    assert ablations.time_embedding_trend(bumpy).verdict == seeds.INCONCLUSIVE
-    assert ablations.time_embedding_verdicts(bumpy)["f9_dt"].word == seeds.INCONCLUSIVE
+    assert ends.test == statistics.EXACT_SIGNS and ends.difference < 0  # the same 0.01 in every seed
+    assert ablations.time_embedding_trend(bumpy).verdict == statistics.INCONCLUSIVE
+    assert ablations.time_embedding_verdicts(bumpy)["f9_dt"].word == statistics.INCONCLUSIVE
     one = _dt_table([2, 8], [[6.0], [5.9]])
     assert ablations.time_embedding_trend(one).verdict == "untested: 2 values in 1 seed"
-    assert ablations.time_embedding_verdicts(one)["f9_dt"].word == seeds.UNTESTED
+    assert ablations.time_embedding_verdicts(one)["f9_dt"].word == statistics.UNTESTED
     # unequal seed counts: seeds are not matched, one intercept
     assert ablations.time_embedding_trend(_dt_table([2, 8], [[6.0, 6.1], [5.9]])).test == "t-test of the slope"
 
@@ -350,12 +350,12 @@ def test_hypernetwork_headline(tmp_path):
     table = ablations.ablation_table(runs, {"hypernet": "model.hypernet"})
     assert "run" not in ablations.shown(table) and "losses" not in ablations.shown(table)
     verdict = ablations.hypernetwork_verdicts(table)["f10_hypernet"]
-    assert verdict.word == seeds.CONTRADICTED and verdict.effect == pytest.approx(100 * math.expm1(0.10))
+    assert verdict.word == statistics.CONTRADICTED and verdict.effect == pytest.approx(100 * math.expm1(0.10))
     assert words.hypernetwork_headline(table)["comparison"].startswith("per-weight MLPs ")
     better = ablations.ablation_table(runs[::-1], {"hypernet": "model.hypernet"})
     better = better.assign(hypernet=["per_weight", "shared_mlp"])
-    assert ablations.hypernetwork_verdicts(better)["f10_hypernet"].word == seeds.REPRODUCED
-    assert ablations.hypernetwork_verdicts(table.iloc[:1])["f10_hypernet"].word == seeds.UNTESTED
+    assert ablations.hypernetwork_verdicts(better)["f10_hypernet"].word == statistics.REPRODUCED
+    assert ablations.hypernetwork_verdicts(table.iloc[:1])["f10_hypernet"].word == statistics.UNTESTED
 
 
 @pytest.mark.pipeline
@@ -370,7 +370,7 @@ def test_f9_measures_each_runs_training_step_in_a_process_of_its_own(smoke_book)
     assert measured.exists(), smoke_book.first.explain()
     rows = pd.read_csv(measured, index_col=0).to_dict("records")
     parameters = json.loads(measured.with_suffix(".json").read_text())["parameters"]
-    assert [r["run"] for r in rows] == [seeds.as_list(run)[0] for run in parameters["runs"]]
+    assert [r["run"] for r in rows] == [statistics.as_list(run)[0] for run in parameters["runs"]]
     result, other = sorted(rows, key=lambda r: r["params"])  # the smaller model first
     first, second = rows
     assert first["timed_from"] < first["timed_to"] < second["timed_from"] < second["timed_to"]

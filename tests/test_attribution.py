@@ -10,7 +10,7 @@ from scipy import stats
 from diffeqformer.data.synthetic import VOCABULARY, Prompt, encode, prompts
 
 from diffeqformer import DiffEqFormerConfig
-from diffeqformer.analysis import seeds
+from diffeqformer.analysis import statistics
 from diffeqformer.analysis.attribution import (METHODS, attribution_benchmark, claim, over_seeds,
                                               raw_attention_scores, summarize)
 from diffeqformer.report.plots.lyapunov import benchmark as plot_summary
@@ -128,8 +128,8 @@ def test_hit_rates_over_seeds_and_the_claim():
     assert text["seeds_agreement"] == "3 seeds" and " ± " in text["hit1_agreement_attention"]
     # per seed: hit@1 1.00 - 0.25, 1.00 - 0.50, 0.75 - 0.25: differences 0.75, 0.50, 0.50
     paired = stats.ttest_rel([1.0, 1.0, 0.75], [0.25, 0.5, 0.25])
-    assert text["claim_agreement"].startswith(f"{seeds.REPRODUCED}: +0.583 hit@1 (95% CI ")
-    assert f"{seeds.p_text(paired.pvalue)}, paired t-test over 3 seeds; detectable at 80% power: " in \
+    assert text["claim_agreement"].startswith(f"{statistics.REPRODUCED}: +0.583 hit@1 (95% CI ")
+    assert f"{statistics.p_text(paired.pvalue)}, paired t-test over 3 seeds; detectable at 80% power: " in \
         text["claim_agreement"]
     c, hits = claim(pd.DataFrame(rows))
     assert c.p == pytest.approx(paired.pvalue) and hits == pytest.approx(7 / 12)
@@ -137,13 +137,13 @@ def test_hit_rates_over_seeds_and_the_claim():
     # prompts (pooled over the models, McNemar's test would call 40 of 60 prompts against 20 significant)
     split = _claim_rows([(50, 10), (10, 30), (10, 30)], 60)
     c, _ = claim(pd.DataFrame(split))
-    assert c.verdict == seeds.INCONCLUSIVE and c.test == seeds.PAIRED
+    assert c.verdict == statistics.INCONCLUSIVE and c.test == statistics.PAIRED
     one = pd.DataFrame([r for r in rows if r["seed"] == 0])
     assert claim(one)[0].p == pytest.approx(stats.binomtest(3, 3).pvalue)  # one seed: McNemar on the prompts
-    assert f"{seeds.p_text(stats.binomtest(3, 3).pvalue)}, exact McNemar test over 4 pairs" in \
+    assert f"{statistics.p_text(stats.binomtest(3, 3).pvalue)}, exact McNemar test over 4 pairs" in \
         headline(one)["claim_agreement"]
-    assert headline(one)["claim_agreement"].startswith(seeds.INCONCLUSIVE)
-    assert headline(one[one.prompt == 0])["claim_agreement"].startswith(f"{seeds.UNTESTED} (1 pair")
+    assert headline(one)["claim_agreement"].startswith(statistics.INCONCLUSIVE)
+    assert headline(one[one.prompt == 0])["claim_agreement"].startswith(f"{statistics.UNTESTED} (1 pair")
 
 
 def _tiny_synthetic_model():

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from diffeqformer import paths
-from diffeqformer.analysis import claims, seeds
+from diffeqformer.analysis import claims, statistics
 from diffeqformer.report import book, verdicts
 
 
@@ -26,9 +26,9 @@ def test_every_claim_is_judged_by_its_notebook():
 def test_a_verdict_in_the_claims_units():
     """A log-perplexity comparison is written as a percent ratio, interval and detectable effect alike; JSON and
     back gives the same verdict."""
-    c = seeds.compare([5.0, 5.2, 4.9], [5.1, 5.32, 4.99], paired=True)
+    c = statistics.compare([5.0, 5.2, 4.9], [5.1, 5.32, 4.99], paired=True)
     v = claims.judge("f6_ours", c)
-    assert v.word == seeds.REPRODUCED and v.effect == pytest.approx(100 * math.expm1(c.difference))
+    assert v.word == statistics.REPRODUCED and v.effect == pytest.approx(100 * math.expm1(c.difference))
     assert (v.low, v.high) == pytest.approx((100 * math.expm1(c.low), 100 * math.expm1(c.high)))
     assert v.detectable == pytest.approx(100 * math.expm1(c.detectable)) and v.n == 3 and v.unit == "seed"
     assert v.text().startswith(f"reproduced: {v.effect:+.1f}% (95% CI {v.low:+.1f}% to {v.high:+.1f}%), p = ")
@@ -37,62 +37,64 @@ def test_a_verdict_in_the_claims_units():
     assert claims.Verdict.from_json(untested.to_json()).text() == "untested (0 seeds; no Llama)"
     with pytest.raises(ValueError, match="measurement"):
         claims.judge("f9_memory", c)
-    slope = claims.judge("f3_dispersion", seeds.one_sample([-0.05, -0.04, -0.06, -0.05]))
-    assert slope.word == seeds.REPRODUCED and slope.effect == pytest.approx(-0.05) and "per unit p" in slope.text()
+    slope = claims.judge("f3_dispersion", statistics.one_sample([-0.05, -0.04, -0.06, -0.05]))
+    assert slope.word == statistics.REPRODUCED and slope.effect == pytest.approx(-0.05) and "per unit p" in slope.text()
     assert slope.effect_text() == f"-0.050 per unit p (95% CI {slope.low:+.3f} to {slope.high:+.3f})"  # unit once
 
 
 def test_a_measure_that_does_not_move_leaves_its_claim_untested():
     """Every unit differs by exactly 0 (no run overfit; every model scored 0 on a task): the claim is untested with
     the reason, not inconclusive with a detectable effect of 0; the smallest non-zero constant difference is not."""
-    pairs = seeds.compare([0.0] * 6, [0.0] * 6, paired=True)  # 6 seeds
-    slopes = seeds.trend([9, 18, 24] * 3, [0.0] * 9, [0, 0, 0, 1, 1, 1, 2, 2, 2])  # 3 seeds, each a flat line
+    pairs = statistics.compare([0.0] * 6, [0.0] * 6, paired=True)  # 6 seeds
+    slopes = statistics.trend([9, 18, 24] * 3, [0.0] * 9, [0, 0, 0, 1, 1, 1, 2, 2, 2])  # 3 seeds, each a flat line
     for judged, n in ((pairs, 6), (slopes, 3)):
         v = claims.judge("f6_overfit", judged)
-        assert v.word == seeds.UNTESTED and v.n == n
+        assert v.word == statistics.UNTESTED and v.n == n
         assert v.text().startswith(f"untested ({n} seeds; {claims.NOTHING_MOVED}")
         assert claims.Verdict.from_json(v.to_json()) == v
-    moved = claims.judge("f6_overfit", seeds.compare([0.0] * 6, [0.01] * 6, paired=True))
-    assert moved.word == seeds.REPRODUCED and "exact test of their signs" in moved.text()
-    same = claims.judge("f5_agreement", seeds.mcnemar([1, 0, 1, 1], [1, 0, 1, 1]))  # one model: no discordant prompt
-    assert same.word == seeds.UNTESTED and same.n == 4 and same.unit == "pair"
+    moved = claims.judge("f6_overfit", statistics.compare([0.0] * 6, [0.01] * 6, paired=True))
+    assert moved.word == statistics.REPRODUCED and "exact test of their signs" in moved.text()
+    # one model: no discordant prompt
+    same = claims.judge("f5_agreement", statistics.mcnemar([1, 0, 1, 1], [1, 0, 1, 1]))
+    assert same.word == statistics.UNTESTED and same.n == 4 and same.unit == "pair"
     assert same.text().startswith(f"untested (4 pairs; {claims.NOTHING_MOVED}")
-    balanced = claims.judge("f5_agreement", seeds.mcnemar([1, 0, 1, 1], [0, 1, 1, 1]))  # differs, cancels to 0
-    assert balanced.word == seeds.INCONCLUSIVE and balanced.low < 0 < balanced.high
+    balanced = claims.judge("f5_agreement", statistics.mcnemar([1, 0, 1, 1], [0, 1, 1, 1]))  # differs, cancels to 0
+    assert balanced.word == statistics.INCONCLUSIVE and balanced.low < 0 < balanced.high
     why = "another measure moved"  # said only where the claim stays untested
     assert claims.judge("f6_overfit", pairs, if_untested=why).note == f"{claims.NOTHING_MOVED}; {why}"
-    assert claims.judge("f6_overfit", seeds.compare([0.1], [0.2], paired=True), if_untested=why).note.endswith(why)
-    assert claims.judge("f6_overfit", seeds.compare([0.0] * 6, [0.01] * 6, paired=True), if_untested=why).note == \
+    assert claims.judge("f6_overfit", statistics.compare([0.1], [0.2], paired=True), if_untested=why).note.endswith(why)
+    assert claims.judge("f6_overfit", statistics.compare([0.0] * 6, [0.01] * 6, paired=True), if_untested=why).note == \
         moved.note
 
 
 def test_an_interval_is_cut_at_the_largest_possible_effect():
     """A difference of two hit rates lies within +-1: the t interval of 3 models, which reaches past it, is written cut
     there, and an effect detectable only past it is none."""
-    v = claims.judge("f5_induction", seeds.compare([0.1, 0.9, 0.2], [0.8, 0.3, 0.95], paired=True))
+    v = claims.judge("f5_induction", statistics.compare([0.1, 0.9, 0.2], [0.8, 0.3, 0.95], paired=True))
     assert v.low < -1 and v.high > 1 and v.detectable > 1  # the test's own numbers are kept
     assert v.effect_text() == f"{v.effect:+.3f} hit@1 (95% CI -1.000 to +1.000)"
     assert v.detectable_text() == "none with these seeds (past the largest possible, 1.000 hit@1)"
 
 
 def test_significant_but_negligible_and_equivalence():
-    tiny = claims.judge("f6_ours", seeds.compare([5.000, 5.001, 5.002], [5.004, 5.0055, 5.0065], paired=True))
-    assert tiny.word == seeds.REPRODUCED and tiny.negligible and "negligible" in tiny.text()
-    same = claims.judge("f7_full", seeds.compare([0.005, -0.015, 0.015], [0.0] * 3, paired=True))
-    assert same.word == seeds.REPRODUCED and "equivalence shown 80% of the time within" in same.text()
-    vague = claims.judge("f7_full", seeds.compare([0.2, -0.15, 0.05], [0.0] * 3, paired=True))
-    assert vague.word == seeds.INCONCLUSIVE
+    tiny = claims.judge("f6_ours", statistics.compare([5.000, 5.001, 5.002], [5.004, 5.0055, 5.0065], paired=True))
+    assert tiny.word == statistics.REPRODUCED and tiny.negligible and "negligible" in tiny.text()
+    same = claims.judge("f7_full", statistics.compare([0.005, -0.015, 0.015], [0.0] * 3, paired=True))
+    assert same.word == statistics.REPRODUCED and "equivalence shown 80% of the time within" in same.text()
+    vague = claims.judge("f7_full", statistics.compare([0.2, -0.15, 0.05], [0.0] * 3, paired=True))
+    assert vague.word == statistics.INCONCLUSIVE
     assert verdicts.pointing(vague.of, vague.effect) == "within the margin of +-5.0%"  # +3.4%, yet not shown
-    far = claims.judge("f7_full", seeds.compare([0.2, 0.05, 0.1], [0.0] * 3, paired=True))
+    far = claims.judge("f7_full", statistics.compare([0.2, 0.05, 0.1], [0.0] * 3, paired=True))
     assert verdicts.pointing(far.of, far.effect) == "outside the margin of +-5.0%"
 
 
 def test_a_claim_with_parts_shows_each_parts_sign():
     """F2 needs both radii to grow: the intersection-union test decides by the part against the claim, and the
     verdict keeps both parts' effects, which its page's opening shows with their directions."""
-    grows, shrinks = seeds.one_sample([0.3, 0.25, 0.35]), seeds.one_sample([-1.3, -1.4, -1.2])
+    grows, shrinks = statistics.one_sample([0.3, 0.25, 0.35]), statistics.one_sample([-1.3, -1.4, -1.2])
     v = claims.intersection("f2_growth", {"the QK radius": shrinks, "the OV radius": grows})
-    assert v.word == seeds.CONTRADICTED and v.note == "decided by the QK radius" and v.effect == pytest.approx(-1.3)
+    assert v.word == statistics.CONTRADICTED and v.note == "decided by the QK radius"
+    assert v.effect == pytest.approx(-1.3)
     assert [name for name, *_ in v.parts] == ["the QK radius", "the OV radius"]
     assert claims.Verdict.from_json(v.to_json()) == v
     sentence = verdicts.claim_sentence((v, 0.01), 3)
@@ -117,12 +119,12 @@ def test_the_verdicts_page_is_a_table_adjusted_by_holm():
     """Five claims tested, two significant before the adjustment: the one whose Holm p stays below 0.05 keeps its
     word, the other (p x 4 by Holm) is inconclusive after Holm and says what it was before; a claim no notebook
     judged says so; every claim's rule is under the table."""
-    strong = claims.judge("f6_ours", seeds.compare([5.0, 5.2, 4.9, 5.1, 5.0], [5.3, 5.49, 5.21, 5.4, 5.31],
+    strong = claims.judge("f6_ours", statistics.compare([5.0, 5.2, 4.9, 5.1, 5.0], [5.3, 5.49, 5.21, 5.4, 5.31],
                                                    paired=True))
-    weak = claims.judge("f8_beta2", seeds.one_sample([-0.05, -0.03, -0.04]))
-    noisy = [claims.judge(name, seeds.one_sample([0.1, -0.2, 0.15])) for name in ("f6_shared", "f6_overfit",
+    weak = claims.judge("f8_beta2", statistics.one_sample([-0.05, -0.03, -0.04]))
+    noisy = [claims.judge(name, statistics.one_sample([0.1, -0.2, 0.15])) for name in ("f6_shared", "f6_overfit",
                                                                                    "f6_llama")]
-    assert strong.p < 0.005 and 0.01 < weak.p < 0.05 and all(v.word == seeds.INCONCLUSIVE for v in noisy)
+    assert strong.p < 0.005 and 0.01 < weak.p < 0.05 and all(v.word == statistics.INCONCLUSIVE for v in noisy)
     here = {"f6_perplexity": _glued([strong, *noisy]), "f8_beta2": _glued([weak])}
     page = verdicts.verdicts_markdown("cpu", here, None)
     def row(name):
@@ -145,17 +147,17 @@ def test_a_page_opens_with_the_verdicts_page_verdict():
     """A figure's page opens with the same adjusted verdicts as the verdicts page: a word Holm's adjustment changed
     says so there too, an inconclusive one which way its estimate points; a page without a headline claim has no
     opening."""
-    weak = claims.judge("f8_beta2", seeds.one_sample([-0.05, -0.03, -0.04]))
-    strong = claims.judge("f6_ours", seeds.compare([5.0, 5.2, 4.9, 5.1, 5.0], [5.3, 5.49, 5.21, 5.4, 5.31],
+    weak = claims.judge("f8_beta2", statistics.one_sample([-0.05, -0.03, -0.04]))
+    strong = claims.judge("f6_ours", statistics.compare([5.0, 5.2, 4.9, 5.1, 5.0], [5.3, 5.49, 5.21, 5.4, 5.31],
                                                    paired=True))
-    shared = claims.judge("f6_shared", seeds.one_sample([-0.1, -0.2, 0.15]))  # the weight-shared model better
-    noisy = [claims.judge(name, seeds.one_sample([0.1, -0.2, 0.15])) for name in ("f6_overfit", "f6_llama")]
+    shared = claims.judge("f6_shared", statistics.one_sample([-0.1, -0.2, 0.15]))  # the weight-shared model better
+    noisy = [claims.judge(name, statistics.one_sample([0.1, -0.2, 0.15])) for name in ("f6_overfit", "f6_llama")]
     here = {"f6_perplexity": _glued([strong, shared, *noisy]), "f8_beta2": _glued([weak])}
     judged = verdicts.holm_verdicts(here)
     f8 = verdicts.opening_markdown("f8_beta2", judged, "cpu")
     assert f8.startswith("```{admonition} The verdict at the cpu preset\n:class: verdict\n")
     assert (f"**inconclusive after Holm (reproduced before)**: {weak.effect_text()}, pointing with the paper; "
-            f"{seeds.p_text(weak.p)}, {judged['f8_beta2'][1]:.2g} after Holm's adjustment across 5 claims") in f8
+            f"{statistics.p_text(weak.p)}, {judged['f8_beta2'][1]:.2g} after Holm's adjustment across 5 claims") in f8
     assert "**inconclusive after Holm (reproduced before)**" in verdicts.verdicts_markdown("cpu", here, None)
     f6 = verdicts.opening_markdown("f6_perplexity", judged, "cpu")
     assert "*DiffEqFormer reaches a lower" in f6 and f"**reproduced**: {strong.effect_text()}, pointing with" in f6

@@ -439,11 +439,11 @@ def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by
     """``report.verdicts.verdicts_markdown``: each headline claim (``claims.CLAIMS``) in a row with the paper's side,
     the verdict glued by this build's notebook, and the GPU edition's (``edition.glued_notebooks``), or that there is
     none yet."""
-    from diffeqformer.analysis import claims, seeds
+    from diffeqformer.analysis import claims, statistics
     from diffeqformer.report import book
 
     nb = _executed("f8_beta2")
-    here = claims.judge("f8_beta2", seeds.one_sample([0.1, -0.2, 0.15]))
+    here = claims.judge("f8_beta2", statistics.one_sample([0.1, -0.2, 0.15]))
     nb["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", here.to_json()))
     result = {"f8_beta2": book.glued(nb)}
     assert edition.glued_notebooks(tmp_path / "no-edition") is None
@@ -457,7 +457,7 @@ def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by
     _installed(home, tmp_path, committed)  # an edition whose f8 glued its own verdict
     gpu_nb = committed / "notebooks" / "f8_beta2.ipynb"
     executed = json.loads(gpu_nb.read_text())
-    there = claims.judge("f8_beta2", seeds.one_sample([-0.3, -0.29, -0.32]))
+    there = claims.judge("f8_beta2", statistics.one_sample([-0.3, -0.29, -0.32]))
     executed["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", there.to_json()))
     gpu_nb.write_text(json.dumps(executed))
     page = verdicts.verdicts_markdown("cpu", result, edition.glued_notebooks(committed), edition.STAGED)

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from diffeqformer.analysis import perplexity, seeds
+from diffeqformer.analysis import perplexity, statistics
 from diffeqformer.report.words import language as words
 from diffeqformer.report.plots import language
 
@@ -52,9 +52,9 @@ def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
     assert glued["ppl_ours"] == f"{math.exp(4.5):.1f}" and glued["steps"] == "20" and glued["seeds"] == "1 seed"
     verdicts = perplexity.verdicts(perplexity.curves(runs))
     assert list(verdicts) == ["f6_ours", "f6_shared", "f6_overfit", "f6_llama"]
-    assert verdicts["f6_llama"].word == seeds.UNTESTED and "no DiffEqFormer (Llama) and Llama" in verdicts[
+    assert verdicts["f6_llama"].word == statistics.UNTESTED and "no DiffEqFormer (Llama) and Llama" in verdicts[
         "f6_llama"].text()
-    assert all(v.word == seeds.UNTESTED for v in verdicts.values())  # one seed each: nothing to judge by
+    assert all(v.word == statistics.UNTESTED for v in verdicts.values())  # one seed each: nothing to judge by
 
 
 def _seeds(tmp_path, name, finals):
@@ -63,8 +63,8 @@ def _seeds(tmp_path, name, finals):
 
 def test_seeds_give_mean_spread_and_verdict(tmp_path):
     """Three seeds per row: the table holds the mean and standard deviation of the final perplexities; seed k of
-    every row is matched (the paired t-test of seeds.RULE, on log-perplexities): a difference whose p is below 0.05 is
-    significant, another inconclusive; the change is the ratio of perplexities from the mean log difference."""
+    every row is matched (the paired t-test of statistics.RULE, on log-perplexities): a difference whose p is below
+    0.05 is significant, another inconclusive; the change is the ratio of perplexities from the mean log difference."""
     gpt = [5.00, 5.02, 4.98]
     runs = {"gpt": _seeds(tmp_path, "g", gpt), "ours": _seeds(tmp_path, "o", [4.50, 4.53, 4.47]),
             "shared": _seeds(tmp_path, "s", [4.90, 5.10, 5.03])}
@@ -75,14 +75,14 @@ def test_seeds_give_mean_spread_and_verdict(tmp_path):
     assert table.loc["gpt", "seeds"] == 3
     assert table.loc["gpt", "final ppl"] == pytest.approx(ppl.mean())
     assert table.loc["gpt", "sd"] == pytest.approx(ppl.std(ddof=1))
-    assert table.loc["ours", "verdict"] == seeds.SIGNIFICANT
+    assert table.loc["ours", "verdict"] == statistics.SIGNIFICANT
     assert table.loc["ours", "vs baseline %"] == pytest.approx(100 * math.expm1(np.mean([-0.50, -0.49, -0.51])))
-    assert table.loc["shared", "verdict"] == seeds.INCONCLUSIVE
+    assert table.loc["shared", "verdict"] == statistics.INCONCLUSIVE
     glued = words.f6_headline(table)
     assert glued["seeds"] == "3 seeds" and " ± " in glued["ppl_ours"]
     verdict = perplexity.verdicts(frame)["f6_ours"]
     ours = perplexity.comparisons(frame)["ours"]
-    assert ours.test == "paired t-test" and ours.p < 0.05 and verdict.word == seeds.REPRODUCED
+    assert ours.test == "paired t-test" and ours.p < 0.05 and verdict.word == statistics.REPRODUCED
     assert verdict.text().startswith(f"reproduced: {table.loc['ours', 'vs baseline %']:+.1f}% (95% CI ")
     assert f"p = {ours.p:.2g}, paired t-test over 3 seeds; detectable at 80% power: " in verdict.text()
     ax = language.perplexity_curves(frame, perplexity.ROWS).axes[0]
@@ -153,10 +153,11 @@ def test_overfits_less_is_judged_on_the_rise(tmp_path):
     assert versus["gap"].difference == pytest.approx(-0.2933333, abs=1e-6) and versus["gap"].test == "paired t-test"
     assert versus["gap"].significant and versus["rise"].significant and versus["rise"].difference < 0
     verdict = perplexity.verdicts(frame)["f6_overfit"]
-    assert verdict.word == seeds.REPRODUCED and verdict.effect == pytest.approx(100 * math.expm1(-0.30))
+    assert verdict.word == statistics.REPRODUCED and verdict.effect == pytest.approx(100 * math.expm1(-0.30))
     # the same gaps, but DiffEqFormer's validation perplexity rises as much as GPT-2's: inconclusive
     ours = _overfit_seeds(tmp_path, "p", [0.30, 0.33, 0.27], [0.20, 0.22, 0.19])
-    assert perplexity.verdicts(perplexity.curves({"gpt": gpt, "ours": ours}))["f6_overfit"].word == seeds.INCONCLUSIVE
+    overfit = perplexity.verdicts(perplexity.curves({"gpt": gpt, "ours": ours}))["f6_overfit"]
+    assert overfit.word == statistics.INCONCLUSIVE
 
 
 def test_weight_sharing_is_worst_only_when_worse_than_both(tmp_path):
@@ -169,11 +170,11 @@ def test_weight_sharing_is_worst_only_when_worse_than_both(tmp_path):
     versus = perplexity.worst_comparisons(perplexity.final_losses(frame))["shared"]
     assert set(versus) == {"gpt", "ours"} and all(c.significant and c.difference > 0 for c in versus.values())
     verdict = perplexity.verdicts(frame)["f6_shared"]
-    assert verdict.word == seeds.REPRODUCED and "decided by the comparison with" in verdict.note
+    assert verdict.word == statistics.REPRODUCED and "decided by the comparison with" in verdict.note
     # between the two: worse than DiffEqFormer, better than GPT-2, so not the worst
     between = {**worst, "shared": _seeds(tmp_path, "t", [4.80, 4.81, 4.79])}
     verdict = perplexity.verdicts(perplexity.curves(between))["f6_shared"]
-    assert verdict.word == seeds.CONTRADICTED and verdict.note.endswith("GPT-2") and verdict.effect < 0
+    assert verdict.word == statistics.CONTRADICTED and verdict.note.endswith("GPT-2") and verdict.effect < 0
     # no DiffEqFormer: the claim cannot be tested
     alone = {"gpt": gpt, "shared": worst["shared"]}
-    assert perplexity.verdicts(perplexity.curves(alone))["f6_shared"].word == seeds.UNTESTED
+    assert perplexity.verdicts(perplexity.curves(alone))["f6_shared"].word == statistics.UNTESTED

@@ -16,7 +16,7 @@ from helpers import VOCAB, tiny
 from matplotlib.figure import Figure
 from scipy.optimize import linear_sum_assignment
 
-from diffeqformer.analysis import seeds
+from diffeqformer.analysis import statistics
 from diffeqformer.analysis import spectra as S
 from diffeqformer.report.words import spectra as words
 from diffeqformer.report.plots import spectra as P
@@ -436,11 +436,11 @@ def test_depth_growth_is_judged_over_seeds():
     assert up.slope == pytest.approx((1.0 + 1.2 + 0.9) / 3) and up.seeds == 3
     assert up.comparison.p == pytest.approx(ttest_1samp([1.0, 1.2, 0.9], 0.0).pvalue, rel=1e-9)
     assert up.factor == pytest.approx(np.exp(up.slope * (1 - 1 / 6)))
-    assert up.comparison.test == seeds.ONE_SAMPLE
+    assert up.comparison.test == statistics.ONE_SAMPLE
     trend = lambda key: words.growth_trend(g.loc[key].comparison, g.loc[key].slopes)  # noqa: E731
-    assert up.verdict == seeds.SIGNIFICANT and trend(("up", "qk")) == "grows with depth"
+    assert up.verdict == statistics.SIGNIFICANT and trend(("up", "qk")) == "grows with depth"
     assert trend(("down", "ov")) == "shrinks with depth"
-    assert g.loc[("mixed", "ffn")].verdict == seeds.INCONCLUSIVE
+    assert g.loc[("mixed", "ffn")].verdict == statistics.INCONCLUSIVE
     assert trend(("mixed", "ffn")) == "shows no trend its seeds can tell from their spread (inconclusive)"
     assert trend(("one", "qk")) == "is untested (1 seed)"
     assert trend(("flat", "qk")) == "is constant" and g.loc[("flat", "qk")].slope == 0
@@ -453,13 +453,13 @@ def test_depth_growth_is_judged_over_seeds():
     assert shown.set_index(["model", "matrix"]).loc[("down", "ov"), "trend"] == "shrinks with depth"
     reset = g.reset_index()
     up_verdict = S.growth_verdict(reset, "up")
-    assert up_verdict.claim == "f2_growth" and up_verdict.word == seeds.REPRODUCED and up_verdict.n == 3
+    assert up_verdict.claim == "f2_growth" and up_verdict.word == statistics.REPRODUCED and up_verdict.n == 3
     # the intersection-union test: its p is the larger of the two matrices' p
     assert up_verdict.p == pytest.approx(max(g.loc[("up", m)].comparison.p for m in ("qk", "ov")))
     down = S.growth_verdict(reset, "down")
-    assert down.word == seeds.CONTRADICTED and down.effect < 0 and "decided by the QK radius" in down.note
-    assert S.growth_verdict(reset, "one").word == seeds.UNTESTED
-    assert S.growth_verdict(reset, "mixed").word == seeds.INCONCLUSIVE
+    assert down.word == statistics.CONTRADICTED and down.effect < 0 and "decided by the QK radius" in down.note
+    assert S.growth_verdict(reset, "one").word == statistics.UNTESTED
+    assert S.growth_verdict(reset, "mixed").word == statistics.INCONCLUSIVE
 
 
 def test_headline_quotes_the_growth_over_seeds(model):
@@ -473,7 +473,7 @@ def test_headline_quotes_the_growth_over_seeds(model):
     assert text["growth_ours_qk"].startswith(f"slope {g.loc[('ours', 'qk')].slope:+.2f} per unit t (x")
     assert text["growth_ours_qk"].endswith("one-sample t-test over 3 seeds: significant")
     assert text["spearman_ours_qk"] == "+1.00, +1.00, +1.00" and text["peak_ours_qk"] == "1.00, 1.00, 1.00"
-    assert "verdict" not in text and S.verdicts(layers)["f2_growth"].word == seeds.REPRODUCED
+    assert "verdict" not in text and S.verdicts(layers)["f2_growth"].word == statistics.REPRODUCED
     assert text["change_zoom_qk"] == f"{S.mean_change(zoom)['qk']:.3f}"
     assert text["change_layers_gpt_ov"] == f"{np.mean([S.mean_change(d)['ov'] for d in layers['gpt']]):.2f}"
     assert all(isinstance(v, str) for v in text.values())

@@ -18,7 +18,7 @@ from helpers import TINY, VOCAB, tiny
 from diffeqformer import DiffEqFormerLMHeadModel
 from scipy import stats
 
-from diffeqformer.analysis import clustering, seeds
+from diffeqformer.analysis import clustering, statistics
 from diffeqformer.analysis.clustering import (
     VERDICT_COLUMNS,
     clustering_metrics,
@@ -578,8 +578,8 @@ def test_growth_verdicts_are_paired_t_tests_and_a_trend(identity_run):
     row = table.iloc[3]
     assert row["mean a"] == pytest.approx(a.mean()) and row["mean b"] == pytest.approx(b.mean())
     assert row["p"] == pytest.approx(stats.ttest_rel(a, b).pvalue)
-    assert row["test"] == seeds.PAIRED and row["seeds"] == 2
-    assert row["verdict"] == (seeds.SIGNIFICANT if row["p"] < 0.05 else seeds.INCONCLUSIVE)
+    assert row["test"] == statistics.PAIRED and row["seeds"] == 2
+    assert row["verdict"] == (statistics.SIGNIFICANT if row["p"] < 0.05 else statistics.INCONCLUSIVE)
     # the trend: the fraction falls with p (identity weights freeze sooner the faster g grows); the simulation is the
     # unit, one slope each, tested against 0
     slopes = clustering.dispersion_slopes(identity_run)
@@ -587,7 +587,7 @@ def test_growth_verdicts_are_paired_t_tests_and_a_trend(identity_run):
                                     for s, f in zip(slopes, final.transpose("seed", "growth").values))
     trend = table.iloc[-1]
     assert trend["difference"] == pytest.approx(np.mean(slopes)) and trend["difference"] < 0 and trend["seeds"] == 2
-    assert trend["test"] in (seeds.ONE_SAMPLE, seeds.EXACT_SIGNS) and math.isnan(trend["mean a"])
+    assert trend["test"] in (statistics.ONE_SAMPLE, statistics.EXACT_SIGNS) and math.isnan(trend["mean a"])
     assert trend["p"] == pytest.approx(clustering.dispersion_test(identity_run).p)
     texts = words.trajectories_verdict_texts(table)
     assert set(texts) == {"g1_vs_t", "g1_vs_t2", "g1_vs_t3", "g1_vs_t4", "trend"}
@@ -612,8 +612,8 @@ def test_paired_verdicts(identity_run):
     same = paired_verdicts(identity_run, identity_run)
     assert list(same["comparison"]) == ["g = 1", "g = t", "g = t^2", "g = t^3", "g = t^4"]
     # every paired difference is 0: the exact sign-flip test, p = 1, never a t-test of zero spread
-    assert (same["difference"] == 0).all() and (same["verdict"] == seeds.INCONCLUSIVE).all()
-    assert (same["test"] == seeds.EXACT_SIGNS).all() and (same["p"] == 1).all()
+    assert (same["difference"] == 0).all() and (same["verdict"] == statistics.INCONCLUSIVE).all()
+    assert (same["test"] == statistics.EXACT_SIGNS).all() and (same["p"] == 1).all()
     with pytest.raises(ValueError, match="same seeds"):
         paired_verdicts(identity_run, identity_run.isel(seed=[0]))
 
@@ -623,8 +623,8 @@ def test_model_verdicts(tiny_model):
             for s in (0, 1)]
     table = model_verdicts(runs, runs)
     assert list(table["comparison"]) == ["fraction at t = 1", "distance at t = 1"]
-    assert (table["difference"] == 0).all() and (table["test"] == seeds.EXACT_SIGNS).all()
-    assert (table["verdict"] == seeds.INCONCLUSIVE).all()
+    assert (table["difference"] == 0).all() and (table["test"] == statistics.EXACT_SIGNS).all()
+    assert (table["verdict"] == statistics.INCONCLUSIVE).all()
     assert set(words.trajectories_verdict_texts(table)) == {"fraction_at_t_1", "distance_at_t_1"}
 
 

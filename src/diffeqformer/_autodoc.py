@@ -32,7 +32,8 @@ LAYERS = [
     # diffeqformer.report: saving figures and tables with their provenance, captions, glue; the book's extension
     ["report", "report.figures", "report.book"],
     # diffeqformer.analysis: the verdict rule over seeds, the analyses, F5's benchmark over lyapunov's scores
-    ["analysis", "analysis.seeds"],
+    ["analysis", "analysis.statistics"],
+    ["analysis.multiplicity"],  # many tests at once: Holm's adjustment, the intersection-union test, chance counts
     ["analysis.claims"],  # the headline claims, each with its one primary test, and their verdicts
     ["analysis.memory"],  # a training step's measured time and peak memory (F9), the fit against the parameters
     ["analysis.schematic", "analysis.spectra", "analysis.trajectories", "analysis.lyapunov", "analysis.inference",

@@ -1,6 +1,6 @@
 """Seed copies of one configuration trained together: one vmapped population under one Levanter trainer.
 
-Every comparison of F5, F6 and F8-F10 is judged over seeds (``seeds.RULE``), so the cpu preset trains each compared
+Every comparison of F5, F6 and F8-F10 is judged over seeds (``statistics.RULE``), so the cpu preset trains each compared
 setting several times, the copies differing only in ``trainer.seed`` (``workflow.presets.seeded``). Trained one after the
 other, each copy pays its own start-up and runs a program too small to keep two cores busy. Here the copies train as
 one model whose every weight has a leading ``seed`` axis (``haliax.vmap``):

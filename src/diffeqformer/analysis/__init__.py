@@ -1,9 +1,10 @@
 """The analyses of trained runs, one module per question of the paper, each importing only the layers below it
-(model, data, train, runs, report), ``seeds`` and ``claims``:
+(model, data, train, runs, report), ``statistics``, ``multiplicity`` and ``claims``:
 
-- ``seeds``: the verdict rule (a difference is significant only when a two-sided test at 5% rejects no difference:
+- ``statistics``: the verdict rule (a difference is significant only when a two-sided test at 5% rejects no difference:
   paired t-test over matched seeds or models, else Welch's, exact McNemar for one model's paired hits, exact tests
-  where the values have no spread; a claim's four verdicts; equivalence; Holm's adjustment);
+  where the values have no spread; a claim's four verdicts; equivalence);
+- ``multiplicity``: many tests at once (Holm's adjustment of the headline claims, the intersection-union test);
 - ``claims``: the paper's headline claims, each with its one primary test, named before any number;
 - ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents,
   F5), ``inference`` (ODE solvers at inference, x1), ``perplexity`` (F6), ``ablations`` (F7-F10), ``memory`` (a
@@ -16,4 +17,4 @@ Each module is imported on its own (``from diffeqformer.analysis import spectra`
 """
 
 __all__ = ["ablations", "attribution", "claims", "clustering", "downstream", "inference", "lyapunov", "memory",
-           "model_trajectories", "perplexity", "schematic", "seeds", "spectra", "trajectories"]
+           "model_trajectories", "multiplicity", "perplexity", "schematic", "spectra", "statistics", "trajectories"]

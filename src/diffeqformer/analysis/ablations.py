@@ -21,9 +21,9 @@ from ..runs import (
     run_path,
     summary,
 )
-from . import claims, seeds
+from . import claims
 from .memory import PARAMETER_BYTES, MemoryGrowth, memory_growth
-from .seeds import Comparison, Trend, as_list, compare, spread, trend
+from .statistics import Comparison, Trend, as_list, compare, one_sample, percent, spread, trend
 
 # --------------------------------------------------------------------------------------------------- one run
 
@@ -228,7 +228,7 @@ def finetune_verdicts(table) -> dict[str, claims.Verdict]:
     out = {}
     for name, method in (("f7_lora", "lora"), ("f7_full", "full")):
         per_seed = finetune_per_seed(table, method)
-        out[name] = (claims.judge(name, seeds.one_sample(per_seed), unit=PRETRAINING) if per_seed
+        out[name] = (claims.judge(name, one_sample(per_seed), unit=PRETRAINING) if per_seed
                      else claims.untested(name, f"this preset fine-tunes no DiffEqFormer and GPT-2 with "
                                                 f"{method_name(method)}"))
     full = table[(table.method == "full") & table.model.str.startswith("DiffEqFormer N=")
@@ -255,7 +255,7 @@ def finetune_secondary(table):
     rows = []
     for method, name in (("lora", "f7_lora"), ("full", "f7_full")):
         for (direction, n), per_seed in finetune_differences(table, method).items():
-            v = claims.judge(name, seeds.one_sample(list(per_seed.values())), unit=PRETRAINING)
+            v = claims.judge(name, one_sample(list(per_seed.values())), unit=PRETRAINING)
             rows.append({"method": method_name(method), "direction": direction, "N": n,
                          "effect (95% CI)": v.effect_text(), "p": v.p, "verdict": v.word,
                          "negligible": "yes" if v.negligible else "", "detectable at 80%": v.detectable_text(),
@@ -298,7 +298,7 @@ def shown(table):
 
 
 def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Final validation log-perplexities of two settings over seeds compared by ``seeds.RULE`` (the difference: the
+    """Final validation log-perplexities of two settings over seeds compared by ``statistics.RULE`` (the difference: the
     log of the ratio of perplexities), the first n seeds of both (n the fewer) paired: the workflow trains every
     setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training sequences."""
     n = min(len(a), len(b))
@@ -319,7 +319,7 @@ def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
         base = t[t.beta2 == 0.999]
         ref = base.losses.iloc[0] if len(base) else None
         changes = [None if (ref is None or b == 0.999) else _settings(f, ref) for f, b in zip(t.losses, t.beta2)]
-        t["vs 0.999 %"] = [seeds.percent(c.difference) if c else math.nan for c in changes]
+        t["vs 0.999 %"] = [percent(c.difference) if c else math.nan for c in changes]
         t["verdict"] = [c.verdict if c else "" for c in changes]
         t["change"] = changes
         parts.append(t.sort_values("beta2"))
@@ -340,7 +340,7 @@ def beta2_interaction(table) -> Comparison | None:
     n = min(len(v) for pair in changes.values() for v in pair)
     per_seed = [(changes["ours"][0][k] - changes["ours"][1][k]) - (changes["gpt"][0][k] - changes["gpt"][1][k])
                 for k in range(n)]
-    return seeds.one_sample(per_seed)
+    return one_sample(per_seed)
 
 
 def beta2_verdicts(table) -> dict[str, claims.Verdict]:
@@ -393,7 +393,7 @@ def time_embedding_memory(table, column: str | None = None, *, batch: int | None
 
 
 def time_embedding_trend(table) -> Trend:
-    """F9's perplexity trend (``seeds.trend``): the slope of every seed's final validation log-perplexity against
+    """F9's perplexity trend (``statistics.trend``): the slope of every seed's final validation log-perplexity against
     log2 d_t over all rows of a ``time_embedding_table``, with an intercept per seed where every d_t has as many
     (seed k of each reads the training sequences in the same order), else one intercept."""
     matched = len({len(f) for f in table.losses}) == 1

@@ -1,6 +1,6 @@
 """The paper's headline claims, each with the one primary test that judges it, named here before any number is seen.
 
-A figure's page may compare many things; exactly one test per claim decides its verdict (``seeds.Judged.word``):
+A figure's page may compare many things; exactly one test per claim decides its verdict (``statistics.Judged.word``):
 the primary test of ``CLAIMS``. Everything else a page tests is exploratory (it says so, and F11 says how many of its
 secondary comparisons would come out significant by chance). Where a claim needs several things at once (F2: both
 matrices; F6: weight sharing worse than both models), the combining rule is the intersection-union test
@@ -21,7 +21,7 @@ import dataclasses
 from dataclasses import asdict, dataclass
 from typing import Mapping
 
-from . import seeds
+from . import multiplicity, statistics
 
 PERCENT, PLAIN = "percent", "plain"
 """How a claim's effect is written: ``PERCENT``, a log ratio (of perplexities) shown as the percent change of the
@@ -82,7 +82,7 @@ class Claim:
 
     def written(self, value: float) -> float:
         """A value of the test's scale in the claim's written units (``scale``)."""
-        return seeds.percent(value) if self.scale == PERCENT else value
+        return statistics.percent(value) if self.scale == PERCENT else value
 
     def format(self, value: float, *, sign: bool = True, unit: bool = True) -> str:
         """``-9.2%`` or ``+0.10 per unit p`` (``unit`` False: ``+0.10``, a percentage keeping its ``%``)."""
@@ -206,9 +206,9 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
 
 @dataclass(frozen=True)
 class Verdict:
-    """A claim's verdict: its word (``seeds.WORDS``), the effect, its 95% interval and the smallest effect the design
-    detects 80% of the time, all in the claim's written units, the unadjusted p of the primary test, the units it
-    rests on and the test's name."""
+    """A claim's verdict: its word (``statistics.WORDS``), the effect, its 95% interval and the smallest effect the
+    design detects 80% of the time, all in the claim's written units, the unadjusted p of the primary test, the units
+    it rests on and the test's name."""
 
     claim: str
     word: str
@@ -234,7 +234,7 @@ class Verdict:
     def negligible(self) -> bool:
         """Significant and smaller than the claim's practical threshold."""
         c = self.of
-        return (c.negligible is not None and self.word in (seeds.REPRODUCED, seeds.CONTRADICTED)
+        return (c.negligible is not None and self.word in (statistics.REPRODUCED, statistics.CONTRADICTED)
                 and abs(self.effect) < c.negligible)
 
     def effect_text(self) -> str:
@@ -262,12 +262,12 @@ class Verdict:
     def text(self) -> str:
         """``reproduced: -9.2% (95% CI -15.1% to -3.0%), p = 0.011, paired t-test over 5 seeds; detectable at 80%
         power: 5.5%`` (p before Holm's adjustment across the headline claims)."""
-        if self.word == seeds.UNTESTED:
+        if self.word == statistics.UNTESTED:
             units = f"{self.n} {self.unit}{'' if self.n == 1 else 's'}"
-            return f"{seeds.UNTESTED} ({units}" + (f"; {self.note})" if self.note else ")")
+            return f"{statistics.UNTESTED} ({units}" + (f"; {self.note})" if self.note else ")")
         if self.of.measured:
             return f"{self.word}: {self.effect_text()}" + (f"; {self.note}" if self.note else "")
-        words = [f"{self.word}: {self.effect_text()}, {seeds.p_text(self.p)}, {self.test} over {self.n} "
+        words = [f"{self.word}: {self.effect_text()}, {statistics.p_text(self.p)}, {self.test} over {self.n} "
                  f"{self.unit}{'' if self.n == 1 else 's'}"]
         if self.negligible:
             words.append(f"negligible: within the practical threshold of +-"
@@ -301,34 +301,34 @@ class Verdict:
 FLOATS = ("effect", "low", "high", "p", "detectable")
 
 
-def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None = None,
+def judge(name: str, judged: statistics.Judged, *, note: str = "", unit: str | None = None,
           if_untested: str = "") -> Verdict:
-    """``Verdict`` of claim ``name`` from its primary test ``judged`` (a ``seeds.Comparison``, ``Trend`` or, for a
-    claim with a ``margin``, the comparison tested for equivalence by ``seeds.equivalence``); ``unit`` names what the
-    test counts when it is not a seed (a simulation, a pretraining seed); ``if_untested`` is added to the note of an
+    """``Verdict`` of claim ``name`` from its primary test ``judged`` (a ``statistics.Comparison``, ``Trend`` or, for a
+    claim with a ``margin``, the comparison tested for equivalence by ``statistics.equivalence``); ``unit`` names what
+    the test counts when it is not a seed (a simulation, a pretraining seed); ``if_untested`` is added to the note of an
     untested verdict (why what did move at this scale does not decide the claim)."""
     claim = CLAIMS[name]
     if claim.measured:
         raise ValueError(f"{name} is a measurement: use claims.measured")
     if claim.margin is not None:
-        if not isinstance(judged, seeds.Comparison):
-            raise ValueError(f"{name} is a claim of equivalence: judge it from a seeds.Comparison")
-        judged = seeds.equivalence(judged, claim.margin)
+        if not isinstance(judged, statistics.Comparison):
+            raise ValueError(f"{name} is a claim of equivalence: judge it from a statistics.Comparison")
+        judged = statistics.equivalence(judged, claim.margin)
         word = judged.word()
     else:
         word = judged.word(claim.direction)
-    if isinstance(judged, seeds.Trend):
+    if isinstance(judged, statistics.Trend):
         n, counted, low, high = judged.groups, "seed", judged.low, judged.high
     else:
-        base = judged.comparison if isinstance(judged, seeds.Equivalence) else judged
+        base = judged.comparison if isinstance(judged, statistics.Equivalence) else judged
         n, counted, low, high = base.n, base.unit, base.low, base.high
     why = f"; {if_untested}" if if_untested else ""
     if claim.margin is None and judged.nothing_moved:
-        return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, n, unit or counted,
+        return Verdict(name, statistics.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, n, unit or counted,
                        judged.test, NOTHING_MOVED + (f"; {note}" if note else "") + why)
     if judged.exact and not note:
         note = "no spread between the units: the exact test of their signs decides"
-    if word == seeds.UNTESTED:
+    if word == statistics.UNTESTED:
         note += why
     detectable = judged.detectable
     return Verdict(name, word, claim.written(judged.effect), claim.written(low), claim.written(high),
@@ -337,21 +337,21 @@ def judge(name: str, judged: seeds.Judged, *, note: str = "", unit: str | None =
 
 
 NOTHING_MOVED = "every difference is exactly 0: the measure does not move at this scale (a floor or a ceiling)"
-"""Why a claim whose every unit differs by exactly 0 is untested (``seeds.Judged.nothing_moved``): no run overfit,
+"""Why a claim whose every unit differs by exactly 0 is untested (``statistics.Judged.nothing_moved``): no run overfit,
 every model scored 0, both methods ranked every prompt alike. The exact tests have nothing to count, and
 'inconclusive' with a detectable effect of 0 (or an interval from 0 to 0) would say the opposite."""
 
 
-def intersection(name: str, tests: Mapping[str, seeds.Judged]) -> Verdict:
+def intersection(name: str, tests: Mapping[str, statistics.Judged]) -> Verdict:
     """``Verdict`` of claim ``name``, which needs every one of ``tests`` (part name -> its test) in the claim's
-    direction: the intersection-union test's word (``seeds.intersection``), the numbers of the test that decides it
-    (its name in the note) and every part's effect, interval and p (``Verdict.parts``)."""
+    direction: the intersection-union test's word (``multiplicity.intersection``), the numbers of the test that
+    decides it (its name in the note) and every part's effect, interval and p (``Verdict.parts``)."""
     claim = CLAIMS[name]
-    word, deciding = seeds.intersection(list(tests.values()), claim.direction)
+    word, deciding = multiplicity.intersection(list(tests.values()), claim.direction)
     which = next(k for k, t in tests.items() if t is deciding)
     parts = tuple((k, claim.written(t.effect), claim.written(t.low), claim.written(t.high), float(t.p))
                   for k, t in tests.items())
-    note = f"{which} is untested" if word == seeds.UNTESTED else f"decided by {which}"
+    note = f"{which} is untested" if word == statistics.UNTESTED else f"decided by {which}"
     return dataclasses.replace(judge(name, deciding, note=note), word=word, parts=parts)
 
 
@@ -361,13 +361,13 @@ def measured(name: str, reproduced: bool, effect: float, note: str = "") -> Verd
     claim = CLAIMS[name]
     if not claim.measured:
         raise ValueError(f"{name} is tested over seeds: use claims.judge")
-    word = seeds.REPRODUCED if reproduced else seeds.CONTRADICTED
+    word = statistics.REPRODUCED if reproduced else statistics.CONTRADICTED
     return Verdict(name, word, effect, math.nan, math.nan, math.nan, math.nan, 1, "measurement", "measured", note)
 
 
 def untested(name: str, note: str) -> Verdict:
     """``Verdict`` of a claim the preset cannot test (``note`` says why)."""
-    return Verdict(name, seeds.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, 0, "seed", "", note)
+    return Verdict(name, statistics.UNTESTED, math.nan, math.nan, math.nan, math.nan, math.nan, 0, "seed", "", note)
 
 
 def publish(verdicts: Mapping[str, Verdict]) -> None:

@@ -1,6 +1,6 @@
 """How clustered the tokens of ``analysis.trajectories`` are, and F3's tests over seeds: the metrics of a solve at
 every saved time (from the cosine Gram matrix, as Geshkovski et al.'s public code measures them), their final values,
-the paper's Euler steps against more of them, and the verdicts (``seeds.compare``, ``claims.judge``) as tables."""
+the paper's Euler steps against more of them, and the verdicts (``statistics.compare``, ``claims.judge``) as tables."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 import xarray as xr
 
-from .seeds import Comparison, Judged, compare, one_sample
+from .statistics import Comparison, Judged, compare, one_sample
 from .trajectories import SolverConfig, TrajectoryConfig, growth_label, simulate
 
 
@@ -113,7 +113,7 @@ VERDICT_COLUMNS = ("comparison", "mean a", "mean b", "difference", "low", "high"
 """The columns of ``growth_verdicts`` and ``paired_verdicts``: a row per test; for a trend, ``difference`` is the mean
 of the simulations' slopes per unit of p and the means are NaN; ``low``, ``high``: its 95% confidence interval (NaN
 for an exact test of values without spread); ``detectable``: the smallest difference the test finds 80% of the time
-(``seeds.Judged.detectable``: its power)."""
+(``statistics.Judged.detectable``: its power)."""
 
 
 def _verdict_row(what: str, judged: Judged | None, n: int, *, trend: bool = False) -> dict:
@@ -134,7 +134,7 @@ def final_fraction(ds: xr.Dataset, threshold: float = 0.999) -> xr.DataArray:
 
 def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
     """Does weight sharing leave more token pairs clustered at T than growth does, and does the fraction change with
-    p? By the book's rule (``seeds.RULE``) over the simulations of ``simulate``'s Dataset (which must hold p = 0):
+    p? By the book's rule (``statistics.RULE``) over the simulations of ``simulate``'s Dataset (which must hold p = 0):
 
     * for each p > 0, ``g = 1 vs g = t^p``: the paired test of the fraction at T (seed s of every power shares its
       weights and start), ``mean a`` under g = 1, ``mean b`` under t^p;
@@ -221,8 +221,8 @@ def model_final(datasets, at: float, metric: str = "fraction", threshold: float 
 def model_verdicts(ours, reference, at: float = 1.0, threshold: float = 0.999) -> pd.DataFrame:
     """DiffEqFormer's heads against a reference model's (the weight-shared one) at the saved time nearest ``at``: the
     fraction of clustered pairs and the mean pairwise distance, each the mean over heads of one trained seed
-    (``model_final``), compared over the trained seeds by ``seeds.compare``: paired where both have the same number of
-    seeds (seed k of both shares its data order: ``workflow.presets.seeded``), else Welch. Returns a DataFrame with
+    (``model_final``), compared over the trained seeds by ``statistics.compare``: paired where both have the same
+    number of seeds (seed k of both shares its data order: ``workflow.presets.seeded``), else Welch. Returns a DataFrame with
     ``VERDICT_COLUMNS`` (``mean a``: ``ours``)."""
     ours, reference = list(ours), list(reference)
     paired = len(ours) == len(reference)

@@ -32,7 +32,7 @@ from levanter.layers.attention import AttentionMask
 
 from ..data import tasks as held_out
 from ..numerics import check_positive_int, fingerprint
-from . import seeds
+from . import statistics
 
 PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "lambada_openai", "logiqa", "mmlu", "piqa", "sciq",
                "winogrande", "wsc273")
@@ -281,12 +281,12 @@ def evaluate_runs(runs: dict, tasks: Sequence[str], shots: Sequence[int], *,
         raise ValueError("the held-out tasks need their task files (tasks.build_tasks)")
     require_hub(tasks)
     for key, value in runs.items():
-        for i, run in enumerate(seeds.as_list(value)):
+        for i, run in enumerate(statistics.as_list(value)):
             require_complete(run, f"runs[{key!r}][{i}] =")
     use_compilation_cache()  # the seeds of a model share its programs: the harness compiles them once per call
     frames = []
     for key, value in runs.items():
-        for i, run in enumerate(seeds.as_list(value)):
+        for i, run in enumerate(statistics.as_list(value)):
             start = time.perf_counter()
             frame = cached_evaluate(run, tasks, shots, task_files=task_files, cache_dir=cache_dir,
                                     max_examples=max_examples, batch_size=batch_size)
@@ -313,7 +313,7 @@ def summary(results: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for (task, shots, metric, model), group in headline(results).groupby(["task", "shots", "metric", "model"],
                                                                          sort=False):
-        spread = seeds.spread(group.sort_values("seed").value)
+        spread = statistics.spread(group.sort_values("seed").value)
         rows.append({"task": task, "shots": int(shots), "metric": metric, "model": model, "mean": spread.mean,
                      "sd": spread.sd, "seeds": spread.n, "examples": int(group.n.iloc[0])})
     return pd.DataFrame(rows)
@@ -321,9 +321,9 @@ def summary(results: pd.DataFrame) -> pd.DataFrame:
 
 def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
     """Each model of ``pairs`` against its baseline on every headline metric, task and shots, judged by
-    ``seeds.RULE`` over the seeds (paired: seed k of both models shares its data order): columns ``task``,
+    ``statistics.RULE`` over the seeds (paired: seed k of both models shares its data order): columns ``task``,
     ``shots``, ``metric``, ``model``, ``baseline``, ``difference`` (mean model - mean baseline), ``low``, ``high``
-    (its 95% CI), ``p``, ``test``, ``verdict``, ``text``, ``comparison`` (the ``seeds.Comparison``)."""
+    (its 95% CI), ``p``, ``test``, ``verdict``, ``text``, ``comparison`` (the ``statistics.Comparison``)."""
     rows = []
     judged = headline(results)
     for (task, shots, metric), group in judged.groupby(["task", "shots", "metric"], sort=False):
@@ -333,7 +333,7 @@ def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
             if not a or not b:
                 continue
             n = min(len(a), len(b))  # seed k of both models shares its data order: the seeds both have
-            c = seeds.compare(a[:n], b[:n], paired=True)
+            c = statistics.compare(a[:n], b[:n], paired=True)
             digits = 1 if metric == "perplexity" else 3
             rows.append({"task": task, "shots": int(shots), "metric": metric, "model": model, "baseline": baseline,
                          "difference": c.difference, "low": c.low, "high": c.high, "p": c.p, "test": c.test,
@@ -356,7 +356,7 @@ def max_seq_len(runs: dict) -> int:
     """The shortest context of the models of ``runs`` (every seed), which the held-out examples must fit."""
     from ..runs import model_config
 
-    return min(model_config(run).max_seq_len for value in runs.values() for run in seeds.as_list(value))
+    return min(model_config(run).max_seq_len for value in runs.values() for run in statistics.as_list(value))
 
 
 def build_tasks(runs: dict, *, num_examples: int, shots: Sequence[int], num_fewshot: int | None = None,
@@ -369,7 +369,7 @@ def build_tasks(runs: dict, *, num_examples: int, shots: Sequence[int], num_fews
     check_positive_int(num_examples, "num_examples")
     length = max_seq_len(runs)
     shots = check_shots(shots, length)
-    first = seeds.all_runs(runs)[0]
+    first = statistics.all_runs(runs)[0]
     data = run_config(first).data
     tokenizer = None if data.dataset == "shakespeare" else data.levanter_config().tokenizer
     return held_out.build_tasks(num_examples=num_examples, max_tokens=held_out.example_budget(length, max(shots)),

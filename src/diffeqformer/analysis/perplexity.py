@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from ..runs import require_complete, summary
-from . import claims, seeds
-from .seeds import Comparison, as_list, compare, spread
+from . import claims
+from .statistics import Comparison, as_list, compare, percent, spread
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def overfitting(frame) -> dict[str, dict[str, list[float]]]:
 
 
 def _pair(values: Mapping[str, Sequence[float]], a: str, b: str) -> Comparison:
-    """Row ``a``'s seed values against row ``b``'s by the paired t-test (``seeds.RULE``) on the first n seeds of
+    """Row ``a``'s seed values against row ``b``'s by the paired t-test (``statistics.RULE``) on the first n seeds of
     both (n the fewer): seed k of every row reads the training sequences in the same order."""
     n = min(len(values[a]), len(values[b]))
     return compare(values[a][:n], values[b][:n], paired=True)
@@ -226,11 +226,11 @@ def final_table(runs: Mapping[str, str | Sequence[str]]):
             "key": key, "model": ROWS[key].label, "params": _params(as_list(runs[key])[0]),
             "steps": done[0].get("steps"), "seeds": final.n, "final ppl": final.mean, "sd": final.sd,
             "best ppl": float(c.groupby("seed").perplexity.min().mean()),
-            "vs baseline %": seeds.percent(vs.difference) if vs else math.nan,
+            "vs baseline %": percent(vs.difference) if vs else math.nan,
             "95% CI %": _interval_percent(vs) if vs else "",
             "p": vs.p if vs else math.nan, "verdict": vs.verdict if vs else "",
-            "rise %": seeds.percent(statistics.fmean(overfit[key]["rise"])),
-            "rise sd": _sd([seeds.percent(v) for v in overfit[key]["rise"]]),
+            "rise %": percent(statistics.fmean(overfit[key]["rise"])),
+            "rise sd": _sd([percent(v) for v in overfit[key]["rise"]]),
             "gap nats": statistics.fmean(overfit[key]["gap"]), "gap sd": _sd(overfit[key]["gap"]),
             "tokens/s": statistics.fmean(d.get("tokens_per_second") or math.nan for d in done),
             "paper row": f"{ROWS[key].table.split(' (')[0].replace('Table ', 'T')} {ROWS[key].paper_row}",
@@ -243,7 +243,7 @@ def _interval_percent(c: Comparison) -> str:
     """The 95% interval of a log-ratio comparison in percent: ``[-15.1, -3.0]`` (empty without one)."""
     if c.untested or math.isnan(c.low):
         return ""
-    return f"[{seeds.percent(c.low):+.1f}, {seeds.percent(c.high):+.1f}]"
+    return f"[{percent(c.low):+.1f}, {percent(c.high):+.1f}]"
 
 
 def _sd(values: Sequence[float]) -> float:

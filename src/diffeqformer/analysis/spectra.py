@@ -12,7 +12,7 @@ magnitude (conjugate pairs: positive imaginary part first); the index ranks them
 through a crossing. AB and BA share their nonzero eigenvalues, so ``method="fast"`` diagonalises the smaller product
 (W_K^T W_Q, W_O W_V, W_2 W_1 when M < D) and keeps the min(D, r) eigenvalues that can be nonzero; ``"full"`` all D.
 
-Growth with depth (``depth_growth``) is judged over seeds (``seeds.RULE``), each model on its own depth grid: a
+Growth with depth (``depth_growth``) is judged over seeds (``statistics.RULE``), each model on its own depth grid: a
 DiffEqFormer at its Euler steps t_k = (k+1)/L, the only times training evaluated W(t). Between them W(t) is an
 interpolation training never saw, whose time embedding oscillates with period 2 pi / s (s = 1000).
 """
@@ -374,7 +374,7 @@ def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = N
                  **kwargs) -> dict[str, list[xr.Dataset]]:
     """``{label: run or list of seed runs}`` -> ``{label: [spectra of each seed]}`` on each model's own depth grid
     (``runs_spectra`` with ``times=None``). Keyword arguments go to ``spectra``."""
-    from .seeds import as_list
+    from .statistics import as_list
 
     return {label: [runs_spectra({label: run}, None, cache_dir=cache_dir, **kwargs)[label] for run in as_list(value)]
             for label, value in runs.items()}
@@ -411,12 +411,12 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
     of each seed]}`` (``seed_spectra``).
 
     The seed is the unit (the depth points of one model are not independent draws): the one-sample t-test of the
-    seeds' ``log_radius_slope`` against 0 (``seeds.one_sample``). Columns: ``model``, ``matrix``, ``seeds``, ``slope``
-    (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}` over the grid's span),
-    ``verdict``, ``change`` (mean over seeds of ``mean_change``), ``comparison`` (the ``seeds.Comparison``), and per
-    seed: ``slopes``, ``spearman`` (median over heads of ``depth_trends``' correlation of the radius with depth),
+    seeds' ``log_radius_slope`` against 0 (``statistics.one_sample``). Columns: ``model``, ``matrix``, ``seeds``,
+    ``slope`` (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}` over the grid's span),
+    ``verdict``, ``change`` (mean over seeds of ``mean_change``), ``comparison`` (the ``statistics.Comparison``), and
+    per seed: ``slopes``, ``spearman`` (median over heads of ``depth_trends``' correlation of the radius with depth),
     ``peak_time`` (depth of the largest head-mean radius), ``positivity`` (the same correlation of the positivity)."""
-    from .seeds import as_list, one_sample
+    from .statistics import as_list, one_sample
 
     rows = []
     for label, datasets in models.items():

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Mapping
 
-from ..analysis import claims, seeds
+from ..analysis import claims, multiplicity, statistics
 
 NO_GPU_VERDICT = "no GPU edition yet"
 
@@ -30,7 +30,7 @@ def verdicts_markdown(preset: str, here: Mapping[str, Mapping[str, str]],
            f"it), *inconclusive* (not significant: the interval and the smallest effect the design detects 80% of the "
            f"time say how much it could have missed), *untested*. The {tested} claims tested here are adjusted "
            f"together by Holm's method: a verdict is significant only when its adjusted p is below 0.05 (the "
-           f"figure's page gives the unadjusted p). The rule: {seeds.RULE}.", "",
+           f"figure's page gives the unadjusted p). The rule: {statistics.RULE}.", "",
            f"| claim | the paper | `{preset}` preset | GPU edition |", "|---|---|---|---|"]
     for claim in claims.CLAIMS.values():
         gpu_page = (f", {{doc}}`GPU </{gpu_folder}/{claim.notebook}>`"
@@ -50,14 +50,14 @@ def bottom_line_markdown(preset: str, here: Mapping[str, Mapping[str, str]]) -> 
     judged = holm_verdicts(here)
     words = [adjusted_word(*found).split(" after ")[0] if found else "not computed" for found in judged.values()]
     counts = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(
-        (seeds.REPRODUCED, seeds.CONTRADICTED, seeds.INCONCLUSIVE, seeds.UNTESTED, "not computed")) if w in words)
+        (*statistics.WORDS, "not computed")) if w in words)
     out = [f"At the `{preset}` preset this book was built with, the paper's {len(judged)} headline claims are "
            f"{counts}, after Holm's adjustment across the claims tested ({{doc}}`/book/verdicts` has the "
            f"intervals, the p-values and the GPU edition):", "",
            "| claim | verdict | effect (95% CI) |", "|---|---|---|"]
     for claim in claims.CLAIMS.values():
         found = judged.get(claim.name)
-        if found is None or found[0].word == seeds.UNTESTED:
+        if found is None or found[0].word == statistics.UNTESTED:
             effect = ""
         else:
             effect = found[0].effect_text() + ("" if found[1] is None else f", {pointing(claim, found[0].effect)}")
@@ -81,8 +81,8 @@ def holm_verdicts(notebooks: Mapping[str, Mapping[str, str]] | None) -> dict[str
     for claim in claims.CLAIMS.values():
         text = (notebooks or {}).get(claim.notebook, {}).get(claim.glue_name)
         found[claim.name] = claims.Verdict.from_json(text) if text else None
-    names = [n for n, v in found.items() if v is not None and v.word != seeds.UNTESTED and not v.of.measured]
-    adjusted = dict(zip(names, seeds.holm([found[n].p for n in names])))
+    names = [n for n, v in found.items() if v is not None and v.word != statistics.UNTESTED and not v.of.measured]
+    adjusted = dict(zip(names, multiplicity.holm([found[n].p for n in names])))
     return {n: (v, adjusted.get(n)) if v is not None else None for n, v in found.items()}
 
 
@@ -91,9 +91,9 @@ def adjusted_word(verdict: claims.Verdict, adjusted: float | None) -> str:
     significant word whose adjusted p is not below 0.05 becomes ``inconclusive after Holm (<word> before)``. An
     equivalence claim contradicted by its two-sided interval (not by its p, the TOST's) keeps its word."""
     word = verdict.word
-    holds = adjusted is None or (verdict.of.margin is not None and word == seeds.CONTRADICTED)
-    if word in (seeds.REPRODUCED, seeds.CONTRADICTED) and not holds and not adjusted < seeds.LEVEL:
-        return f"{seeds.INCONCLUSIVE} after Holm ({word} before)"
+    holds = adjusted is None or (verdict.of.margin is not None and word == statistics.CONTRADICTED)
+    if word in (statistics.REPRODUCED, statistics.CONTRADICTED) and not holds and not adjusted < statistics.LEVEL:
+        return f"{statistics.INCONCLUSIVE} after Holm ({word} before)"
     return word
 
 
@@ -112,7 +112,7 @@ def pointing(claim: claims.Claim, effect: float) -> str:
 def _parts_text(verdict: claims.Verdict) -> str:
     c = verdict.of
     return "; ".join(f"{name} {c.format(effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)}, "
-                     f"{seeds.p_text(p)}, pointing {pointing(c, effect)})"
+                     f"{statistics.p_text(p)}, pointing {pointing(c, effect)})"
                      for name, effect, low, high, p in verdict.parts)
 
 
@@ -125,17 +125,17 @@ def claim_sentence(found: tuple | None, tested: int) -> str:
     verdict, adjusted = found
     c = verdict.of
     word = adjusted_word(verdict, adjusted)
-    if verdict.word == seeds.UNTESTED:
+    if verdict.word == statistics.UNTESTED:
         return f"**{word}**: {verdict.note or 'too few seeds'}."
     if adjusted is None:
         return f"**{word}**, {c.says} as measured: {verdict.effect_text()}" + (f"; {verdict.note}" if verdict.note
                                                                                  else "") + "."
     margin = c.margin is not None
     out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {verdict.effect_text()}, "
-           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {seeds.p_text(verdict.p)}, "
+           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {statistics.p_text(verdict.p)}, "
            f"{adjusted:.2g} after Holm's adjustment across {tested} claims; "
            f"{verdict.test} over {verdict.n} {verdict.unit}{'' if verdict.n == 1 else 's'}")
-    if word.startswith(seeds.INCONCLUSIVE):
+    if word.startswith(statistics.INCONCLUSIVE):
         label = "equivalence shown 80% of the time within" if c.margin is not None else "detectable 80% of the time"
         out += f"; {label}: {verdict.detectable_text()}"
     if verdict.parts:
@@ -160,10 +160,10 @@ def opening_markdown(notebook: str, judged: Mapping[str, tuple | None], preset: 
     items = [f"- *{c.paper}*: {claim_sentence(judged.get(c.name), tested)}" for c in mine]
     # no backticks in the title: a fence's info string cannot hold any (CommonMark)
     return "\n".join([f"```{{admonition}} The verdict at the {preset} preset", f":class: {OPENING_CLASS}",
-                      *items, "", f"The rule, for every test on this page: {seeds.RULE}. A headline claim's verdict "
-                      "is significant only when its p after Holm's adjustment across the book's claims is below 0.05; "
-                      "every other comparison on the page is exploratory. Every headline claim with its primary test: "
-                      "{doc}`/book/verdicts`.", "```"])
+                      *items, "", f"The rule, for every test on this page: {statistics.RULE}. A headline claim's "
+                      "verdict is significant only when its p after Holm's adjustment across the book's claims is "
+                      "below 0.05; every other comparison on the page is exploratory. Every headline claim with its "
+                      "primary test: {doc}`/book/verdicts`.", "```"])
 
 
 def _verdict_cell(found: tuple | None, missing: str) -> str:
@@ -174,7 +174,7 @@ def _verdict_cell(found: tuple | None, missing: str) -> str:
         return missing
     verdict, adjusted = found
     if adjusted is None:
-        return f"**{verdict.word}**" + (f": {verdict.effect_text()}" if verdict.word != seeds.UNTESTED else
+        return f"**{verdict.word}**" + (f": {verdict.effect_text()}" if verdict.word != statistics.UNTESTED else
                                         f" ({verdict.note})" if verdict.note else "")
     negligible = ", negligible" if verdict.negligible else ""
     return (f"**{adjusted_word(verdict, adjusted)}**{negligible}: {verdict.effect_text()} "

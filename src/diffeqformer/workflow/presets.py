@@ -129,11 +129,11 @@ def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure
 
 
 CPU_SEEDS = 3
-"""Seeds of every setting F5, F6 and F8-F10 compare in the cpu and gpu presets (``seeds.RULE`` needs two), one
+"""Seeds of every setting F5, F6 and F8-F10 compare in the cpu and gpu presets (``statistics.RULE`` needs two), one
 population each."""
 PRIMARY_SEEDS = 6
-"""Seeds of F6's primary comparison, DiffEqFormer against GPT-2 (``seeds.detectable_difference``); the other notebooks
-read the first ``CPU_SEEDS`` of the same populations."""
+"""Seeds of F6's primary comparison, DiffEqFormer against GPT-2 (``statistics.detectable_difference``); the other
+notebooks read the first ``CPU_SEEDS`` of the same populations."""
 SIMULATION_SEEDS = 8
 """Simulations of each F3 system: the exact sign-flip test over simulations needs six or more to reach p < 0.05."""
 GPU_SEEDS = CPU_SEEDS

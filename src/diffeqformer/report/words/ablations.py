@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from ...analysis import ablations, seeds
+from ...analysis import ablations, statistics
 from ...analysis.memory import PARAMETER_BYTES
 
 
@@ -18,14 +18,14 @@ def finetune_scale(table) -> str:
 
 
 def change_words(comparison) -> str:
-    """A ``seeds.Comparison`` of log-perplexities: ``-9.5% (95% CI -12.0% to -7.0%), p = 0.01, paired t-test over
+    """A ``statistics.Comparison`` of log-perplexities: ``-9.5% (95% CI -12.0% to -7.0%), p = 0.01, paired t-test over
     3 seeds: significant``; ``+0.4%: untested: 1 seed``."""
-    change = f"{seeds.percent(comparison.difference):+.1f}%"
+    change = f"{statistics.percent(comparison.difference):+.1f}%"
     if comparison.untested:
         return f"{change}: {comparison.verdict}"
     interval = ("" if math.isnan(comparison.low) else
-                f" (95% CI {seeds.percent(comparison.low):+.1f}% to {seeds.percent(comparison.high):+.1f}%)")
-    return (f"{change}{interval}, {seeds.p_text(comparison.p)}, {comparison.test} over {comparison.n} seeds: "
+                f" (95% CI {statistics.percent(comparison.low):+.1f}% to {statistics.percent(comparison.high):+.1f}%)")
+    return (f"{change}{interval}, {statistics.p_text(comparison.p)}, {comparison.test} over {comparison.n} seeds: "
             f"{comparison.verdict}")
 
 
@@ -34,10 +34,10 @@ def beta2_headline(table) -> dict[str, str]:
     the lower beta2 with its verdict (exploratory: ``beta2_verdicts`` judges the claim by the interaction)."""
     out = {}
     for key, rows in table.groupby("key", sort=False):
-        values = ", ".join(f"{seeds.spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
+        values = ", ".join(f"{statistics.spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
         low = rows[rows.beta2 < 0.999].change
         change = low.iloc[0] if len(low) else None
-        text = f" (the lower beta2: {change_words(change)})" if isinstance(change, seeds.Comparison) else ""
+        text = f" (the lower beta2: {change_words(change)})" if isinstance(change, statistics.Comparison) else ""
         out[key] = f"{rows.model.iloc[0]}: {values}{text}"
     return out
 
@@ -52,7 +52,7 @@ def time_embedding_headline(table, verdicts, *, batch: int | None = None) -> dic
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     out = {
         "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
-        "ppl": f"{seeds.spread(lo.finals).text()} to {seeds.spread(hi.finals).text()}",
+        "ppl": f"{statistics.spread(lo.finals).text()} to {statistics.spread(hi.finals).text()}",
         "best_dt": f"{int(table.loc[table['final ppl'].idxmin(), 'd_t'])}",
         "params": f"{lo.params / 1e6:.2f}M to {hi.params / 1e6:.2f}M (x{hi.params / lo.params:.2f})",
         "throughput": f"x{hi[speed] / lo[speed]:.2f}",
@@ -74,8 +74,8 @@ def hypernetwork_headline(table) -> dict[str, str]:
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
         return {"comparison": "The preset did not train both hypernetwork designs."}
     a, b = rows.loc["per_weight"], rows.loc["shared_mlp"]
-    return {"comparison": (f"per-weight MLPs {seeds.spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) "
-                           f"against one shared MLP {seeds.spread(b.finals).text()} ({b.params / 1e6:.2f}M)")}
+    return {"comparison": (f"per-weight MLPs {statistics.spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) "
+                           f"against one shared MLP {statistics.spread(b.finals).text()} ({b.params / 1e6:.2f}M)")}
 
 
 def size(n: float) -> str:

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from ...analysis import seeds
+from ...analysis import multiplicity, statistics
 from ...data import tasks as held_out
 
 MODEL_LABELS = {"gpt": "GPT-2", "shared": "weight-shared", "ours": "DiffEqFormer", "llama": "Llama",
@@ -97,16 +97,17 @@ def f11_sentences(means, found, exploratory) -> dict[str, str]:
             ours, gpt = (means.loc[(row.task, row.shots, row.metric, m)] for m in ("ours", "gpt"))
             out[f"{row.task.removeprefix('shakespeare_')}_{row.metric}_{row.shots}"] = (
                 f"{ours['mean']:.{_digits(row.metric)}f} against {gpt['mean']:.{_digits(row.metric)}f} ({row.text})")
-    judged = exploratory[~exploratory.verdict.str.startswith(seeds.UNTESTED)]
-    hits = judged[judged.verdict == seeds.SIGNIFICANT]
+    judged = exploratory[~exploratory.verdict.str.startswith(statistics.UNTESTED)]
+    hits = judged[judged.verdict == statistics.SIGNIFICANT]
     listed = "; ".join(
         f"{MODEL_LABELS.get(r.model, r.model)} {'below' if r.difference < 0 else 'above'} "
         f"{MODEL_LABELS.get(r.baseline, r.baseline)} on {r.task} {r.metric} {r.shots}-shot (p = {r.p:.2g})"
         for r in hits.itertuples())
     untested = len(exploratory) - len(judged)
     out["verdicts"] = (f"Besides the primary test, {len(judged)} comparisons have seeds to judge them by; they are "
-                       f"exploratory: with no true difference anywhere, {seeds.chance_count(len(judged)):.1f} of them "
-                       f"would come out significant at 5% by chance, and {len(hits)} "
+                       f"exploratory: with no true difference anywhere, "
+                       f"{multiplicity.chance_count(len(judged)):.1f} of them would come out significant at 5% by "
+                       f"chance, and {len(hits)} "
                        f"{'does' if len(hits) == 1 else 'do'}" + (f" ({listed})" if listed else "") + "."
                        + (f" {untested} more {'is' if untested == 1 else 'are'} untested (one seed)." if untested
                           else ""))

@@ -1,4 +1,4 @@
-"""diffeqformer.analysis.seeds: spreads over seeds and the rule that tells a significant difference from noise.
+"""diffeqformer.analysis.statistics: spreads over seeds and the rule that tells a significant difference from noise.
 
 The rule is checked by simulation: with no true difference it calls at most 5% of comparisons significant (within
 the simulation's error), and it finds a clear difference most of the time; the rule it replaced (twice Welch's
@@ -17,10 +17,11 @@ from statsmodels.stats.multitest import multipletests
 from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
-from diffeqformer.analysis.seeds import (CONTRADICTED, EXACT_LABELS, EXACT_SIGNS, INCONCLUSIVE, MCNEMAR, ONE_SAMPLE,
-                                         PAIRED, REPRODUCED, SEED_SLOPE, SIGNIFICANT, SLOPE, UNTESTED, WELCH, all_runs,
-                                         as_list, compare, detectable_difference, equivalence, holm, intersection,
-                                         mcnemar, one_sample, spread, trend)
+from diffeqformer.analysis.multiplicity import holm, intersection
+from diffeqformer.analysis.statistics import (CONTRADICTED, EXACT_LABELS, EXACT_SIGNS, INCONCLUSIVE, MCNEMAR,
+                                              ONE_SAMPLE, PAIRED, REPRODUCED, SEED_SLOPE, SIGNIFICANT, SLOPE, UNTESTED,
+                                              WELCH, all_runs, as_list, compare, detectable_difference, equivalence,
+                                              mcnemar, one_sample, spread, trend)
 
 DRAWS = 2000
 BOUND = 0.05 + 3 * math.sqrt(0.05 * 0.95 / DRAWS)
