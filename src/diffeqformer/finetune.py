@@ -25,8 +25,6 @@ import equinox as eqx
 import jax
 import jax.random as jrandom
 import levanter
-from haliax import Axis
-from haliax.partitioning import round_axis_for_partitioning
 from levanter.adaptor.lora import lora_trainable_params_filter
 
 from . import paths, runs, train
@@ -126,7 +124,7 @@ def main(config: FinetuneConfig) -> dict:
         optimizer = train.initialize_and_build(trainer_config, with_finetune_weight_decay(config.optimizer))
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, adapter_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
-            Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
+            Vocab = train.vocab_axis(data, trainer)
             if Vocab != pretraining.Vocab:
                 raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
             model = compiled_adapt(runs.load_model(pretraining.run_dir), config, key=adapter_key,

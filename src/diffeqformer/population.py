@@ -1,37 +1,23 @@
-"""Seed copies of one configuration trained together: one vmapped population under one Levanter trainer.
+"""Seed copies of one configuration trained together: one model whose every weight has a leading ``seed`` axis
+(``haliax.vmap``), under one Levanter trainer. The cpu preset trains each compared setting several times (verdicts are
+judged over seeds, ``workflow.presets.seeded``); one after the other, each copy would pay its own start-up and run a
+program too small to keep two cores busy.
 
-Every comparison of F5, F6 and F8-F10 is judged over seeds (``statistics.RULE``), so the cpu preset trains each compared
-setting several times, the copies differing only in ``trainer.seed`` (``workflow.presets.seeded``). Trained one after the
-other, each copy pays its own start-up and runs a program too small to keep two cores busy. Here the copies train as
-one model whose every weight has a leading ``seed`` axis (``haliax.vmap``):
-
-- member k starts from the initialisation of its own seed and reads the batches its own run would read (the
-  trainer's batch is the members' batches side by side, ``Interleaved``), so without dropout a member follows its
-  solo run up to floating-point rounding (``tests/test_population.py``);
-- each member has its own Adam state and its own gradient clipping (``population_optimizer`` vmaps the optimiser), and
-  the loss is the sum of the members' losses, whose gradient with respect to a member's weights is its own loss's:
-  no member's update depends on another's;
-- member k draws its dropout masks from the keys its solo run would draw them from: the trainer's state holds the
-  members' training keys side by side, and each step splits member k's as Levanter's step splits a solo run's
-  (``PopulationTrainer``), so with dropout too a member follows its solo run up to floating-point rounding;
-- checkpoints (Levanter's, of the whole population) live in the first member's run directory; each member's metrics
-  go to its own ``metrics.jsonl`` (``PopulationTracker``), and each member ends as an ordinary run: its own
-  ``config.yaml``, ``model.eqx`` and ``complete.json``, read by ``runs.load_model`` like any other.
-
-A member's config hash covers the population (``config.config_hash(config, population=seeds)``): a run trained in a
-population is not taken for the solo run of the same config, nor the reverse.
-
-A population of fine-tunings (``config.FinetuneConfig`` members, ``finetune_main``) starts every member from the
-same checked pretraining: member k gets its solo fine-tuning's adapter, data and training keys, so its LoRA
-initialisation, batches and dropout masks; only the weights it trains have the ``seed`` axis (the frozen ones are the
-same in every member and kept once). It ends as an ordinary fine-tuning run (``runs.load_model`` reads it); its
-config hash is ``config.config_hash(config, population=seeds, pretrain_config_hash=...)``.
+Member k follows its solo run up to floating-point rounding (``tests/test_population.py``): it starts from its own
+seed's initialisation, reads its solo run's batches (``Interleaved``), has its own Adam state and clipping
+(``population_optimizer``; the loss is the members' sum, so no member's update depends on another's) and draws its
+dropout masks from its solo run's keys (``PopulationTrainer``). Checkpoints live in the first member's run directory;
+each member ends as an ordinary run (its own ``metrics.jsonl``, ``config.yaml``, ``model.eqx``, ``complete.json``)
+whose config hash covers the population (``config.config_hash(config, population=seeds)``), so that it is not taken
+for its solo run. In a population of fine-tunings (``finetune_main``) only the trained weights have the ``seed`` axis.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
+import sys
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,20 +34,8 @@ from levanter.data.dataset import AsyncDataset
 from levanter.tracker import Tracker, TrackerConfig
 
 from . import devices, finetune, paths, runs, train
-from .config import (
-    Config,
-    FinetuneConfig,
-    TrainConfig,
-    adapt,
-    config_class,
-    config_hash,
-    plain_tree,
-    run_dir_of,
-    validate,
-    seed_member,
-    with_finetune_weight_decay,
-    with_paper_weight_decay,
-)
+from .config import (Config, FinetuneConfig, TrainConfig, adapt, config_class, config_hash, plain_tree, run_dir_of,
+                     seed_member, validate, with_finetune_weight_decay, with_paper_weight_decay)
 from .data.corpora import build_token_caches
 from .dispatch import Trainer, batched_maps
 from .model.transformer import count_params
@@ -71,11 +45,9 @@ SEED = "seed"
 _MEMBER_METRIC = re.compile(r"(train|eval)/member(\d+)/(.+)")
 
 
-
 def check_members(configs: Sequence[Config]) -> list[int]:
     """The members' seeds, after checking that the configs differ in name, run directory and ``trainer.seed`` only
-    (and in all three), and fine-tunings also in the seed of their pretraining's population they start from
-    (``pretrain.member``)."""
+    (and in all three), fine-tunings also in the pretraining member they start from (``pretrain.member``)."""
     if len(configs) < 2:
         raise ValueError(f"a population needs at least two members, got {len(configs)}")
 
@@ -92,9 +64,8 @@ def check_members(configs: Sequence[Config]) -> list[int]:
             raise ValueError(f"population member {config.name!r} differs from {configs[0].name!r} in more than its "
                              f"name and trainer.seed")
     seeds = [c.trainer.seed for c in configs]
-    names = [c.name for c in configs]
-    dirs = [run_dir_of(c) for c in configs]
-    for what, values in (("trainer.seed", seeds), ("name", names), ("run directory", dirs)):
+    for what, values in (("trainer.seed", seeds), ("name", [c.name for c in configs]),
+                         ("run directory", [run_dir_of(c) for c in configs])):
         if len(set(values)) != len(values):
             raise ValueError(f"population members must differ in {what}, got {values}")
     if configs[0].wandb:
@@ -111,9 +82,8 @@ def check_members(configs: Sequence[Config]) -> list[int]:
 
 
 class Interleaved(AsyncDataset):
-    """The members' data streams as one: the population's batch of ``n * batch`` examples is member 0's batch of
-    the step, then member 1's, ... (global index i belongs to member ``(i // batch) % n``, at its own index
-    ``(i // (n * batch)) * batch + i % batch``)."""
+    """The members' data streams as one: each batch of ``n * batch`` examples is member 0's batch of the step, then
+    member 1's, ... (global index i is member ``(i // batch) % n``'s ``(i // (n * batch)) * batch + i % batch``)."""
 
     def __init__(self, members: Sequence[AsyncDataset], batch: int):
         super().__init__()
@@ -125,8 +95,7 @@ class Interleaved(AsyncDataset):
         return (i // b) % n, (i // (n * b)) * b + i % b
 
     async def async_len(self) -> int:
-        lengths = [await m.async_len() for m in self.members]
-        return len(self.members) * min(lengths)
+        return len(self.members) * min([await m.async_len() for m in self.members])
 
     async def final_length_is_known(self) -> bool:
         return all([await m.final_length_is_known() for m in self.members])
@@ -152,15 +121,14 @@ class Interleaved(AsyncDataset):
 
 
 class PopulationOptState(eqx.Module):
-    """The members' optimiser states, each leaf with the population's leading axis. (A wrapper without
-    ``hyperparams``: Levanter logs those of a single optimiser as scalars.)"""
+    """The members' optimiser states, each leaf with the population's axis (without ``hyperparams``, which Levanter
+    would log as a single optimiser's scalars)."""
 
     members: Any
 
 
 def population_optimizer(inner: optax.GradientTransformation, Seed: Axis) -> optax.GradientTransformationExtraArgs:
-    """``inner`` applied to each member on its own (``haliax.vmap`` over the population's axis): its own moments,
-    step count and gradient clipping."""
+    """``inner`` vmapped over the members: each its own moments, step count and gradient clipping."""
 
     def init(params):
         return PopulationOptState(hax.vmap(inner.init, Seed)(params))
@@ -173,19 +141,15 @@ def population_optimizer(inner: optax.GradientTransformation, Seed: Axis) -> opt
 
 
 def population_loss(Seed: Axis):
-    """The trainer's loss: the sum over the members of each one's next-token loss on its part of the batch, and each
-    member's loss as the metric ``member<k>/loss`` (logged ``train/member<k>/loss``).
-
-    Member k's dropout key is ``member_keys[k]`` (``[seed, key]``, passed by ``PopulationTrainer``); Levanter's one
-    key of the step, ``key``, is not used. Without ``member_keys`` the members run without dropout keys, as Levanter
-    evaluates (``key=None``)."""
+    """The trainer's loss: the sum of the members' next-token losses, each on its part of the batch, with member
+    k's dropout key ``member_keys[k]`` (``[seed, key]``, from ``PopulationTrainer``; none: no dropout, as Levanter
+    evaluates); each member's loss is the metric ``member<k>/loss``."""
 
     def loss(model, example, *, key=None, member_keys=None):
         if key is not None and member_keys is None:
             raise ValueError("a population member draws dropout from its own key: train it with PopulationTrainer, "
                              "which passes member_keys")
-        Batch = example.tokens.resolve_axis("batch")
-        Member = Axis("batch", Batch.size // Seed.size)
+        Member = Axis("batch", example.tokens.resolve_axis("batch").size // Seed.size)
 
         def split(x):
             if isinstance(x, NamedArray) and "batch" in x.axis_names:
@@ -207,9 +171,8 @@ def _mesh_axes(physical) -> tuple[str, ...]:
 
 
 def member_batch_mapping(mapping) -> dict:
-    """Where a member's batch goes inside the population's loss: the mesh axes of the trainer's batch less those the
-    population's axis is laid over (``lay_over_devices``), which ``haliax.vmap`` over the members already takes. Two
-    logical axes on one mesh axis would be refused."""
+    """Where a member's batch goes inside the loss: the trainer's batch axes less those of the population's axis
+    (``lay_over_devices``), which ``haliax.vmap`` already takes (two logical axes on one mesh axis are refused)."""
     mapping = mapping or {}
     members = set(_mesh_axes(mapping.get(SEED)))
     rest = tuple(a for a in _mesh_axes(mapping.get("batch")) if a not in members)
@@ -217,16 +180,11 @@ def member_batch_mapping(mapping) -> dict:
 
 
 def lay_over_devices(trainer_config, n: int, batch: int):
-    """``trainer_config`` (the population's, Levanter's ``TrainerConfig``) with the population's axis laid over the
-    devices: the mesh's ``replica`` axis (Levanter's axis of data-parallel replicas) splits the members, so that
-    member k's parameters, optimiser state and batch live on devices of their own, and no collective joins two
-    members. Unless ``trainer.mesh.axes.replica`` sets it, the replica axis is the largest number that divides both
-    the ``n`` members and the devices of the ``data`` axis: 4 members on 4 devices, one device each; 2 members, two
-    devices each, over which each member is sharded as a solo run is. Within a member the batch and the parameters are
-    split as in a solo run, so a member's per-step ``batch`` must divide by the batch's other mesh axes; ``ValueError``
-    naming the field otherwise. Needs the device count: after ``devices.start``."""
-    import math
-
+    """``trainer_config`` with the ``n`` members laid over the mesh's ``replica`` axis, so that no collective joins
+    two members. Unless ``trainer.mesh.axes.replica`` sets it, that axis is the largest number dividing both ``n`` and
+    the devices of the ``data`` axis (4 members on 4 devices: one each; 2: two each, sharded as a solo run is). Each
+    member's ``batch`` must divide by the batch's other mesh axes (``ValueError`` otherwise). After ``devices.start``.
+    """
     mesh = trainer_config.mesh
     replica = mesh.axes.get("replica", 1)
     if replica == 1:
@@ -240,25 +198,20 @@ def lay_over_devices(trainer_config, n: int, batch: int):
         mesh, axes=axes, param_mapping={**mesh.param_mapping, SEED: "replica"},
         compute_mapping={**mesh.compute_mapping, SEED: "replica"}))
     sizes = devices.mesh_sizes(laid)
-    rest = member_batch_mapping(laid.compute_axis_mapping)["batch"]
-    within = math.prod(sizes.get(a, 1) for a in _mesh_axes(rest))
+    rest = _mesh_axes(member_batch_mapping(laid.compute_axis_mapping)["batch"])
+    within = math.prod(sizes.get(a, 1) for a in rest)
     if batch % within:
-        split = " x ".join(a for a in _mesh_axes(rest) if sizes.get(a, 1) > 1)
+        split = " x ".join(a for a in rest if sizes.get(a, 1) > 1)
         raise ValueError(f"trainer.train_batch_size ({batch}, each member's) must be divisible by the mesh's {split} "
                          f"axes ({within} devices), which split each member's batch: change it or trainer.mesh")
     return laid
 
 
 class PopulationTrainer(Trainer):
-    """``dispatch.Trainer`` for a population: its state's ``training_key`` is the members' training keys side by side
-    (``[seed, key]``, member k's the one ``train.main`` gives the solo run of its seed), and its step splits each
-    member's key as Levanter's step splits a solo run's (``key, new_key = split(training_key)``): the first half is
-    member k's dropout key of the step (``population_loss``'s ``member_keys``), the second its next training key. So
-    member k's dropout masks are its solo run's, step for step.
-
-    Levanter's step splits one key of shape ``[key]``; a stack of keys cannot pass through it (``jax.random.split``
-    refuses a batch of keys). So this step hands Levanter's a placeholder key, whose halves go unused, and puts the
-    members' next keys in the new state itself."""
+    """``dispatch.Trainer`` whose state's ``training_key`` is the members' training keys (``[seed, key]``, each its
+    solo run's), each split per step as Levanter's step splits a solo run's: the first half is the member's dropout
+    key (``population_loss``'s ``member_keys``), the second its next training key. Levanter's step cannot split a
+    stack of keys, so it gets a placeholder key, whose halves go unused."""
 
     def _train_step(self, state, batch, batch_kwargs, _no_hooks=False):
         halves = jax.vmap(jrandom.split)(state.training_key)  # [seed, 2, key]: each member's split, as a solo step's
@@ -272,17 +225,14 @@ def member(tree, k: int):
     """Member ``k`` of a population's pytree (a model, a state): every leaf with the population's axis, indexed."""
 
     def take(x):
-        if isinstance(x, NamedArray):
-            return x[SEED, k] if SEED in x.axis_names else x
-        return x
+        return x[SEED, k] if isinstance(x, NamedArray) and SEED in x.axis_names else x
 
     return jax.tree.map(take, tree, is_leaf=lambda x: isinstance(x, NamedArray))
 
 
 class PopulationTracker(train.MetricsOnlyTracker):
-    """Writes each member's metrics to its own ``metrics.jsonl``: ``train/member<k>/...`` and ``eval/member<k>/...``
-    go to member k without the ``member<k>`` part, the trainer's ``train/loss`` (the members' sum) to nobody, and
-    every other metric (throughput, progress) to every member."""
+    """Each member's metrics to its own ``metrics.jsonl``: ``train/member<k>/...`` and ``eval/member<k>/...`` to
+    member k without ``member<k>/``, the members' summed ``train/loss`` to nobody, any other metric to every member."""
 
     name = "population"
 
@@ -318,16 +268,12 @@ class PopulationTrackerConfig(TrackerConfig):
 
 
 def member_evaluations(trainer, data, Pos: Axis, base: Config, n: int):
-    """A trainer hook that evaluates each member with Levanter's own evaluator (``cb_tagged_lm_evaluate``, the
-    solo runs' ``eval/loss``: the validation sets of ``data`` (Levanter's data config) at ``Pos``, the examples
-    ``train.evaluated_examples`` of the first member's config ``base``), logged as ``eval/member<k>/...``."""
-    import levanter.eval
+    """A trainer hook that evaluates each member as its solo run is evaluated (``train.evaluation``), logged as
+    ``eval/member<k>/...``."""
     from levanter.callbacks import StepInfo
 
-    config, eval_sets, tokenizer = trainer.config, data.tagged_eval_sets(Pos), data.the_tokenizer
-    hooks = [levanter.eval.cb_tagged_lm_evaluate(config.EvalBatch, eval_sets, tokenizer, trainer.device_mesh,
-                                                 trainer.compute_axis_mapping, train.evaluated_examples(base.trainer),
-                                                 prefix=f"eval/member{k}", mp=config.mp)
+    eval_sets = data.tagged_eval_sets(Pos)
+    hooks = [train.evaluation(trainer, eval_sets, data.the_tokenizer, base, prefix=f"eval/member{k}")
              for k in range(n)]
 
     def evaluate(info: StepInfo):
@@ -342,10 +288,9 @@ def member_evaluations(trainer, data, Pos: Axis, base: Config, n: int):
 
 
 def _trainer_config(configs: Sequence[Config], model):
-    """Levanter's trainer config of a population of ``configs`` (its first member's, the base): the members' batches
-    side by side, checkpoints in the first member's run directory, each member's metrics to its own
-    ``metrics.jsonl``; once its processes have started (``devices.start``), the members laid over the devices
-    (``lay_over_devices``) and the mesh checked against ``model`` (``devices.check``), as ``train.started``."""
+    """Levanter's trainer config of a population (its first member's, with the members' batches side by side,
+    checkpoints in the first member's run directory and each member's metrics in its own), started, laid over the
+    devices and checked against ``model`` as ``train.started`` checks a solo run's."""
     base, dirs = configs[0], [run_dir_of(c) for c in configs]
     n, batch = len(configs), base.trainer.train_batch_size
     trainer_config = devices.start(dataclasses.replace(
@@ -356,130 +301,102 @@ def _trainer_config(configs: Sequence[Config], model):
     return trainer_config
 
 
-def _train_set(data, trainer_config, Pos: Axis, data_keys, batch: int) -> Interleaved:
-    """The members' training batches side by side, member k's those its solo run reads with ``data_keys[k]``."""
-    member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
-    return Interleaved([batched_maps(data.train_set(Pos, member_schedule, key=k)) for k in data_keys], batch)
+def _train(configs, digests, model, optimizer, initial_state, summary=lambda run, k, state: {}, **opened):
+    """Train a population (or resume it, or skip it when every member is complete); return each member's
+    ``complete.json``. ``model`` is the model config the mesh is checked against, ``initial_state(trainer, Seed,
+    Vocab, model_keys, training_keys)`` the trainer's first state, ``summary(run, k, state)`` what member k's adds;
+    ``opened`` goes to ``runs.opened``."""
+    trainer_config = _trainer_config(configs, model)  # before the lock: runs.lock
+    with runs.opened(configs, digests, **opened) as run:
+        if run.finished:
+            return run.summaries
+        base, n, seeds = configs[0], len(configs), [c.trainer.seed for c in configs]
+        Seed = Axis(SEED, n)
+        data = base.data.levanter_config()
+        build_token_caches(data)
+        inner = train.initialize_and_build(trainer_config, optimizer)
+        with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
+            keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model/adapter, training
+            model_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
+            Vocab = train.vocab_axis(data, trainer)
+            state = initial_state(trainer, Seed, Vocab, model_keys, training_keys)
+            model_config = state.model.config
+            Pos, batch = model_config.max_Pos, base.trainer.train_batch_size
+            member_schedule = dataclasses.replace(trainer_config, train_batch_size=batch).batch_schedule
+            train_set = Interleaved([batched_maps(data.train_set(Pos, member_schedule, key=k[0])) for k in keys], batch)
+            state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos,
+                              flops_per_token=model_config.flops_per_token(Vocab.size, model_config.max_seq_len),
+                              run_dir=run.dirs[0], evaluate_first=isinstance(base, FinetuneConfig),
+                              train_set=train_set, eval_hook=member_evaluations(trainer, data, Pos, base, n))
 
+            def throughput(k):  # a member's share of the population's tokens/s
+                tokens_per_second = runs.median_throughput(runs.read_metrics(run.dirs[k]))
+                return tokens_per_second / n if tokens_per_second is not None else None
 
-def _member_throughput(run_dir: Path, n: int) -> Optional[float]:
-    """A member's share of the population's training tokens/s (``runs.median_throughput``)."""
-    throughput = runs.median_throughput(runs.read_metrics(run_dir))
-    return throughput / n if throughput is not None else None
+            checkpoints = paths.home_relative(run.checkpoints)
+            return [run.finish(k, member(state.model, k), vocab_size=Vocab.size, tokens_per_second=throughput(k),
+                               **summary(run, k, state), population={"seeds": seeds, "member": k,
+                                                                     "checkpoints": checkpoints})
+                    for k in range(n)]
 
 
 def main(configs: Sequence[Config]) -> list[dict]:
-    """Train the members of a population (or resume it, or skip it when every member is complete) and return each
-    member's ``complete.json``. Members are training runs (``TrainConfig``) or fine-tunings
-    (``FinetuneConfig``, ``finetune_main``)."""
-    from haliax.partitioning import round_axis_for_partitioning
-
+    """Train a population of training runs (``TrainConfig``) or of fine-tunings (``finetune_main``) and return each
+    member's ``complete.json``."""
     if configs and all(isinstance(c, FinetuneConfig) for c in configs):
         return finetune_main(configs)
     for config in configs:
         validate(config)
-    seeds = check_members(configs)
-    trainer_config = _trainer_config(configs, configs[0].model)  # before the lock: runs.lock
-    with runs.opened(configs, [config_hash(c, population=seeds) for c in configs]) as run:
-        if run.finished:
-            return run.summaries
-        base, n = configs[0], len(configs)
-        Seed = Axis(SEED, n)
-        batch = base.trainer.train_batch_size
-        data = base.data.levanter_config()
-        build_token_caches(data)
-        inner = train.initialize_and_build(trainer_config, with_paper_weight_decay(base.optimizer, base.model))
-        with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
-            keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, model, training: as train.main
-            model_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
-            Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
-            state = train.initial_state(
-                trainer, training_keys, lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
-            Pos = base.model.max_Pos
-            train_set = _train_set(data, trainer_config, Pos, [k[0] for k in keys], batch)
-            flops = base.model.flops_per_token(Vocab.size, base.model.max_seq_len)
-            state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
-                              run_dir=run.dirs[0], train_set=train_set,
-                              eval_hook=member_evaluations(trainer, data, Pos, base, n))
-            return [run.finish(k, member(state.model, k), vocab_size=Vocab.size,
-                               tokens_per_second=_member_throughput(run.dirs[k], n),
-                               population=_membership(run, seeds, k)) for k in range(n)]
+    seeds, base = check_members(configs), configs[0]
 
+    def fresh(trainer, Seed, Vocab, model_keys, training_keys):
+        return train.initial_state(trainer, training_keys,
+                                   lambda: hax.vmap(lambda k: base.model.build(Vocab, key=k), Seed)(model_keys))
 
-def _membership(run: runs.Opened, seeds: list[int], k: int) -> dict:
-    """What a member's ``complete.json`` records of its population: the seeds, its place, where the checkpoints are."""
-    return {"seeds": seeds, "member": k, "checkpoints": paths.home_relative(run.checkpoints)}
+    return _train(configs, [config_hash(c, population=seeds) for c in configs], base.model,
+                  with_paper_weight_decay(base.optimizer, base.model), fresh)
 
 
 def finetune_main(configs: Sequence[FinetuneConfig]) -> list[dict]:
-    """Fine-tune the members of a population from their pretrainings (or resume, or skip it when every member is
-    complete) and return each member's ``complete.json``, whose fields are those of a solo fine-tuning's
-    (``finetune.main``) plus ``population``.
-
-    Member k is its solo fine-tuning of its seed: its pretrained model adapted (discretised, LoRA adapters drawn
-    from the member's adapter key: ``config.adapt`` vmapped over the keys), trained where ``finetune.trainable``
-    says (the trainable weights have the population's axis), on its own batches and dropout keys, with its own Adam
-    state; its pretrained model's validation loss is logged at step -1. Where every member starts from the same
-    pretraining, the frozen weights are the same in every member and kept once, shared; where member k starts from
-    its own pretraining seed (``pretrain.member``), every weight has the population's axis. Resumed, Levanter
-    restores the trainable part of the population's checkpoint and takes the frozen part from the same adaptation
-    run again."""
-    from haliax.partitioning import round_axis_for_partitioning
-
+    """Fine-tune a population: member k is its solo fine-tuning (``finetune.main``) of its seed, its pretrained model
+    adapted with its own adapter key, trained where ``finetune.trainable`` says on its own batches and dropout keys;
+    its ``complete.json`` is a solo fine-tuning's plus ``population``. Resumed, Levanter restores the trained part
+    from the checkpoint and the frozen part comes from the same adaptation again."""
     seeds = check_members(configs)
     pretrainings = [finetune.validate(c) for c in configs]
+    base = configs[0]
+
+    def adapted(trainer, Seed, Vocab, adapter_keys, training_keys):
+        if any(Vocab != p.Vocab for p in pretrainings):
+            raise ValueError(f"data: {Vocab.size} tokens, but a pretrained model has another vocabulary "
+                             f"({sorted({p.Vocab.size for p in pretrainings})})")
+        model = _adapted(base, [p.run_dir for p in pretrainings], Seed, adapter_keys, trainer.parameter_axis_mapping)
+        return trainer.initial_state(training_keys, model=model, is_trainable=finetune.trainable(base, model))
+
+    def summary(run, k, state):
+        return dict(method=configs[k].method, euler_steps=configs[k].steps,
+                    trainable_params=count_params(member(state.trainable_model, 0)),
+                    total_params=count_params(member(state.model, 0)),
+                    pretrained_eval_loss=runs.initial_eval_loss(run.dirs[k]),
+                    pretrain_config_hash=pretrainings[k].config_hash)
+
     digests = [config_hash(c, population=seeds, pretrain_config_hash=p.config_hash)
                for c, p in zip(configs, pretrainings)]
-    trainer_config = _trainer_config(configs, pretrainings[0].config.model)  # before the lock: runs.lock
-    with runs.opened(configs, digests, pretraining_dir=[p.run_dir for p in pretrainings]) as run:
-        if run.finished:
-            return run.summaries
-        base, n = configs[0], len(configs)
-        Seed = Axis(SEED, n)
-        data = base.data.levanter_config()
-        build_token_caches(data)
-        inner = train.initialize_and_build(trainer_config, with_finetune_weight_decay(base.optimizer))
-        with PopulationTrainer(trainer_config, population_optimizer(inner, Seed), population_loss(Seed)) as trainer:
-            keys = [jrandom.split(jrandom.PRNGKey(seed), 3) for seed in seeds]  # data, adapter, training: finetune.main
-            adapter_keys, training_keys = (jnp.stack([k[i] for k in keys]) for i in (1, 2))
-            Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
-            if any(Vocab != p.Vocab for p in pretrainings):
-                raise ValueError(f"data: {Vocab.size} tokens, but a pretrained model has another vocabulary "
-                                 f"({sorted({p.Vocab.size for p in pretrainings})})")
-
-            model = _adapted(base, [p.run_dir for p in pretrainings], Seed, adapter_keys,
-                             trainer.parameter_axis_mapping)
-            state = trainer.initial_state(training_keys, model=model, is_trainable=finetune.trainable(base, model))
-            counts = {"trainable_params": count_params(member(state.trainable_model, 0)),
-                      "total_params": count_params(member(state.model, 0))}
-            model_config = state.model.config
-            Pos = model_config.max_Pos
-            flops = model_config.flops_per_token(Vocab.size, model_config.max_seq_len)
-            state = train.fit(trainer, state, base, data, data_key=None, Pos=Pos, flops_per_token=flops,
-                              run_dir=run.dirs[0], evaluate_first=True,
-                              train_set=_train_set(data, trainer_config, Pos, [k[0] for k in keys],
-                                                   base.trainer.train_batch_size),
-                              eval_hook=member_evaluations(trainer, data, Pos, base, n))
-            return [run.finish(k, member(state.model, k), vocab_size=Vocab.size,
-                               tokens_per_second=_member_throughput(run.dirs[k], n), method=config.method,
-                               euler_steps=config.steps, **counts,
-                               pretrained_eval_loss=runs.initial_eval_loss(run.dirs[k]),
-                               pretrain_config_hash=pretraining.config_hash, population=_membership(run, seeds, k))
-                    for k, (config, pretraining) in enumerate(zip(configs, pretrainings))]
+    return _train(configs, digests, pretrainings[0].config.model, with_finetune_weight_decay(base.optimizer),
+                  adapted, summary, pretraining_dir=[p.run_dir for p in pretrainings])
 
 
 def _adapted(base: FinetuneConfig, pretrained: Sequence[Path], Seed: Axis, adapter_keys, axis_mapping):
-    """The population's model, compiled as one program: member k's pretraining (``pretrained[k]``, a run directory)
-    adapted with member k's adapter key. Where every member starts from the same pretraining its frozen weights are
-    kept once, shared; otherwise every weight has the population's axis."""
+    """The population's model, compiled as one program: member k's pretraining (run directory ``pretrained[k]``)
+    adapted with member k's adapter key; every weight with the population's axis, unless all members start from the
+    same pretraining: then the frozen weights, the same in every member, are kept once."""
 
     def adapt_each(model, adapter_keys):
-        if len(set(pretrained)) > 1:  # member k's own pretraining: every weight has the population's axis
+        if len(set(pretrained)) > 1:
             return hax.vmap(lambda m, key: adapt(m, base, key=key), Seed)(model, adapter_keys)
         adapted = hax.vmap(lambda key: adapt(model, base, key=key), Seed)(adapter_keys)
-        # adapt draws only the adapters: the frozen weights are the same in every member, so they are kept once,
-        # without the population's axis (the loss's vmap broadcasts them: one matrix product over the members'
-        # batches instead of one per member)
+        # adapt draws only the adapters; the loss's vmap broadcasts the frozen weights kept once (one matrix product
+        # over the members' batches instead of one per member)
         spec, named = finetune.trainable(base, adapted), lambda x: isinstance(x, NamedArray)
         return eqx.combine(eqx.filter(adapted, spec, is_leaf=named),
                            eqx.filter(member(adapted, 0), spec, inverse=True, is_leaf=named), is_leaf=named)
@@ -490,8 +407,8 @@ def _adapted(base: FinetuneConfig, pretrained: Sequence[Path], Seed: Axis, adapt
 
 
 def stacked(models: Sequence[Any], Seed: Axis):
-    """Models of one structure as one, every named array with the leading axis ``Seed`` (member k: ``models[k]``,
-    which ``member`` takes back out). A leaf that is no named array must be the same in every model."""
+    """Models of one structure as one, every named array with the leading axis ``Seed`` (``member`` takes model k
+    back out); a leaf that is no named array must be the same in every model."""
 
     def stack(*leaves):
         if isinstance(leaves[0], NamedArray):
@@ -504,10 +421,9 @@ def stacked(models: Sequence[Any], Seed: Axis):
 
 
 def members_of(config: Config, n: int) -> list[Config]:
-    """``config`` and ``n - 1`` copies with the next ``trainer.seed`` values, named as ``workflow.presets.seeded`` names
-    them: ``<name>-seed<k>`` (and ``<run_dir>-seed<k>`` when the config sets ``run_dir``: ``config.seed_member``).
-    A fine-tuning of a pretraining trained as a population (``pretrain.population`` > 1) starts its member k from the
-    pretraining's member ``pretrain.member`` + k: each fine-tuning seed from its own pretraining seed."""
+    """``config`` and ``n - 1`` copies with the next ``trainer.seed`` values, named ``<name>-seed<k>`` (and
+    ``<run_dir>-seed<k>``: ``config.seed_member``). A fine-tuning of a pretraining population
+    (``pretrain.population`` > 1) starts member k from the pretraining's member ``pretrain.member`` + k."""
     if not isinstance(n, int) or n < 2:
         raise ValueError(f"--seeds must be an integer of at least 2, got {n!r}")
     out = [seed_member(config, k) for k in range(n)]
@@ -519,15 +435,12 @@ def members_of(config: Config, n: int) -> list[Config]:
 
 def cli(argv: list[str] | None = None) -> None:
     """``python -m diffeqformer.population --config file.yaml --seeds 3 [overrides]``: the config and its next seeds
-    as one population (``members_of``): training runs, or fine-tunings if the file is a fine-tuning's
-    (``config_class``)."""
-    import sys
-
+    as one population (``members_of``), of fine-tunings if the file is a fine-tuning's (``config_class``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    if "--seeds" not in argv or argv.index("--seeds") + 1 >= len(argv):
+    i = argv.index("--seeds") if "--seeds" in argv else len(argv)
+    if i + 1 >= len(argv):
         raise SystemExit("usage: python -m diffeqformer.population --config config/<preset>/<name>.yaml --seeds N "
                          "[overrides]")
-    i = argv.index("--seeds")
     try:
         n = int(argv[i + 1])
     except ValueError:

@@ -11,17 +11,10 @@ fine-tuning (``diffeqformer.finetune``), the pretraining's configuration::
     model.eqx             the trained model
     complete.json         written last: the summary (final validation loss, config hash, vocabulary size, ...)
 
-A run is *complete* when its ``complete.json`` exists (and, where a config hash is asked for, records that hash).
-These file names are spelled in this module only.
-
-**The lifecycle** every trainer goes through (``train.main``, ``finetune.main``, ``population.main``): validate the
-configuration (``config``), then ``with opened(configs, digests) as run:`` locks the run directories, skips them when
-every one is complete for its hash (``run.finished``), else writes each one's ``config.yaml``; the trainer fits, and
-``run.finish(k, model, ...)`` saves member k's model and writes its ``complete.json``. A loss that is not finite ends
-the run as diverged (``diverged``), said in one line, with nothing written that would pass for a finished run.
-
-Reading a configuration or a model imports Levanter, so it happens inside the functions that need it: importing this
-module (as ``figures`` does, which every notebook imports) stays cheap.
+A run is *complete* when its ``complete.json`` exists (and records the config hash asked for, if any). Every
+trainer (``train``, ``finetune``, ``population``) goes through ``with opened(configs, digests) as run:`` (lock, skip
+or write ``config.yaml``), fits, and ends with ``run.finish(k, model, ...)``, or as ``diverged``. Levanter is
+imported inside the functions that need it, so that importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -66,15 +59,13 @@ RETRAIN = ("delete {run_dir} and train it again (the same command, or the workfl
 
 
 def run_path(run) -> Path:
-    """A run directory as given to a notebook: absolute, or relative to ``DIFFEQFORMER_HOME`` (e.g.
-    ``runs/cpu-diffeqformer``), so that a notebook's defaults work from any working directory."""
+    """A run directory as given to a notebook: absolute, or relative to ``DIFFEQFORMER_HOME``."""
     path = Path(run).expanduser()
     return path if path.is_absolute() else paths.HOME / path
 
 
 def is_complete(run, config_hash: str | None = None) -> bool:
-    """Whether the run finished (its ``complete.json`` exists) and, given ``config_hash``, finished with that
-    configuration (``complete.json`` records that hash)."""
+    """Whether the run finished (its ``complete.json`` exists), given ``config_hash`` with that configuration."""
     complete = run_path(run) / COMPLETE
     if not complete.exists():
         return False
@@ -82,8 +73,8 @@ def is_complete(run, config_hash: str | None = None) -> bool:
 
 
 def require_complete(run, label: str = "run") -> Path:
-    """The run's directory (``run_path``) if the run finished; else ``FileNotFoundError`` naming the run (as
-    ``label``, e.g. ``"runs['ours'] ="``) and what is missing: the directory, or its ``complete.json``."""
+    """The run's directory if the run finished; else ``FileNotFoundError`` naming the run (as ``label``) and what
+    is missing."""
     path = run_path(run)
     if not path.is_dir():
         missing = f"no such directory {path}"
@@ -96,8 +87,7 @@ def require_complete(run, label: str = "run") -> Path:
 
 
 def summary(run) -> dict:
-    """The contents of a finished run's ``complete.json``: final validation loss and perplexity, config hash,
-    vocabulary size, wall time, ... (``finish_run``)."""
+    """A finished run's ``complete.json`` (``finish_run``)."""
     require_complete(run)
     return read_complete(run)
 
@@ -124,8 +114,7 @@ def metrics_file(run) -> Path:
 
 
 def saved_hash(run) -> str | None:
-    """The config hash on the first line of the run's ``config.yaml`` (written when the run starts, so also for a
-    run that has not finished), or None without that file."""
+    """The config hash on the first line of the run's ``config.yaml`` (written at the start), or None."""
     saved = run_path(run) / CONFIG
     if not saved.exists():
         return None
@@ -141,8 +130,7 @@ def is_finetuning(run) -> bool:
 
 
 def config(run):
-    """The run's configuration as its trainer read it, typed and with every default filled in: ``FinetuneConfig``
-    for a fine-tuning, else ``TrainConfig``. Needs the run's ``config.yaml`` (not that the run finished)."""
+    """The run's configuration as its trainer read it (``FinetuneConfig`` or ``TrainConfig``), from ``config.yaml``."""
     from .config import FinetuneConfig, TrainConfig, load_config
 
     return load_config(_config_file(run, CONFIG), cls=FinetuneConfig if is_finetuning(run) else TrainConfig)
@@ -181,11 +169,9 @@ def model_label(model) -> str:
 
 
 def load_model(run, *, merged: bool = False):
-    """The trained model of a finished run, rebuilt from its configuration (no Levanter checkpoint machinery): a
-    training run's model, or a fine-tuning's, built from ``pretrain_config.yaml`` and adapted as it was fine-tuned
-    (``config.adapt``). A LoRA fine-tuning keeps its adapters (``LoraLinear`` modules); ``merged=True`` folds them into
-    the weights (``levanter.adaptor.lora.merge_lora_modules``), which gives a model of the (discretised) pretrained
-    model's structure. Its attention runs as in training (``model.attention.install``)."""
+    """The trained model of a finished run, rebuilt from its configuration (a fine-tuning's from
+    ``pretrain_config.yaml``, adapted: ``config.adapt``), its attention routed as in training. ``merged=True`` folds a
+    LoRA fine-tuning's adapters into the weights (``levanter.adaptor.lora.merge_lora_modules``)."""
     import equinox as eqx
     import jax.random as jrandom
     from haliax import Axis
@@ -224,9 +210,7 @@ def parameter_count(run) -> int:
 
 
 def read_metrics(run):
-    """The metrics of a run as a pandas DataFrame: one row per step, a column per metric (NaN where not logged).
-
-    After a resume, the last value logged for a step wins."""
+    """The metrics of a run, one row per step (the last value logged for it wins), a column per metric."""
     import pandas as pd
 
     path = metrics_file(run)
@@ -240,9 +224,8 @@ def read_metrics(run):
 
 
 def median_throughput(metrics) -> Optional[float]:
-    """Training tokens/s of a run: the median of Levanter's per-step ``throughput/tokens_per_second`` over the steps
-    after the first tenth (which hold the compilation and warm-up), from ``read_metrics``. A single step's value (the
-    last one) varies from step to step on a shared CPU; the median over the run does not."""
+    """Training tokens/s of a run: the median of Levanter's per-step ``throughput/tokens_per_second`` after the
+    first tenth of the steps (compilation, warm-up), from ``read_metrics``."""
     column = "throughput/tokens_per_second"
     if column not in metrics or metrics[column].dropna().empty:
         return None
@@ -252,8 +235,7 @@ def median_throughput(metrics) -> Optional[float]:
 
 
 def initial_eval_loss(run) -> Optional[float]:
-    """The validation loss of a fine-tuning's pretrained model, before fine-tuning (logged at step -1), from
-    ``metrics.jsonl``."""
+    """The validation loss of a fine-tuning's pretrained model (logged at step -1)."""
     metrics = read_metrics(run)
     if -1 not in metrics.index or "eval/loss" not in metrics:
         return None
@@ -262,8 +244,7 @@ def initial_eval_loss(run) -> Optional[float]:
 
 def perplexity(loss: Optional[float]) -> Optional[float]:
     r"""The perplexity :math:`e^{L}` of a mean next-token loss :math:`L` in nats; None where there is no loss, or where
-    it is not finite or too large for a float (:math:`L > \ln(\text{float max}) \approx 709.8`: a diverged run's,
-    which ``finish_run`` refuses)."""
+    :math:`e^{L}` is not a finite float (a diverged run's, which ``finish_run`` refuses)."""
     if loss is None or not math.isfinite(loss):
         return None
     try:
@@ -287,9 +268,8 @@ class Pretraining:
 
 
 def pretraining(config: "FinetuneConfig") -> Pretraining:
-    """The finished pretraining run a fine-tuning names (``pretrain.config``, ``pretrain.run_dir``), checked: its
-    config file exists, the run finished, and with exactly that file's configuration (the same config hash);
-    ``ValueError`` naming the field and saying what to do otherwise."""
+    """The finished pretraining a fine-tuning names (``pretrain.config``, ``pretrain.run_dir``), checked to have
+    been trained with that file's configuration; ``ValueError`` naming the field and what to do otherwise."""
     from haliax import Axis
 
     from .config import pretraining_hash, pretraining_of, repository_path
@@ -320,13 +300,9 @@ def pretraining(config: "FinetuneConfig") -> Pretraining:
 
 @contextlib.contextmanager
 def lock(run_dir: Path):
-    """Hold an exclusive lock on ``run_dir`` (``run_dir/.lock``) while training it: a second process that would
-    train the same run (a workflow rerun while the killed one's job is still ending, two workflows at once) waits
-    for the first instead of writing the same checkpoints and metrics file.
-
-    In a run of several processes only process 0 locks (``devices.is_primary``), once they have all started
-    (``devices.start``): the others of the same run must not wait for it, since it waits for them in its first
-    collective; those of a second run of the same directory wait there for their own process 0, which waits here."""
+    """Hold ``run_dir/.lock`` while training it, so that a second process training the same run waits for the first.
+    In a run of several processes only process 0 locks, once all have started (``devices.start``): the others must
+    not wait for it, since it waits for them in its first collective."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if not devices.is_primary():
         yield
@@ -336,10 +312,8 @@ def lock(run_dir: Path):
 
 
 def start_run(config: "Config", run_dir: Path, digest: str) -> Optional[dict]:
-    """The summary of a finished run of this configuration (nothing to do), else None once ``config.yaml`` is written
-    (by process 0 only, in a run of several processes: ``devices.is_primary``; the others only read).
-
-    Refuses a run directory that holds checkpoints of another configuration."""
+    """The summary of a finished run of this configuration, else None once process 0 has written ``config.yaml``;
+    refuses a run directory that holds checkpoints of another configuration."""
     from .config import dump_config
 
     if (run_dir / COMPLETE).exists():
@@ -390,10 +364,8 @@ class Opened:
 @contextlib.contextmanager
 def opened(configs: Sequence["Config"], digests: Sequence[str], *,
            pretraining_dir: Path | Sequence[Path] | None = None):
-    """Lock the run directories of ``configs`` (their config hashes ``digests``) for training, and start each run
-    that is not complete for its hash (``start_run``: its ``config.yaml``, and ``pretraining_dir``'s ``config.yaml``
-    as a fine-tuning's ``pretrain_config.yaml``; a list: each run's own pretraining); yields an ``Opened`` whose
-    ``finished`` says whether anything is left to train. The locks are held until the block ends."""
+    """Lock the run directories of ``configs`` for the block and start each run not complete for its hash
+    (``start_run``; ``pretraining_dir``'s ``config.yaml``, one or one per run, as ``pretrain_config.yaml``)."""
     from .config import run_dir_of
 
     dirs = [run_dir_of(c) for c in configs]
@@ -410,11 +382,9 @@ def opened(configs: Sequence["Config"], digests: Sequence[str], *,
 
 
 def diverged(run_dir: Path, step: int, loss: float) -> SystemExit:
-    """The end of a run whose loss at ``step`` is not finite, or too large for its perplexity (``perplexity``): one
-    line naming the run directory, the step and what to do, printed without a traceback (``SystemExit``; its exit
-    status is 1). No ``complete.json`` is written, so the run is not taken for finished; its config hash is the
-    same, so the same command would diverge again, and another learning rate is another configuration, which
-    ``start_run`` refuses beside this one's checkpoints: hence delete, then train."""
+    """The end of a run whose loss at ``step`` has no finite perplexity: one line, no traceback (``SystemExit``),
+    no ``complete.json``. Another learning rate is another configuration, which ``start_run`` refuses beside this
+    one's checkpoints: hence delete, then train."""
     return SystemExit(
         f"{run_dir}: training diverged at step {step} (loss {loss:.4g}), so the run is not complete: lower "
         f"optimizer.learning_rate (or clip gradients with optimizer.max_grad_norm), delete {run_dir} and train again"
@@ -422,14 +392,10 @@ def diverged(run_dir: Path, step: int, loss: float) -> SystemExit:
 
 
 def finish_run(config: "Config", run_dir: Path, model, digest: str, start: float, **extra) -> dict:
-    """Save the model, then write ``complete.json`` (the summary of the metrics, plus ``extra``) and return it.
-
-    A run whose last training or validation loss is not finite or overflows its perplexity has diverged: it ends
-    with ``diverged``, before the model or the summary is written.
-
-    In a run of several processes every process calls it: they wait for each other (``devices.barrier``) until
-    process 0 has logged the last metrics, which each then reads to the same decision; the model's arrays are
-    gathered from all of them (``devices.host_copy``), and process 0 writes the files, which the others wait for."""
+    """Save the model, then write ``complete.json`` (the metrics' summary plus ``extra``) and return it; a last loss
+    without a finite perplexity ends the run first (``diverged``). Every process of a run calls it: they wait until
+    process 0 has logged the last metrics (``devices.barrier``), gather the model (``devices.host_copy``), and
+    process 0 writes the files."""
     devices.barrier(f"trained {config.name}")
     metrics = read_metrics(run_dir)
     for column in ("train/loss", "eval/loss"):

@@ -136,21 +136,18 @@ def trainer_config_of(config: Config, run_dir: Path) -> TrainerConfig:
 
 
 def started(config: Config, model: LmConfig) -> TrainerConfig:
-    """The run's trainer config (``trainer_config_of``) once its processes have started (``devices.start``: JAX's
-    distributed runtime, if the run has several) and its mesh is checked against ``model`` and the batch
-    (``devices.check``). Before the run's directory is locked or written (``runs.opened``): in a run of several
-    processes only process 0 locks, and bad input leaves nothing behind."""
+    """The run's trainer config once its processes have started (``devices.start``) and its mesh is checked against
+    ``model`` and the batch (``devices.check``): before ``runs.opened``, where only process 0 locks, so that bad
+    input leaves nothing behind."""
     trainer_config = devices.start(trainer_config_of(config, run_dir_of(config)))
     devices.check(trainer_config, model)
     return trainer_config
 
 
 def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConfig) -> optax.GradientTransformation:
-    """Levanter's initialisation for ``trainer_config``, then ``optimizer`` built for its steps: in that order, since
-    building the optimiser evaluates its learning-rate schedule with jax.numpy, which starts JAX's backend, and
-    jax.distributed.initialize refuses to run after that (``devices.start``, in ``started``, has run it before).
-    Every training (``finetune`` and ``population`` too) starts here, so here Levanter's default attention is routed
-    through cuDNN on a GPU (``model.attention.install``)."""
+    """Levanter's initialisation, then ``optimizer`` built for the run's steps (building it evaluates the learning
+    rate with jax.numpy, which starts JAX's backend: after ``devices.start``). Every training starts here, so here
+    Levanter's attention is routed through cuDNN on a GPU (``model.attention.install``)."""
     import levanter.trainer
 
     attention.install()
@@ -159,29 +156,29 @@ def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConf
 
 
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-"""XLA options for the programs that run once at a run's start (``compiled_once``): the one that initialises a
-fresh model (``initial_state``) and the fine-tuning's adaptation of a pretrained one (``finetune.compiled_adapt``).
-At the default level (2) the initialisation's compilation would be most of a run's start-up; at level 1 it compiles
-faster to the same states, bit for bit, while the training step stays at the default level, where it runs faster
-(measurements page)."""
+"""XLA options for the programs that run once at a run's start (``compiled_once``): they compile faster at level 1
+than at the default 2, to the same states bit for bit; the training step keeps the default (measurements page)."""
 
 
 def compiled_once(fn, axis_mapping=None):
-    """``fn`` as one program compiled with ``INIT_COMPILER_OPTIONS``, its output sharded by ``axis_mapping`` (in the
-    mesh of the trainer entered, if any): for a program that runs once at a run's start."""
+    """``fn`` as one program compiled with ``INIT_COMPILER_OPTIONS``, its output sharded by ``axis_mapping``."""
     import haliax as hax
 
     return hax.named_jit(fn, axis_resources=axis_mapping, compiler_options=INIT_COMPILER_OPTIONS)
 
 
 def initial_state(trainer: Trainer, training_key, model_init):
-    """``trainer.initial_state`` (inside ``with trainer``): a run's checkpoint if it has one, else a fresh state
-    whose model ``model_init`` builds in a program of its own (``compiled_once``), placed as the trainer shards its
-    parameters (Levanter then adds the optimiser state without compiling the model's initialisation again)."""
+    """``trainer.initial_state``: the run's checkpoint if it has one, else a fresh state whose model ``model_init``
+    builds in a program of its own (``compiled_once``), sharded as the trainer shards its parameters."""
     if trainer.checkpoint_load_plan()[1]:  # resuming: the model's shape is enough
         return trainer.initial_state(training_key, model_init=model_init)
     model = compiled_once(model_init, trainer.parameter_axis_mapping)()
     return trainer.initial_state(training_key, model=model)
+
+
+def vocab_axis(data, trainer: Trainer) -> Axis:
+    """The vocabulary axis of ``data``'s tokenizer, rounded up as ``trainer`` shards it."""
+    return round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
 
 
 def main(config: TrainConfig) -> dict:
@@ -196,7 +193,7 @@ def main(config: TrainConfig) -> dict:
         optimizer = initialize_and_build(trainer_config, with_paper_weight_decay(config.optimizer, config.model))
         with Trainer(trainer_config, optimizer, next_token_loss) as trainer:
             data_key, model_key, training_key = jrandom.split(jrandom.PRNGKey(trainer_config.seed), 3)
-            Vocab = round_axis_for_partitioning(Axis("vocab", len(data.the_tokenizer)), trainer.parameter_axis_mapping)
+            Vocab = vocab_axis(data, trainer)
             state = initial_state(trainer, training_key, lambda: config.model.build(Vocab, key=model_key))
             flops = config.model.flops_per_token(Vocab.size, config.model.max_seq_len)
             state = fit(trainer, state, config, data, data_key=data_key, Pos=config.model.max_Pos,
@@ -210,9 +207,8 @@ batched kernel finds no block size for the vocabulary); only the gradient's roun
 
 
 def use_fast_loss_backward() -> bool:
-    """On a GPU, turn on ``FAST_LOSS_BACKWARD`` unless the environment already sets it (the measurements page has the
-    measurement); on any other platform leave it alone, so that the cpu preset's numbers stay the same. Called once
-    the trainer has started JAX's backend (``fit``). Returns whether it is on."""
+    """On a GPU, turn on ``FAST_LOSS_BACKWARD`` unless the environment sets it; elsewhere leave it alone, so that the
+    cpu preset's numbers stay the same. Returns whether it is on."""
     if jax.default_backend() == "gpu":
         os.environ.setdefault(FAST_LOSS_BACKWARD, "1")
     return os.environ.get(FAST_LOSS_BACKWARD, "0").strip().lower() in ("1", "true", "yes", "on")
@@ -222,19 +218,12 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
         run_dir: Path, evaluate_first: bool = False, train_set=None, eval_hook=None):
     """Run Levanter's training loop from ``state`` (fresh or resumed) to ``trainer.num_train_steps``; return the state.
 
-    Hooks: validation loss every ``trainer.steps_per_eval`` steps and at the end, throughput every step.
-    ``evaluate_first`` also evaluates the initial model, logged at step -1: Levanter logs the metrics of update k
-    (0-indexed) at step k, so step -1 is the model before any update. A non-finite training loss (Levanter's trainer
-    raises on one, ``trainer.crash_on_nan``/``crash_on_inf``) ends the process with one line (``diverged``); the
-    checkpoints written before it stay, none of the diverged state. ``config`` supplies the run's ``name`` and the
-    validation examples to evaluate (``evaluated_examples``).
-
-    Levanter's training mixture restarts a corpus when it is used up, with the same permutation, so a small corpus is
-    read for as many passes as ``num_train_steps`` takes. ``train_set`` and ``eval_hook`` replace the training data
-    (``data.train_set`` with ``data_key``) and the evaluation (Levanter's ``cb_tagged_lm_evaluate``): a population
-    (``diffeqformer.population``) passes its members' data and evaluations."""
+    Validation loss every ``trainer.steps_per_eval`` steps and at the end (``evaluate_first``: also the initial
+    model's, at step -1, since Levanter logs update k at step k), throughput every step. A non-finite training loss
+    ends the process with one line (``runs.diverged``), the checkpoints before it kept. ``train_set`` and
+    ``eval_hook`` replace the training data (``data.train_set`` with ``data_key``) and the evaluation
+    (``evaluation``): a population passes its members'."""
     import levanter.callbacks
-    import levanter.eval
     from levanter.callbacks import StepInfo
 
     use_fast_loss_backward()
@@ -246,10 +235,7 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
     if int(state.step) > 0:
         print(f"{config.name}: resuming from step {int(state.step)}", file=sys.stderr)
     if eval_hook is None:
-        eval_hook = levanter.eval.cb_tagged_lm_evaluate(
-            trainer_config.EvalBatch, eval_sets, data.the_tokenizer, trainer.device_mesh,
-            trainer.compute_axis_mapping, evaluated_examples(config.trainer), mp=trainer_config.mp,
-        )
+        eval_hook = evaluation(trainer, eval_sets, data.the_tokenizer, config)
     if evaluate_first and int(state.step) == 0:
         eval_hook(StepInfo(state, loss=float("nan"), step_duration=0.0))
     trainer.add_hook(once_per_step(eval_hook), every=trainer_config.steps_per_eval)
@@ -272,12 +258,21 @@ def fit(trainer: Trainer, state, config, data, *, data_key, Pos: Axis, flops_per
         raise
 
 
+def evaluation(trainer: Trainer, eval_sets, tokenizer, config, prefix: str = "eval"):
+    """Levanter's evaluation hook (``cb_tagged_lm_evaluate``) of ``eval_sets`` as a run evaluates: its evaluation
+    batch, mesh and precision, ``evaluated_examples`` of ``config``, metrics under ``prefix``."""
+    import levanter.eval
+
+    return levanter.eval.cb_tagged_lm_evaluate(trainer.config.EvalBatch, eval_sets, tokenizer, trainer.device_mesh,
+                                               trainer.compute_axis_mapping, evaluated_examples(config.trainer),
+                                               prefix=prefix, mp=trainer.config.mp)
+
+
 def evaluated_examples(trainer: TrainerConfig) -> Optional[int]:
-    """The validation examples an evaluation reads (None: all): ``trainer.max_eval_batches`` batches of the
-    evaluation batch the run has on one device (``trainer.per_device_eval_parallelism``, else
-    ``per_device_parallelism``, else the largest training batch), whatever the number of devices. Levanter's own
-    count, ``max_eval_batches`` times its evaluation batch, which is per device, grew with the devices. ``trainer``:
-    the run's own section, before Levanter's initialisation resolves its -1s for the devices."""
+    """The validation examples an evaluation reads (None: all): ``trainer.max_eval_batches`` batches of the run's
+    evaluation batch on one device (``per_device_eval_parallelism``, else ``per_device_parallelism``, else the largest
+    training batch), whatever the number of devices (Levanter's own count grows with them). ``trainer``: the run's
+    section, before Levanter resolves its -1s."""
     from levanter.schedule import distinct_values
 
     if trainer.max_eval_batches is None:
@@ -292,10 +287,8 @@ NON_FINITE_LOSS = {"Loss is NaN": float("nan"), "Loss is Inf": float("inf")}
 
 
 def once_per_step(hook):
-    """``hook`` run at most once per step. Levanter's trainer runs every hook once more after the last step (forced);
-    when ``num_train_steps`` is a multiple of ``steps_per_eval`` (every config here) the evaluation of the last
-    step would then run twice, logging the same numbers twice: a whole evaluation per run (eight batches of a 24-layer
-    model in a fine-tuning, one per member in a population)."""
+    """``hook`` run at most once per step: Levanter runs every hook once more after the last step (forced), which
+    would evaluate the last step twice where ``num_train_steps`` is a multiple of ``steps_per_eval``."""
     evaluated = set()
 
     def run(info):
@@ -316,12 +309,9 @@ def _check_validation_length(eval_sets, Pos: Axis) -> None:
 
 
 def use_compilation_cache(directory: str | Path | None = None) -> Path:
-    """Keep XLA's compiled programs on disk (JAX's persistent compilation cache), below
-    ``DIFFEQFORMER_HOME/_build/jax-cache`` unless ``JAX_COMPILATION_CACHE_DIR`` names another place.
-
-    A run whose shapes another run already compiled (the same model fine-tuned in both directions, a rerun, the
-    workflow's next run) loads its train and eval steps instead of compiling them. Every program is stored, however
-    fast it compiles: a small run compiles some thirty small programs besides its train step (measurements page)."""
+    """Keep XLA's compiled programs on disk (JAX's persistent compilation cache, every program however fast it
+    compiles), below ``DIFFEQFORMER_HOME/_build/jax-cache`` unless ``JAX_COMPILATION_CACHE_DIR`` names another place:
+    a run whose shapes another run compiled (a rerun, the other fine-tuning direction) loads its steps."""
     directory = Path(os.environ.get("JAX_COMPILATION_CACHE_DIR") or directory or paths.HOME / "_build" / "jax-cache")
     directory.mkdir(parents=True, exist_ok=True)
     jax.config.update("jax_compilation_cache_dir", str(directory))
