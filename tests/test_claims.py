@@ -126,7 +126,7 @@ def test_the_verdicts_page_is_a_table_adjusted_by_holm():
                                                                                    "f6_llama")]
     assert strong.p < 0.005 and 0.01 < weak.p < 0.05 and all(v.word == statistics.INCONCLUSIVE for v in noisy)
     here = {"f6_perplexity": _glued([strong, *noisy]), "f8_beta2": _glued([weak])}
-    page = verdicts.verdicts_markdown("cpu", here, None)
+    page = verdicts.verdicts_markdown("cpu", verdicts.holm_verdicts(here), None)
     def row(name):
         claim = claims.CLAIMS[name]
         return next(line for line in page.splitlines()
@@ -158,7 +158,8 @@ def test_a_page_opens_with_the_verdicts_page_verdict():
     assert f8.startswith("```{admonition} The verdict at the cpu preset\n:class: verdict\n")
     assert (f"**inconclusive after Holm (reproduced before)**: {weak.effect_text()}, pointing with the paper; "
             f"{statistics.p_text(weak.p)}, {judged['f8_beta2'][1]:.2g} after Holm's adjustment across 5 claims") in f8
-    assert "**inconclusive after Holm (reproduced before)**" in verdicts.verdicts_markdown("cpu", here, None)
+    page = verdicts.verdicts_markdown("cpu", verdicts.holm_verdicts(here), None)
+    assert "**inconclusive after Holm (reproduced before)**" in page
     f6 = verdicts.opening_markdown("f6_perplexity", judged, "cpu")
     assert "*DiffEqFormer reaches a lower" in f6 and f"**reproduced**: {strong.effect_text()}, pointing with" in f6
     assert f"**inconclusive**: {shared.effect_text()}, pointing against the paper" in f6

@@ -375,12 +375,13 @@ def test_a_page_says_it_is_older_than_the_code_or_that_it_cannot_tell(home, tmp_
         "(`notebooks/f6_perplexity.ipynb`)")
 
 
-def test_without_an_edition_the_part_is_one_page_saying_so_with_the_commands(tmp_path):
+def test_without_an_edition_the_part_says_so_and_its_page_gives_the_commands(tmp_path):
     empty = tmp_path / "book" / "gpu"
     assert edition.load(empty) is None
     page = pages.gpu_edition_markdown(empty)
     assert page == pages.NO_EDITION
     assert page.startswith("No GPU edition exists yet")
+    page = (paths.BOOK / "gpu_edition.md").read_text()  # the part's first page says how one is made
     for command in ("bash benchmarks/gpu/prepare.sh --for pipeline",
                     "bash benchmarks/gpu/run.sh stage install pipeline",
                     "python -m diffeqformer.workflow.edition pack --out <output folder>",
@@ -447,7 +448,7 @@ def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by
     nb["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", here.to_json()))
     result = {"f8_beta2": book.glued(nb)}
     assert edition.glued_notebooks(tmp_path / "no-edition") is None
-    page = verdicts.verdicts_markdown("cpu", result, None)
+    page = verdicts.verdicts_markdown("cpu", verdicts.holm_verdicts(result), None)
     f8 = next(line for line in page.splitlines() if line.startswith("| F8 "))
     assert "beta2 = 0.95 helps DiffEqFormer and hurts GPT-2" in f8
     assert "| **inconclusive**: " in f8 and f8.endswith(f"| {verdicts.NO_GPU_VERDICT} |")
@@ -460,6 +461,7 @@ def test_the_verdicts_page_sets_the_paper_this_build_and_the_gpu_edition_side_by
     there = claims.judge("f8_beta2", statistics.one_sample([-0.3, -0.29, -0.32]))
     executed["cells"][-1].setdefault("outputs", []).append(_glue("f8_beta2_claim", there.to_json()))
     gpu_nb.write_text(json.dumps(executed))
-    page = verdicts.verdicts_markdown("cpu", result, edition.glued_notebooks(committed), edition.STAGED)
+    page = verdicts.verdicts_markdown("cpu", verdicts.holm_verdicts(result), edition.glued_notebooks(committed),
+                                      edition.STAGED)
     f8 = next(line for line in page.splitlines() if line.startswith("| F8 "))
     assert f8.split(" | ")[-1].startswith("**reproduced**: ") and "{doc}`GPU </gpu/f8_beta2>`" in f8

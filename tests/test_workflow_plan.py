@@ -9,7 +9,6 @@ import copy
 import json
 import re
 import shutil
-import typing
 from pathlib import Path
 
 import nbformat
@@ -192,17 +191,21 @@ def test_overrides_parse_as_yaml():
 
 
 @pytest.mark.parametrize(
-    "value,annotation,ok",
+    "value,typed,default,ok",
     [
-        (3, int, True), (True, int, False), (3, float, True), (3.5, int, False), ("a", str, True),
-        (True, bool, True), (1, bool, False), ([1, 2], list, True), ({"a": "b"}, dict, True),
-        (["a", "b"], list[str], True), (["a", 1], list[str], False),
-        ({"a": "b"}, dict[str, str], True), ({"a": 1}, dict[str, str], False),
-        (None, typing.Optional[int], True), (2, typing.Optional[int], True), ("x", typing.Any, True),
+        (3, "int", "1", True), (True, "int", "1", False), (3, "float", "1.0", True), (3.5, "int", "1", False),
+        ("a", "str", "'x'", True), (True, "bool", "False", True), (1, "bool", "False", False),
+        ([1, 2], "list", "[]", True), ({"a": "b"}, "dict", "{}", True), ("a", "dict", "{}", False),
+        (2, None, "3", True), ("2", None, "3", False), ("x", None, "None", True), (None, None, "f(1)", True),
     ],
 )
-def test_type_matches(value, annotation, ok):
-    assert plan.type_matches(value, annotation) is ok
+def test_a_parameter_must_fit_its_annotation_else_its_default(value, typed, default, ok):
+    declared = {"p": {"inferred_type_name": typed, "default": default}}
+    if ok:
+        plan.check_parameters("nb", {"p": value}, declared)
+    else:
+        with pytest.raises(WorkflowError, match="nb: parameter 'p' must be "):
+            plan.check_parameters("nb", {"p": value}, declared)
 
 
 def test_registry_and_toc_must_agree(tmp_path):

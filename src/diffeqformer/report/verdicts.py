@@ -14,14 +14,13 @@ from ..analysis import claims, multiplicity, statistics
 NO_GPU_VERDICT = "no GPU edition yet"
 
 
-def verdicts_markdown(preset: str, here: Mapping[str, Mapping[str, str]],
-                      gpu: Mapping[str, Mapping[str, str]] | None, gpu_folder: str = "gpu") -> str:
+def verdicts_markdown(preset: str, ours: Mapping[str, tuple | None], gpu: Mapping[str, Mapping[str, str]] | None,
+                      gpu_folder: str = "gpu") -> str:
     """The book's headline verdicts as one table: per claim (``claims.CLAIMS``, its page linked), the paper's number
-    where the paper gives one, the verdict of this build's ``preset`` (``here``: notebook -> the values its execution
-    glued) and the GPU edition's (``gpu``, its pages staged in ``gpu_folder``; None: ``NO_GPU_VERDICT``), each with its
+    where the paper gives one, the verdict of this build's ``preset`` (``ours``: its ``holm_verdicts``) and the GPU
+    edition's (``gpu``, its pages staged in ``gpu_folder``; None: ``NO_GPU_VERDICT``), each with its
     effect and 95% interval in the claim's units and its p adjusted by Holm's method across the claims tested in that
     build (``holm_verdicts``); under it, the primary test and the combining rule of each claim, a sentence each."""
-    ours = holm_verdicts(here)
     theirs = holm_verdicts(gpu) if gpu is not None else {}
     tested = sum(v is not None and v[1] is not None for v in ours.values())
     out = [f"Each headline claim of the paper, judged by one primary test named before the numbers (listed under the "
@@ -43,11 +42,10 @@ def verdicts_markdown(preset: str, here: Mapping[str, Mapping[str, str]],
     return "\n".join(out + ["", "How each claim is decided:", "", claims_markdown()])
 
 
-def bottom_line_markdown(preset: str, here: Mapping[str, Mapping[str, str]]) -> str:
-    """The intro's bottom line: how many headline claims each adjusted verdict has at ``preset`` (``here``: notebook ->
-    its glued values), then per claim its page, the adjusted word, the effect and which way it points, linked to the
+def bottom_line_markdown(preset: str, judged: Mapping[str, tuple | None]) -> str:
+    """The intro's bottom line: how many headline claims each adjusted verdict has at ``preset`` (``judged``: its
+    ``holm_verdicts``), then per claim its page, the adjusted word, the effect and which way it points, linked to the
     verdicts page."""
-    judged = holm_verdicts(here)
     words = [adjusted_word(*found).split(" after ")[0] if found else "not computed" for found in judged.values()]
     counts = ", ".join(f"{words.count(w)} {w}" for w in dict.fromkeys(
         (*statistics.WORDS, "not computed")) if w in words)

@@ -1,5 +1,5 @@
 """What each job of ``workflow/Snakefile`` runs: ``python -m diffeqformer.workflow.jobs tokens|train|notebook|publish``
-(the book: ``workflow.pages``). Each writes its outputs only once it has succeeded (a temporary name, then a rename).
+(the book: ``workflow.pages``). A job writes its outputs only once it has succeeded (a temporary name, then a rename).
 Nothing heavy is imported at the top: a training job pins itself to its cores before JAX starts."""
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ from pathlib import Path
 from .. import paths
 
 KEPT_HEAP = ("glibc.malloc.mmap_threshold=4294967296", "glibc.malloc.trim_threshold=4294967296")
-"""``GLIBC_TUNABLES`` for every job: allocations up to 4 GiB come from the heap and freed memory stays there for
-reuse, where glibc would map and unmap each of XLA's per-step buffers afresh. The trained bits are the same."""
+"""``GLIBC_TUNABLES`` of every job: allocations up to 4 GiB come from the heap and freed memory stays there, where
+glibc would map and unmap each of XLA's per-step buffers afresh. The trained bits are the same."""
 ONE_ARENA = ("glibc.malloc.arena_max=1",)
 """Added for a training job pinned to its cores (not for jobs on every core: it slows XLA's compilation)."""
-SHARED_DEVICE = {"XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-"""On a GPU, each process allocates what it uses instead of 75% of the device, so that jobs can share it."""
 PRUNE_CHECKPOINTS = "DIFFEQFORMER_PRUNE_CHECKPOINTS"
 """``1``: delete a run's Levanter checkpoints once it is complete, so that a preset's runs fit a small disk."""
 IOPUB_TIMEOUT_S = 300
 """How long a cell's output may lag behind its end (nbclient's 4 s fails finished cells on a busy machine)."""
+
+
 _PROFILE = "(default-resources in the profile's config.yaml)"
 SLURM_REFUSALS = {
     "Invalid partition name": f"slurm_partition {_PROFILE}",
@@ -46,9 +46,9 @@ SLURM_REFUSALS = {
 def slurm_refusals(log: str) -> list[str]:
     """One line per distinct refusal of ``sbatch`` in a workflow's log, naming the profile field to edit."""
     found = {}
-    for line in log.splitlines():
+    for line in (line for line in log.splitlines() if "sbatch" in line):
         for said, field in SLURM_REFUSALS.items():
-            if "sbatch" in line and said.lower() in line.lower():
+            if said.lower() in line.lower():
                 found.setdefault(said, f"error: the cluster refused a job ({said}): edit {field}")
     return list(found.values())
 
@@ -61,9 +61,11 @@ def keep_heap(tunables: str | None, settings: tuple[str, ...] = KEPT_HEAP) -> st
 
 
 def job_env(env) -> None:
-    """Every job's environment: ``KEPT_HEAP``, ``SHARED_DEVICE``, unbuffered output, one tokenizer thread."""
+    """Every job's environment: ``KEPT_HEAP``; on a GPU, each process allocates what it uses (not 75% of the device)
+    so that jobs can share it; unbuffered output; one tokenizer thread."""
     env["GLIBC_TUNABLES"] = keep_heap(env.get("GLIBC_TUNABLES"))
-    for name, value in {**SHARED_DEVICE, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}.items():
+    for name, value in {"XLA_PYTHON_CLIENT_PREALLOCATE": "false", "PYTHONUNBUFFERED": "1",
+                        "TOKENIZERS_PARALLELISM": "false"}.items():
         env.setdefault(name, value)
 
 
@@ -72,10 +74,9 @@ def _try_lock(path: Path):
     held = open(path, "w")
     try:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return held
     except BlockingIOError:
         held.close()
-        return None
-    return held
 
 
 def hold_checkout(folder: Path = Path(".snakemake")):
@@ -94,23 +95,21 @@ def hold_checkout(folder: Path = Path(".snakemake")):
 @contextlib.contextmanager
 def pinned(threads: int, folder: Path):
     """Run on ``threads`` of this process's cores that no other training holds (a lock file per core in ``folder``),
-    before JAX sizes its thread pool: a run trains on the same threads, so to the same bits, whatever runs beside it.
-    Where every core is held, it takes the first ones."""
-    if not hasattr(os, "sched_setaffinity") or "SLURM_STEP_ID" in os.environ:  # SLURM binds a task's cores itself
+    before JAX sizes its thread pool: a run trains on as many threads, so to the same bits, whatever runs beside it.
+    Where too few are free it takes the first ones; under SLURM, which binds a task's cores, it pins nothing."""
+    if not hasattr(os, "sched_setaffinity") or "SLURM_STEP_ID" in os.environ:
         yield
         return
-    cores = sorted(os.sched_getaffinity(0))
     folder.mkdir(parents=True, exist_ok=True)
-    held, taken = [], []
+    cores, held = sorted(os.sched_getaffinity(0)), {}
     for core in cores:
-        if len(taken) < threads and (f := _try_lock(folder / f"core-{core}.lock")):
-            held.append(f)
-            taken.append(core)
-    os.sched_setaffinity(0, set(taken if len(taken) == threads else cores[:threads]))
+        if len(held) < threads and (f := _try_lock(folder / f"core-{core}.lock")):
+            held[core] = f
+    os.sched_setaffinity(0, set(held) if len(held) == threads else set(cores[:threads]))
     try:
         yield
     finally:
-        for f in held:
+        for f in held.values():
             f.close()
 
 
@@ -119,8 +118,7 @@ def set_aside_stale(run_dir: Path, digest: str) -> None:
     checkpoints are not resumed; an interrupted run of the same config stays and resumes."""
     from ..runs import saved_hash
 
-    saved = saved_hash(run_dir)
-    if saved is None or saved == digest:
+    if (saved := saved_hash(run_dir)) in (None, digest):
         return
     aside = run_dir.parent / ".stale" / f"{run_dir.name}-{saved[-12:]}"
     aside.parent.mkdir(parents=True, exist_ok=True)
@@ -169,10 +167,9 @@ def check_outputs(path: Path, notebook: str) -> None:
     figure as its text (``<Figure size 1300x340 with 5 Axes>``, no image)."""
     for i, cell in enumerate(json.loads(Path(path).read_text())["cells"]):
         for out in cell.get("outputs", []):
-            text = "".join(out.get("text", ""))
+            text, data = "".join(out.get("text", "")), out.get("data", {})
             if out.get("output_type") == "error" or "Traceback (most recent call last)" in text:
                 raise SystemExit(f"error: notebook {notebook}: cell {i} printed a traceback:\n{text[-2000:]}")
-            data = out.get("data", {})
             plain = "".join(data.get("text/plain", ""))
             if plain.startswith("<Figure size") and not any(k.startswith("image/") for k in data):
                 raise SystemExit(f"error: notebook {notebook}: cell {i} shows a figure as text, {plain.strip()!r}: "
@@ -182,8 +179,7 @@ def check_outputs(path: Path, notebook: str) -> None:
 def check_figures(folder: Path, notebook: str) -> list[str]:
     """Every figure a notebook saved (``<name>.json`` provenance) has all its files, none empty; their names."""
     names = []
-    for record_path in sorted(Path(folder).glob("*.json")):
-        record = json.loads(record_path.read_text())
+    for record in (json.loads(p.read_text()) for p in sorted(Path(folder).glob("*.json"))):
         for f in record["files"]:
             if not (folder / f).exists() or (folder / f).stat().st_size == 0:
                 raise SystemExit(f"error: notebook {notebook}: figure file {f} is missing or empty")
@@ -199,10 +195,9 @@ def _execute(notebook: str, work: Path, parameters: dict, name: str) -> float:
     from traitlets.config import Config
 
     os.environ.update(DIFFEQFORMER_FIGURES=str(work / "figures"), PYDEVD_DISABLE_FILE_VALIDATION="1")
-    start = time.time()
+    start, config = time.time(), Config()
     try:
         with tempfile.TemporaryDirectory(prefix="diffeqformer-kernel-") as sockets:
-            config = Config()
             config.KernelManager.transport, config.KernelManager.ip = "ipc", os.path.join(sockets, "kernel")
             papermill.execute_notebook(notebook, work / "notebook.ipynb", parameters=parameters,
                                        kernel_name="python3", progress_bar=False, log_output=True,
@@ -219,19 +214,19 @@ def _execute(notebook: str, work: Path, parameters: dict, name: str) -> float:
 def notebook(args) -> None:
     """A notebook job: executed in a work folder of its own, checked, then the notebook, its figures and its record
     renamed into place. On failure the executed copy, with the error, is kept in ``failed/``; nothing else is left."""
-    output, figures, record = Path(args.output), Path(args.figures), Path(args.record)
+    output, parameters = Path(args.output), json.loads(args.parameters)
     work = Path(tempfile.mkdtemp(prefix=f".{args.name}-", dir=output.parent))
     (work / "figures").mkdir()
-    parameters = json.loads(args.parameters)
     try:
         seconds = _execute(args.input, work, parameters, args.name)
-        paths.write_atomic(record, json.dumps({"notebook": args.name, "seconds": seconds, "parameters": parameters,
-                                               "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
-        swap_in(work / "figures", figures)
+        paths.write_atomic(Path(args.record), json.dumps({
+            "notebook": args.name, "seconds": seconds, "parameters": parameters,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S%z")}, indent=1) + "\n")
+        swap_in(work / "figures", Path(args.figures))
         os.replace(work / "notebook.ipynb", output)
     except SystemExit as err:
         if not (work / "notebook.ipynb").exists():
-            raise SystemExit(err.code) from None
+            raise
         failed = output.parent.parent / "failed" / f"{args.name}.ipynb"
         failed.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(work / "notebook.ipynb", failed)
@@ -269,20 +264,19 @@ def publish(args) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m diffeqformer.workflow.jobs", description=__doc__.split("\n")[0])
     verbs = parser.add_subparsers(dest="verb", required=True)
-    t = verbs.add_parser("train")
+    t, k = verbs.add_parser("train"), verbs.add_parser("tokens")
     for name in ("runs", "hashes", "outputs"):
         t.add_argument(f"--{name}", nargs="+", required=True)
     t.add_argument("--threads", type=int, default=1)
-    k = verbs.add_parser("tokens")
     k.add_argument("--module", default="train")
     k.add_argument("--output", required=True)
-    for p in (t, k):
-        p.add_argument("argv", nargs=argparse.REMAINDER)
     for verb, names in (("notebook", ("name", "input", "output", "figures", "record", "parameters")),
                         ("publish", ("preset", "output"))):
         p = verbs.add_parser(verb)
         for name in names:
             p.add_argument(f"--{name}", required=True)
+    for p in (t, k):
+        p.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     if getattr(args, "argv", None) and args.argv[0] == "--":
         args.argv = args.argv[1:]

@@ -30,46 +30,20 @@ from .plan import benchmark_seconds, collect_runs, folder, join_populations, loa
 from .presets import Run
 
 
-def generated_pages(plan: Mapping[str, Any], here: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
-    """The pages for ``plan``'s preset, whose notebooks glued ``here``; only numbers that stay the same when nothing
-    is re-run enter them, so that a book with nothing new to show is not rebuilt."""
+def generated_pages(plan: Mapping[str, Any], judged: Mapping[str, tuple | None]) -> dict[str, str]:
+    """The pages for ``plan``'s preset, whose verdicts are ``judged`` (``verdicts.holm_verdicts``); only numbers that
+    stay the same when nothing is re-run enter them, so that a book with nothing new to show is not rebuilt."""
     paper = collect_runs(list(registry.preset("paper").values()))
     return {"timings.md": timings_markdown(plan), "presets.md": presets_markdown(), "api.md": api_markdown(),
             "gpu.md": accelerators.gpu_markdown(), "gpu_edition.md": gpu_edition_markdown(),
-            "verdicts.md": verdicts.verdicts_markdown(plan["preset"], here, edition.glued_notebooks(), edition.STAGED),
+            "verdicts.md": verdicts.verdicts_markdown(plan["preset"], judged, edition.glued_notebooks(), edition.STAGED),
             "claims.md": verdicts.claims_markdown(), "cluster.md": accelerators.cost_markdown(paper, "paper"),
-            "bottom_line.md": verdicts.bottom_line_markdown(plan["preset"], here)}
+            "bottom_line.md": verdicts.bottom_line_markdown(plan["preset"], judged)}
 
 
 NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no
-result until one has been. The pages of the other parts are the cpu preset's (CI builds the smoke preset's).
-
-A GPU machine makes one: it trains every run of the `gpu` preset, executes every notebook and packs what these pages
-need into an output folder (at most eight files of at most 16 MiB, no model weights). On a GPU machine with network:
-
-```bash
-pip install -e ".[gpu]" -c requirements.lock
-snakemake -s workflow/Snakefile --cores all notebooks --config preset=gpu
-python -m diffeqformer.workflow.edition pack --out <output folder>
-```
-
-On a GPU machine without network that has Python 3.12 and JAX 0.11.2, the wheels it lacks travel with the working
-tree ({doc}`reproducing`, "On one GPU without network"):
-
-```bash
-bash benchmarks/gpu/prepare.sh --for pipeline       # on a machine with network: .gpu/part-1 and data/raw
-DIFFEQFORMER_COMMIT=<sha> DIFFEQFORMER_EDITION=<output folder> bash benchmarks/gpu/run.sh stage install pipeline
-```
-
-Back here, with the output folder:
-
-```bash
-python -m diffeqformer.workflow.edition import <output folder>   # checks it, installs it in book/gpu/
-make book
-```
-
-The import refuses a pack of another preset, or a corrupt one, in one line naming the problem, and leaves what is
-committed as it was.
+result until one has been (how one is made: below). The pages of the other parts are the cpu preset's (CI builds the
+smoke preset's).
 """
 
 
@@ -198,7 +172,7 @@ def stage(preset: str, src: Path, figures: Path) -> None:
             shutil.copy(f, figures / f.name)
     edition.stage(src)
     (src / "book" / "_generated").mkdir(parents=True, exist_ok=True)
-    for name, text in generated_pages(made, here).items():
+    for name, text in generated_pages(made, judged).items():
         (src / "book" / "_generated" / name).write_text(text)
 
 

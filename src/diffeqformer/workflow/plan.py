@@ -12,7 +12,6 @@ import modulefinder
 import os
 import re
 import tempfile
-import typing
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -51,46 +50,28 @@ def declared_parameters(notebook: Path) -> dict[str, dict]:
     return papermill.inspect_notebook(str(notebook))
 
 
-_TYPES = {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict, "tuple": tuple,
-          "List": list, "Dict": dict, "Any": typing.Any, "Optional": typing.Optional, "None": None}
-
-
-def type_matches(value, annotation) -> bool:
-    """Whether ``value`` fits ``annotation`` by pydantic's strict validation (an int fits ``float``, a bool only
-    ``bool``)."""
-    from pydantic import TypeAdapter, ValidationError
-
-    try:
-        TypeAdapter(annotation).validate_python(value, strict=True)
-    except ValidationError:
-        return False
-    return True
-
-
-def _expected_type(declared: dict):
-    """A parameter's annotation, else the type of its literal default, else anything."""
-    name = declared["inferred_type_name"]
-    if name and name != "None":
-        try:
-            return eval(name, {"__builtins__": {}}, dict(_TYPES))  # the names above only: 'list[str]', ...
-        except Exception:
-            raise WorkflowError(f"unsupported parameter annotation {name!r}") from None
-    try:
-        default = ast.literal_eval(declared["default"])
-    except (ValueError, SyntaxError):
-        return typing.Any
-    return typing.Any if default is None else type(default)
+TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list": list, "dict": dict}
+"""The annotations a parameters cell may give -> the values that fit (an int fits ``float``, a bool only ``bool``)."""
 
 
 def check_parameters(notebook: str, values: Mapping[str, Any], declared: Mapping[str, dict]) -> None:
-    """Reject parameter names the notebook does not declare and values of the wrong type, naming them."""
+    """Reject parameter names the notebook does not declare and values of another type than the parameter's
+    annotation, else its literal default, naming them."""
     for name, value in values.items():
         if name not in declared:
             raise WorkflowError(f"{notebook}: parameter {name!r} is not declared in the notebook's parameters "
                                 f"cell (it declares: {', '.join(declared) or 'nothing'})")
-        expected = _expected_type(declared[name])
-        if not type_matches(value, expected):
-            shown = getattr(expected, "__name__", None) or str(expected).replace("typing.", "")
+        typed = declared[name]["inferred_type_name"]
+        if typed not in (None, "None", *TYPES):
+            raise WorkflowError(f"{notebook}: parameter {name!r} has the annotation {typed!r}; annotate with one of "
+                                f"{', '.join(TYPES)}")
+        try:
+            default = ast.literal_eval(declared[name]["default"])
+        except (ValueError, SyntaxError):
+            default = None
+        expected = TYPES.get(typed) or (type(default) if default is not None else object)
+        if not isinstance(value, expected) or (isinstance(value, bool) and bool not in (expected, object)):
+            shown = typed if typed in TYPES else expected.__name__
             raise WorkflowError(f"{notebook}: parameter {name!r} must be {shown}, got {value!r} "
                                 f"({type(value).__name__})")
 
