@@ -229,7 +229,7 @@ def test_a_corrupt_pack_is_refused_and_the_committed_edition_stays(home, tmp_pat
                 "truncated, manifest updated": "the archive of .* cannot be read \\(BadZipFile",
                 "missing part": "part edition.zip.001 is missing from",
                 "missing notebook": "lacks the executed notebook\\(s\\) f7_finetuning of _toc.yml",
-                "corrupt manifest": "manifest.json is missing or corrupt: not a pack \\(JSONDecodeError"}[damage]
+                "corrupt manifest": "manifest.json is corrupt \\(JSONDecodeError"}[damage]
     if damage == "changed byte":
         part.write_bytes(data[:100] + bytes([data[100] ^ 1]) + data[101:])
     elif damage.startswith("truncated"):
@@ -319,6 +319,8 @@ def test_the_command_refuses_in_one_line(home, tmp_path, committed, capsys):
         edition.main(["import", str(tmp_path / "pack"), "--into", str(committed)])
     assert str(stopped.value).startswith("error: ") and "preset 'smoke', not 'gpu'" in str(stopped.value)
     assert "\n" not in str(stopped.value)
+    with pytest.raises(SystemExit, match=r"^error: \S+/nowhere has no manifest.json: not a pack"):
+        edition.main(["import", str(tmp_path / "nowhere"), "--into", str(committed)])
 
 
 # ---------------------------------------------------------------------------------------------------------- render

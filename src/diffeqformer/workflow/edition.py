@@ -149,12 +149,14 @@ def check(folder: Path) -> tuple[dict, zipfile.ZipFile]:
     ``_toc.yml`` and the files the manifest lists, no other, each at a safe path; else ``EditionError``."""
     from .plan import toc_notebooks
 
+    if not (folder / MANIFEST).is_file():
+        raise EditionError(f"{folder} has no {MANIFEST}: not a pack (python -m diffeqformer.workflow.edition pack "
+                           "makes one)")
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         preset, listed = manifest["preset"], manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-        raise EditionError(f"{folder / MANIFEST} is missing or corrupt: not a pack ({type(error).__name__}: "
-                           f"{error})") from None
+    except (ValueError, KeyError, TypeError) as error:
+        raise EditionError(f"{folder / MANIFEST} is corrupt ({type(error).__name__}: {error})") from None
     if preset != PRESET:
         raise EditionError(f"{folder} is an edition of preset {preset!r}, not {PRESET!r}: only a {PRESET} pack "
                            "becomes the GPU edition")
@@ -189,7 +191,7 @@ def import_edition(source: Path, dest: Path | None = None) -> dict:
     left is undone first)."""
     from .jobs import swap_in
 
-    dest, folder = Path(dest or EDITION), Path(source) if Path(source).is_dir() else Path(source).parent
+    dest, folder = Path(dest or EDITION), Path(source).parent if Path(source).is_file() else Path(source)
     for left in sorted(dest.parent.glob(f".{dest.name}.*-*")):  # an import's folder, or the edition moved aside
         if left.name.startswith(f".{dest.name}.old-") and not dest.exists():
             os.replace(left, dest)
