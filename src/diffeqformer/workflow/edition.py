@@ -61,11 +61,8 @@ def code_hashes(repo: Path = paths.REPO) -> dict[str, str]:
 
 def git(*args: str) -> str | None:
     """What ``git ARGS`` prints in the repository, or None without git or a repository."""
-    try:
-        proc = subprocess.run(["git", "-C", str(paths.REPO), *args], capture_output=True, text=True)
-    except OSError:
-        return None
-    return proc.stdout.strip() if proc.returncode == 0 else None
+    proc = shutil.which("git") and subprocess.run(["git", "-C", str(paths.REPO), *args], capture_output=True, text=True)
+    return proc.stdout.strip() if proc and proc.returncode == 0 else None
 
 
 def collect(preset: str) -> tuple[dict[str, Path], dict[str, Any]]:
@@ -143,10 +140,10 @@ def pack(out: Path, *, preset: str = PRESET, device: str | None = None, commit: 
     return manifest
 
 
-def check(folder: Path) -> tuple[dict, zipfile.ZipFile]:
-    """The manifest of the pack in ``folder`` and its archive, once its preset is ``PRESET``, its runs trained on an
-    accelerator, every part has the size and SHA-256 the manifest gives it, and the archive holds every notebook of
-    ``_toc.yml`` and the files the manifest lists, no other, each at a safe path; else ``EditionError``."""
+def check(folder: Path) -> tuple[dict, bytes]:
+    """The manifest of the pack in ``folder`` and its archive's bytes, once its preset is ``PRESET``, its runs trained
+    on an accelerator, it lists every notebook of ``_toc.yml``, and every part has the size and SHA-256 the manifest
+    gives it; else ``EditionError``."""
     from .plan import toc_notebooks
 
     if not (folder / MANIFEST).is_file():
@@ -173,22 +170,14 @@ def check(folder: Path) -> tuple[dict, zipfile.ZipFile]:
                                "on the way)")
     if missing := [nb for nb in toc_notebooks() if f"notebooks/{nb}.ipynb" not in listed]:
         raise EditionError(f"{folder} lacks the executed notebook(s) {', '.join(missing)} of _toc.yml")
-    try:
-        archive = zipfile.ZipFile(io.BytesIO(b"".join(chunks)))
-    except zipfile.BadZipFile as error:
-        raise EditionError(f"the archive of {folder} cannot be read (BadZipFile: {error})") from None
-    if odd := sorted(set(archive.namelist()) ^ set(listed)):
-        raise EditionError(f"the archive of {folder} " + (f"lacks {odd[0]!r}, which its manifest lists" if odd[0] in
-                           listed else f"holds {odd[0]!r}, which its manifest does not list"))
-    if unsafe := [n for n in listed if n.startswith("/") or ".." in n.split("/") or ":" in n]:
-        raise EditionError(f"the archive of {folder} holds the unsafe path {unsafe[0]!r}")
-    return manifest, archive
+    return manifest, b"".join(chunks)
 
 
 def import_edition(source: Path, dest: Path | None = None) -> dict:
-    """Check the pack in ``source`` (its folder or its manifest) and install it into ``dest`` (``EDITION``): unpacked
-    into a hidden folder beside it, then swapped in; on any error ``dest`` stays as it was (and what a killed import
-    left is undone first)."""
+    """Check the pack in ``source`` (its folder or its manifest, ``check``) and install it into ``dest``
+    (``EDITION``): its archive, holding the files the manifest lists, no other, each at a safe path, is unpacked into a
+    hidden folder beside it, then swapped in; on any error ``dest`` stays as it was (and what a killed import left is
+    undone first)."""
     from .jobs import swap_in
 
     dest, folder = Path(dest or EDITION), Path(source).parent if Path(source).is_file() else Path(source)
@@ -196,9 +185,15 @@ def import_edition(source: Path, dest: Path | None = None) -> dict:
         if left.name.startswith(f".{dest.name}.old-") and not dest.exists():
             os.replace(left, dest)
         shutil.rmtree(left, ignore_errors=True)
-    manifest, archive = check(folder)
+    manifest, data = check(folder)
     new = dest.with_name(f".{dest.name}.import-{os.getpid()}")
     try:
+        archive = zipfile.ZipFile(io.BytesIO(data))
+        if odd := sorted(set(archive.namelist()) ^ set(listed := manifest["files"])):
+            raise EditionError(f"the archive of {folder} " + (f"lacks {odd[0]!r}, which its manifest lists" if odd[0]
+                               in listed else f"holds {odd[0]!r}, which its manifest does not list"))
+        if unsafe := [n for n in listed if n.startswith("/") or ".." in n.split("/") or ":" in n]:
+            raise EditionError(f"the archive of {folder} holds the unsafe path {unsafe[0]!r}")
         archive.extractall(new)  # reads each member whole, checking its CRC-32
         (new / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
         swap_in(new, dest)
