@@ -133,6 +133,8 @@ def test_pack_holds_the_notebooks_figure_data_runs_and_manifest_and_no_weights(h
     assert manifest["notebooks"] == toc_notebooks()
     names = zipfile.ZipFile(out / "edition.zip.001").namelist()
     assert set(manifest["files"]) == set(names)
+    assert manifest["files"]["records/f6_perplexity.json"] == edition.file_sha256(
+        plan.folder("gpu") / "records" / "f6_perplexity.json")
     assert {f"notebooks/{nb}.ipynb" for nb in toc_notebooks()} <= set(names)
     assert {"figures/f6_perplexity_fig.json", "figures/f6_perplexity_fig.csv", "records/f6_perplexity.json",
             "runs/gpu-diffeqformer/complete.json", "runs/gpu-diffeqformer/config.yaml",
@@ -240,7 +242,7 @@ def test_a_corrupt_pack_is_refused_and_the_committed_edition_stays(home, tmp_pat
     elif damage == "missing part":
         part.unlink()
     elif damage == "missing notebook":
-        manifest["files"].remove("notebooks/f7_finetuning.ipynb")
+        del manifest["files"]["notebooks/f7_finetuning.ipynb"]
         (pack / "manifest.json").write_text(json.dumps(manifest))
     else:
         (pack / "manifest.json").write_text(json.dumps(manifest)[:200])
@@ -260,7 +262,7 @@ def _repack(pack, manifest, members: dict[str, bytes], listed: list[str]) -> Non
             archive.writestr(name, data)
     part = pack / "edition.zip.001"
     manifest["parts"] = [{"name": part.name, "bytes": part.stat().st_size, "sha256": edition.file_sha256(part)}]
-    manifest["files"] = listed
+    manifest["files"] = dict.fromkeys(listed, "")
     (pack / "manifest.json").write_text(json.dumps(manifest))
 
 

@@ -7,9 +7,9 @@ installed here into ``book/gpu/`` (committed), and shown as the book's part "GPU
 A pack is ``manifest.json`` and one zip archive cut into at most seven parts of at most 16 MiB (``edition.zip.001``,
 ...): the executed notebooks (their figures are the PNGs in their outputs), the figures' data (not their images), the
 executions' records, each run's config, ``complete.json`` and metrics (no weights). The manifest says the preset,
-device, date, commit, wall time and the jobs' seconds, the size and SHA-256 of each part, and the SHA-256 of the code
-(``CODE``), by which a page tells whether the code changed since. The import refuses in one line what does not match
-(the archive's members by their CRC-32) and swaps the edition in only once all passed.
+device, date, commit, wall time and the jobs' seconds, the size and SHA-256 of each part, the SHA-256 of each file
+and of the code (``CODE``), by which a page tells whether the code changed since. The import refuses in one line what
+does not match (the archive's members by their CRC-32) and swaps the edition in only once all passed.
 """
 
 from __future__ import annotations
@@ -134,8 +134,8 @@ def pack(out: Path, *, preset: str = PRESET, device: str | None = None, commit: 
     for part, chunk in zip(parts, chunks):
         (out / part["name"]).write_bytes(chunk)
     manifest = {"preset": preset, "device": device, **about, "commit": named or git("rev-parse", "HEAD") or "unknown",
-                "uncommitted": None if status is None else bool(status), "parts": parts, "files": list(files),
-                "code": code_hashes()}
+                "uncommitted": None if status is None else bool(status), "parts": parts,
+                "files": {name: file_sha256(source) for name, source in files.items()}, "code": code_hashes()}
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
