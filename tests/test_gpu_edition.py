@@ -171,16 +171,20 @@ def test_pack_cuts_its_archive_into_parts_and_refuses_what_does_not_fit(home, tm
         edition.pack(tmp_path / "big", device=DEVICE, commit="c")
 
 
-@pytest.mark.parametrize("cut", ["notebook", "record"])
+@pytest.mark.parametrize("cut", ["notebook", "record", "parameters"])
 def test_pack_refuses_a_workflow_that_did_not_finish_and_a_folder_that_is_not_a_pack(home, tmp_path, cut):
     """A workflow cut short: a notebook of its plan not executed (its job writes the executed notebook last, after
-    its record; or it never ran) is named, and nothing is packed."""
+    its record; or it never ran), or executed with other parameters than the plan's (an older plan's runs), is named,
+    and nothing is packed."""
     home()
     work = plan.folder("gpu")
-    (work / "notebooks" / "f7_finetuning.ipynb" if cut == "notebook" else work / "records" / "f7_finetuning.json"
-     ).unlink()
-    with pytest.raises(edition.EditionError, match="the notebook f7_finetuning has not been executed in .*: run "
-                                                   "the gpu workflow's notebooks first"):
+    record = work / "records" / "f7_finetuning.json"
+    if cut == "parameters":
+        record.write_text(json.dumps({**json.loads(record.read_text()), "parameters": {"preset": "gpu", "runs": []}}))
+    else:
+        (work / "notebooks" / "f7_finetuning.ipynb" if cut == "notebook" else record).unlink()
+    with pytest.raises(edition.EditionError, match="the notebook f7_finetuning has not been executed in .* as the "
+                                                   "plan says: run the gpu workflow's notebooks first"):
         edition.pack(tmp_path / "out", device=DEVICE)
     assert not (tmp_path / "out").exists()
     home("smoke")
