@@ -358,6 +358,9 @@ def test_each_page_opens_with_device_date_commit_preset_and_wall_time(home, tmp_
                  "wall time 7:42"):
         assert text in banner
     assert "has not changed since this page was computed" in banner and ":class: note" in banner
+    verdict = nb["cells"][1]["source"].split("```", 2)[2]  # the GPU edition's own verdicts follow the banner
+    assert verdict.lstrip().startswith("```{admonition} The verdict at the gpu preset")
+    assert f":class: {verdicts.OPENING_CLASS}" in verdict
     assert all("hide-input" in c["metadata"]["tags"] or "remove-cell" in c["metadata"]["tags"]
                for c in nb["cells"] if c["cell_type"] == "code")  # the reader's view
     assert any(out.get("data", {}).get("image/png") == PNG for c in nb["cells"] for out in c.get("outputs", []))

@@ -30,7 +30,7 @@ from typing import Any, Mapping
 
 from .. import paths, runs
 from ..numerics import file_sha256
-from ..report import book
+from ..report import book, verdicts
 
 EDITION = paths.BOOK / "gpu"  # the committed edition: import installs it, the book renders it
 PRESET = "gpu"  # the only preset whose pack import accepts
@@ -246,7 +246,7 @@ def glued_notebooks(folder: Path | None = None) -> dict[str, dict[str, str]] | N
 
 def stage(src: Path, folder: Path | None = None, repo: Path = paths.REPO) -> list[str]:
     """Write the committed edition into the staged book ``src``: each notebook in the reader's view, its title marked
-    "(GPU edition)" and ``banner`` below it, as ``gpu/<notebook>.ipynb``, listed under ``TOC_PAGE`` in
+    "(GPU edition)", ``banner`` and its verdicts (Holm-adjusted across the edition's claims) below it, as ``gpu/<notebook>.ipynb``, listed under ``TOC_PAGE`` in
     ``src/_toc.yml``. Returns the notebooks staged."""
     import yaml
 
@@ -254,9 +254,11 @@ def stage(src: Path, folder: Path | None = None, repo: Path = paths.REPO) -> lis
     if (manifest := load(folder)) is None:
         return []
     names, text = edition_notebooks(folder), banner(manifest, repo)
+    judged = verdicts.holm_verdicts(glued_notebooks(folder))
     (src / STAGED).mkdir(parents=True, exist_ok=True)
     for nb in names:
-        view = book.reader_view(json.loads((folder / "notebooks" / f"{nb}.ipynb").read_text()), text)
+        opening = "\n".join(filter(None, [text, verdicts.opening_markdown(nb, judged, manifest["preset"])]))
+        view = book.reader_view(json.loads((folder / "notebooks" / f"{nb}.ipynb").read_text()), opening)
         view["cells"][0]["source"] += " (GPU edition)"
         (src / STAGED / f"{nb}.ipynb").write_text(json.dumps(view, indent=1, ensure_ascii=False) + "\n")
     toc = yaml.safe_load((src / "_toc.yml").read_text())
