@@ -7,15 +7,14 @@ over every device (FSDP); ``--trainer.mesh.axes '{model: 2}'`` also splits the h
 float32 rounding (``tests/test_devices.py``), and the configuration hash leaves it out, so a run resumes on another
 number of devices.
 
-A run of several processes (SLURM's tasks, or ``trainer.distributed``) is started by ``start`` as Levanter would start
-it, but with waits of ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT`` seconds (Levanter's: 30 minutes), so that a silent
-coordinator or a dead peer ends the others in bounded time; each process trains in a child of a parent that reports
-its end in one line (``watched``, ``stopped``). Process 0 alone writes the run's own files (``is_primary``), from
-host copies of the whole arrays (``host_copy``); every process writes its part of Levanter's checkpoints.
+A run of several processes (SLURM's tasks, or ``trainer.distributed``) starts with bounded waits (``start``), each
+process training in a child whose end its parent reports in one line (``watched``). Process 0 alone writes the run's
+own files (``is_primary``), from host copies of the whole arrays (``host_copy``); each writes its part of checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -53,13 +52,17 @@ def watched(name: str) -> None:
     is reported in one line (``stopped``). A dead peer makes the collectives end a process from native code, which
     Python cannot catch; its parent still can. The child dies with its parent, and the parent passes on the signals
     a scheduler sends. Call it before JAX starts its backend (a fork is safe then)."""
+    import ctypes
     import signal
     import sys
 
     parent = os.getpid()
     child = os.fork()
-    if child == 0:
-        _die_with(parent)
+    if child == 0:  # die with the parent (Linux's PR_SET_PDEATHSIG; elsewhere the child outlives a killed parent)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before the call
+                os._exit(1)
         return
     passed_on = []
 
@@ -88,19 +91,6 @@ def stopped(name: str, why: str) -> NoReturn:
     os._exit(1)
 
 
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this process when its parent dies (Linux's ``PR_SET_PDEATHSIG``)."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the child outlives a killed parent, as a process without one would
-        return
-    if os.getppid() != parent:  # the parent died before the call
-        os._exit(1)
-
-
 def _wait_for_coordinator(coordinator: str, wait: int) -> None:
     """Wait up to ``wait`` seconds for something to listen at ``coordinator`` (``host:port``), where Python can still
     raise (JAX's own wait ends the process from native code)."""
@@ -122,9 +112,10 @@ def _wait_for_coordinator(coordinator: str, wait: int) -> None:
 
 
 def start(trainer):
-    """Start JAX's distributed runtime where Levanter's ``trainer.initialize`` would, with the waits of
-    ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT``, and return ``trainer`` with Levanter's own start turned off (one
-    process: ``trainer`` as it is). Call it before anything starts JAX's backend."""
+    """Start JAX's distributed runtime where Levanter's ``trainer.initialize`` would, but with the waits of
+    ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT`` (Levanter's: 30 minutes), so that a silent coordinator or a dead peer
+    ends the others in bounded time; return ``trainer`` with Levanter's own start turned off (one process: as it
+    is). Call it before anything starts JAX's backend."""
     import jax
     import levanter.distributed as dist
 

@@ -125,11 +125,8 @@ def start(notebook: str, parameters: dict, *, runs=(), scale: str | None = None)
     hashes = {paths.home_relative(run_path(r)): run_summary(r)["config_hash"] for r in runs}
     if scale is None:
         preset = parameters.get("preset")
-        parts = [f"{preset} preset"] if preset else []
-        if len(runs) == 1:
-            parts.append(scale_of(runs[0]))
-        elif runs:
-            parts.append(_common_scale(runs))
+        parts = ([f"{preset} preset"] if preset else []) + (
+            [scale_of(runs[0])] if len(runs) == 1 else [_common_scale(runs)] if runs else [])
         scale = "; ".join(parts) or "unspecified scale"
     _current = Provenance(notebook, dict(parameters), scale, hashes)
     return _current
