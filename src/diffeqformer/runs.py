@@ -33,11 +33,9 @@ if TYPE_CHECKING:
 COMPLETE, CONFIG, PRETRAIN_CONFIG = "complete.json", "config.yaml", "pretrain_config.yaml"
 METRICS, MODEL, CHECKPOINTS = "metrics.jsonl", "model.eqx", "checkpoints"
 HASH_PREFIX = "# config_hash: "
-LOCK = ".lock"
-"""The lock a process holds while it trains the run (``lock``)."""
-RETRAIN = ("delete {run_dir} and train it again (the same command, or the workflow, "
+LOCK = ".lock"  # held while a process trains the run
+RETRAIN = ("delete {run_dir} and train it again (the same command, or the workflow, "  # about a corrupt file
            "snakemake -s workflow/Snakefile --cores all, which retrains what is missing)")
-"""What to do about a corrupt file of a run directory."""
 
 
 # ------------------------------------------------------------------------------------------- finding a run
@@ -244,8 +242,7 @@ class Pretraining:
     config: "TrainConfig"
     run_dir: Path
     config_hash: str
-    Vocab: Any
-    """Its vocabulary axis (``haliax.Axis``), as it was trained."""
+    Vocab: Any  # its vocabulary axis (haliax.Axis), as it was trained
 
 
 def pretraining(config: "FinetuneConfig") -> Pretraining:
@@ -316,8 +313,7 @@ class Opened:
     configs: Sequence["Config"]
     dirs: list[Path]
     digests: list[str]
-    summaries: list[Optional[dict]]
-    """Each run's ``complete.json`` if it is already complete for its hash, else None."""
+    summaries: list[Optional[dict]]  # each run's complete.json if it is complete for its hash, else None
     start: float = field(default_factory=time.time)
 
     @property
