@@ -1,45 +1,35 @@
-"""The devices a run trains on, in one process or several: JAX's distributed runtime started with bounded waits, the
-mesh checked against the model and the batch before anything is built, the one process that writes a run's files,
-and host copies of arrays sharded over processes.
+"""The devices a run trains on: JAX's distributed runtime started with bounded waits, the mesh checked against the
+model and the batch before anything is built, the process that writes a run's files, host copies of sharded arrays.
 
-Levanter lays a run over a mesh of devices (``trainer.mesh``). By default every device is on its ``data`` axis: the
-batch is split over the devices and each parameter is sharded over them along its ``embed`` axis (FSDP). A mesh with
-``model: 2`` (``--trainer.mesh.axes '{model: 2}'``) also splits each attention layer's heads and each MLP's hidden units
-over pairs of devices (tensor parallelism). The mesh changes how a step is computed, not what it computes: the losses
-agree with a one-device run's up to float32 rounding (``tests/test_devices.py``), and a run's configuration hash
-leaves the mesh out (``config.config_hash``), so a run resumes on another number of devices.
+Levanter lays a run over a mesh (``trainer.mesh``): by default the batch and each parameter's ``embed`` axis are split
+over every device (FSDP); ``--trainer.mesh.axes '{model: 2}'`` also splits the heads and MLP units over pairs of devices
+(tensor parallelism). The mesh changes how a step is computed, not what: the losses agree with one device's up to
+float32 rounding (``tests/test_devices.py``), and the configuration hash leaves it out, so a run resumes on another
+number of devices.
 
-Several processes (one per GPU on a SLURM cluster, or those ``trainer.distributed`` names) make one run. Levanter
-would start JAX's distributed runtime itself, waiting up to 30 minutes for the other processes; ``start`` starts it
-as Levanter would, with waits of ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT`` seconds, so that a coordinator that never
-answers, or a process that dies in the middle of a run, ends the others in bounded time: a collective whose peer is
-gone fails at once, JAX's runtime ends a process whose peer stopped answering after ``HEARTBEAT_TIMEOUT``, and each
-process of the run watches its training from a parent process (``watched``) that ends with one line (``stopped``)
-where the native code ends it otherwise. Every process computes; process 0 alone writes the run's own files
-(``is_primary``), from host copies of the whole arrays (``host_copy``); every process writes its part of Levanter's
-checkpoints.
+A run of several processes (SLURM's tasks, or ``trainer.distributed``) starts with bounded waits (``start``), each
+process training in a child whose end its parent reports in one line (``watched``). Process 0 alone writes the run's
+own files (``is_primary``), from host copies of the whole arrays (``host_copy``); each writes its part of checkpoints.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 from typing import Any, NoReturn
 
 INIT_TIMEOUT = "DIFFEQFORMER_INIT_TIMEOUT"
-"""Environment variable: seconds the processes of a run wait for each other (and for the coordinator) when they
-start; default ``DEFAULT_INIT_TIMEOUT``. A coordinator that does not answer in that time ends the run with one line."""
+"""Environment variable: seconds the processes of a run wait for each other and the coordinator at the start."""
 HEARTBEAT_TIMEOUT = "DIFFEQFORMER_HEARTBEAT_TIMEOUT"
-"""Environment variable: seconds after which JAX's distributed runtime takes a process that stopped answering for
-dead and ends the others; default ``DEFAULT_HEARTBEAT_TIMEOUT``."""
+"""Environment variable: seconds after which JAX's runtime takes a silent process for dead and ends the others."""
 DEFAULT_INIT_TIMEOUT = 300
 DEFAULT_HEARTBEAT_TIMEOUT = 60
 
 
 def wait_seconds(variable: str, default: int) -> int:
-    """The whole positive number of seconds that the environment variable ``variable`` sets, else ``default``;
-    ``ValueError`` naming the variable for anything else."""
+    """The whole positive number of seconds the environment variable ``variable`` sets, else ``default``."""
     text = os.environ.get(variable, "").strip()
     if not text:
         return default
@@ -49,9 +39,8 @@ def wait_seconds(variable: str, default: int) -> int:
 
 
 def several_processes(trainer) -> bool:
-    """Whether the run of ``trainer`` (Levanter's ``TrainerConfig``) is one of several processes that ``start`` joins:
-    its ``trainer.distributed`` fields, or a cluster JAX detects (a SLURM job), as Levanter decides it. Asks nothing
-    of JAX's backend."""
+    """Whether ``trainer`` (Levanter's ``TrainerConfig``) makes a run of several processes that ``start`` joins, as
+    Levanter decides it (without starting JAX's backend)."""
     import levanter.distributed as dist
 
     config = trainer.distributed
@@ -59,19 +48,21 @@ def several_processes(trainer) -> bool:
 
 
 def watched(name: str) -> None:
-    """Go on in a child process, which trains, while this one waits for it and ends as it ends: with its exit code,
-    or, if a signal ended it, with one line saying so and exit code 1. For a process of a run of several
-    (``several_processes``): when another process dies, the collectives and JAX's distributed runtime end this one
-    from native code (``abort``), which Python cannot catch; its parent can still say what happened. The child dies
-    with its parent; the parent passes on the signals a scheduler sends (``SIGTERM`` on preemption). Call it before
-    JAX starts its backend (a fork is safe then)."""
+    """Go on in a child process, which trains, while this one waits and exits as it does; a child ended by a signal
+    is reported in one line (``stopped``). A dead peer makes the collectives end a process from native code, which
+    Python cannot catch; its parent still can. The child dies with its parent, and the parent passes on the signals
+    a scheduler sends. Call it before JAX starts its backend (a fork is safe then)."""
+    import ctypes
     import signal
     import sys
 
     parent = os.getpid()
     child = os.fork()
-    if child == 0:
-        _die_with(parent)
+    if child == 0:  # die with the parent (Linux's PR_SET_PDEATHSIG; elsewhere the child outlives a killed parent)
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
+            if os.getppid() != parent:  # the parent died before the call
+                os._exit(1)
         return
     passed_on = []
 
@@ -92,8 +83,7 @@ def watched(name: str) -> None:
 
 
 def stopped(name: str, why: str) -> NoReturn:
-    """End this process of the run ``name`` at once (exit code 1, no clean-up: JAX's would wait for the other
-    processes) with one line saying ``why`` and what to do."""
+    """End this process of the run ``name`` at once with one line (exit code 1, no clean-up: JAX's would wait)."""
     import sys
 
     print(f"error: {name}: {why}; nothing is marked complete: start every process again to resume from the last "
@@ -101,23 +91,9 @@ def stopped(name: str, why: str) -> NoReturn:
     os._exit(1)
 
 
-def _die_with(parent: int) -> None:
-    """Have the kernel kill this process when its parent dies (Linux's ``PR_SET_PDEATHSIG``)."""
-    import ctypes
-    import signal
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):  # not Linux: the child outlives a killed parent, as a process without one would
-        return
-    if os.getppid() != parent:  # the parent died before the call
-        os._exit(1)
-
-
 def _wait_for_coordinator(coordinator: str, wait: int) -> None:
-    """Wait until something listens at ``coordinator`` (``host:port``); ``ValueError`` naming
-    ``trainer.distributed.coordinator_address`` after ``wait`` seconds. JAX's own wait ends the process from native
-    code when it times out."""
+    """Wait up to ``wait`` seconds for something to listen at ``coordinator`` (``host:port``), where Python can still
+    raise (JAX's own wait ends the process from native code)."""
     import socket
     import time
 
@@ -136,12 +112,10 @@ def _wait_for_coordinator(coordinator: str, wait: int) -> None:
 
 
 def start(trainer):
-    """Start JAX's distributed runtime where Levanter's ``trainer.initialize`` would (a SLURM job, the fields of
-    ``trainer.distributed``, a cluster JAX detects), with the waits of ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT``;
-    return ``trainer`` (Levanter's ``TrainerConfig``) with Levanter's own start turned off, as it has happened. One
-    process, or a runtime already started (a second run in the same process): ``trainer`` as it is, its start off.
-    Call it before anything starts JAX's backend. A coordinator that does not answer in time: ``ValueError`` naming
-    ``trainer.distributed.coordinator_address``."""
+    """Start JAX's distributed runtime where Levanter's ``trainer.initialize`` would, but with the waits of
+    ``INIT_TIMEOUT`` and ``HEARTBEAT_TIMEOUT`` (Levanter's: 30 minutes), so that a silent coordinator or a dead peer
+    ends the others in bounded time; return ``trainer`` with Levanter's own start turned off (one process: as it
+    is). Call it before anything starts JAX's backend."""
     import jax
     import levanter.distributed as dist
 
@@ -149,7 +123,7 @@ def start(trainer):
     started = dataclasses.replace(trainer, distributed=dataclasses.replace(config, initialize_jax_distributed=False))
     if jax.distributed.is_initialized():
         return started
-    if not config.initialize_jax_distributed or dist.get_job_info() is not None or not config._is_distributed():
+    if not several_processes(trainer):
         return trainer  # nothing to start, or a job that Levanter starts its own way
     coordinator, processes, rank = config.coordinator_address, config.num_processes, config.process_id
     device_ids = config.local_device_ids
@@ -160,11 +134,10 @@ def start(trainer):
         processes = slurm.get_process_count() if processes is None else processes
         rank = slurm.get_process_id() if rank is None else rank
     wait = wait_seconds(INIT_TIMEOUT, DEFAULT_INIT_TIMEOUT)
-    if coordinator and rank:  # process 0 starts the coordinator; the others wait for it here, where Python can
+    if coordinator and rank:  # process 0 starts the coordinator; the others wait for it
         _wait_for_coordinator(coordinator, wait)
-    # JAX's preemption service takes SIGTERM for a sync point that Levanter's loop never polls, so that a cancelled or
-    # pre-empted job would train on, unseen by its scheduler: without it SIGTERM ends the process, and the next start
-    # resumes from the last checkpoint
+    # JAX's preemption service takes SIGTERM for a sync point that Levanter's loop never polls, so that a cancelled job
+    # would train on unseen: without it SIGTERM ends the process, and the next start resumes from the last checkpoint
     jax.config.update("jax_enable_preemption_service", False)
     jax.distributed.initialize(coordinator, processes, rank, device_ids, initialization_timeout=wait,
                                heartbeat_timeout_seconds=wait_seconds(HEARTBEAT_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT))
@@ -172,15 +145,14 @@ def start(trainer):
 
 
 def is_primary() -> bool:
-    """Whether this is process 0, the one that writes a run's own files (its configuration, metrics, model and
-    summary). True in a run of one process."""
+    """Whether this is process 0, the one that writes a run's own files."""
     import jax
 
     return jax.process_index() == 0
 
 
 def barrier(name: str) -> None:
-    """Wait until every process of the run has reached the barrier ``name`` (nothing to wait for in one process)."""
+    """Wait until every process of the run has reached the barrier ``name``."""
     import jax
 
     if jax.process_count() > 1:
@@ -190,9 +162,8 @@ def barrier(name: str) -> None:
 
 
 def host_copy(tree):
-    """``tree`` with each JAX array replaced by a NumPy copy of the whole array: an array sharded over several
-    processes is gathered from them first, in one program for the whole tree. Every process must call it with the
-    same tree (the gathering is a collective)."""
+    """``tree`` with each JAX array as a NumPy copy of the whole array, those sharded over processes gathered in one
+    program (a collective: every process calls it with the same tree)."""
     import jax
     import numpy as np
     from jax.sharding import NamedSharding, PartitionSpec
@@ -208,8 +179,7 @@ def host_copy(tree):
 
 
 def bytes_per_device(tree) -> dict[Any, int]:
-    """Bytes of the arrays of ``tree`` that each of this process's devices holds (its shards: a replicated array
-    counts in full on every device)."""
+    """Bytes of ``tree``'s arrays that each of this process's devices holds (a replicated array counts on each)."""
     import jax
 
     held: dict[Any, int] = {d: 0 for d in jax.local_devices()}
@@ -224,8 +194,7 @@ def bytes_per_device(tree) -> dict[Any, int]:
 
 
 def mesh_sizes(trainer) -> dict[str, int]:
-    """The size of each axis of the mesh that ``trainer`` (Levanter's ``TrainerConfig``) lays over this run's
-    devices (within and across slices); ``ValueError`` naming ``trainer.mesh`` if the devices do not fit it."""
+    """The size of each axis of ``trainer``'s mesh over this run's devices (within and across slices)."""
     import jax
 
     slices = max(getattr(d, "slice_index", 0) for d in jax.devices()) + 1
@@ -237,16 +206,14 @@ def mesh_sizes(trainer) -> dict[str, int]:
 
 
 def physical_size(mapping, logical: str, sizes: dict[str, int]) -> tuple[str, int]:
-    """The mesh axes that ``mapping`` (Levanter's resolved mapping of logical to physical axes) lays the logical
-    axis ``logical`` over, joined by ' x ', and how many devices that is (1: not split)."""
+    """The mesh axes ``mapping`` (logical to physical) lays ``logical`` over, joined by ' x ', and their devices."""
     physical = mapping.get(logical)
     names = () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
     return " x ".join(names), math.prod(sizes.get(n, 1) for n in names)
 
 
 def model_axes(model) -> list[tuple[str, Any]]:
-    """(the config field that sets it, the axis) of each axis of a model configuration that a mesh may split: the
-    width, the heads, the MLP's hidden units (and a Llama's key/value heads)."""
+    """(config field, axis) of each axis of a model that a mesh may split: width, heads, MLP units, key/value heads."""
     mlp = "model.intermediate_dim" if hasattr(model, "intermediate_dim") else "model.hidden_dim x model.mlp_scale"
     # a Llama's config names its head axes only through its attention's config
     heads = model if hasattr(model, "Heads") else model.attention_config()
@@ -257,9 +224,8 @@ def model_axes(model) -> list[tuple[str, Any]]:
 
 
 def check(trainer, model, *, batch: int | None = None, batch_field: str = "trainer.train_batch_size") -> None:
-    """Reject, naming the field, a run that ``trainer``'s mesh cannot lay over this run's devices: a mesh that does
-    not fit them, a model axis (``model_axes``) or a batch (default ``trainer.train_batch_size``, its largest
-    value) that the mesh axes it is split over do not divide. Needs the device count: after ``start``."""
+    """Reject, naming the field, a mesh that does not fit the devices, or a model axis or batch (default: the
+    largest ``trainer.train_batch_size``) that its mesh axes do not divide. Needs the device count: after ``start``."""
     from levanter.schedule import distinct_values
 
     sizes = mesh_sizes(trainer)

@@ -1,18 +1,12 @@
 """Adaptive fine-tuning (PAPER.md section 3, Fig. 5): ``python -m diffeqformer.finetune --config file.yaml [...]``.
 
-A DiffEqFormer pretrained with L Euler steps becomes an ordinary N-layer transformer for any N
-(``DiffEqFormerLMHeadModel.discretize``); that transformer, or a pretrained GPT/Llama as it is, is then fine-tuned on
-a target domain with Levanter's trainer, either fully or with Levanter's LoRA (``levanter.adaptor.lora``: adapters
-on every linear map that ``lora.target_modules`` selects, everything else frozen).
-
-A fine-tuning run names the finished pretraining run it starts from twice: the pretraining's config file and its run
-directory (``pretrain.config``, ``pretrain.run_dir``); the run must be complete and must have been trained with exactly
-that configuration (same config hash). The configuration is ``config.FinetuneConfig``; its run directory
-(``runs``) holds what a training run's holds plus the pretraining's ``config.yaml`` (``runs.load_model`` rebuilds
-the model from it); its checkpoints keep, for LoRA, the adapters and their optimiser state only; its metrics have
-the validation loss of the model before fine-tuning at step -1; its ``complete.json`` adds the initial validation
-loss and the parameter counts (trainable and total). Its config hash covers the fine-tuning configuration and the
-pretraining's config hash, not the paths. ``finetune_grid`` lists every run of the Fig. 5 experiment.
+A DiffEqFormer pretrained with L Euler steps becomes an N-layer transformer for any N
+(``DiffEqFormerLMHeadModel.discretize``); it, or a pretrained GPT/Llama, is fine-tuned on a target domain by Levanter's
+trainer, fully or with Levanter's LoRA (adapters on the linear maps ``lora.target_modules`` selects, the rest frozen).
+The configuration (``config.FinetuneConfig``) names the finished pretraining twice, ``pretrain.config`` and
+``pretrain.run_dir``, which must agree (same config hash); its hash covers that hash, not the paths. The run directory
+(``runs``) adds the pretraining's ``config.yaml``, logs the model's validation loss before fine-tuning at step -1, and
+its ``complete.json`` adds that loss and the parameter counts. ``finetune_grid`` lists every run of Fig. 5.
 """
 
 from __future__ import annotations
@@ -47,27 +41,23 @@ from .train import cli, fit, next_token_loss
 
 
 def validate(config: FinetuneConfig) -> runs.Pretraining:
-    """Reject bad input before anything is written, naming the field; return the checked pretraining run: the
-    fields (``config.validate_finetune``), the finished pretraining (``runs.pretraining``), then what depends on it
-    (its model kind against ``steps``, its tokenizer, the LoRA rank and targets).
-
-    Takes seconds: the pretrained model is built shape-only (to check the LoRA rank and targets), not loaded."""
+    """Reject bad input before anything is written, naming the field, and return the checked pretraining: the
+    fields, the finished pretraining, its model kind against ``steps``, its tokenizer, the LoRA rank and targets
+    (on a shape-only build of the model)."""
     validate_finetune(config)
     pretraining = runs.pretraining(config)
     pre = pretraining.config
     ode = isinstance(pre.model, DiffEqFormerConfig)
     if ode and config.steps is None:
-        raise ValueError(
-            f"steps must be given for a DiffEqFormer pretraining (it was trained with {pre.model.num_layers})"
-        )
+        raise ValueError(f"steps must be given for a DiffEqFormer pretraining (it was trained with "
+                         f"{pre.model.num_layers})")
     if not ode and config.steps is not None:
         raise ValueError(f"steps must be null for a {runs.model_type(pre.model)} pretraining: only a DiffEqFormer can "
                          "be discretised")
     if _tokenizer_of(config.data) != _tokenizer_of(pre.data):
-        raise ValueError(
-            f"data: the fine-tuning data's tokenizer ({_tokenizer_of(config.data)}) is not the pretraining's "
-            f"({_tokenizer_of(pre.data)}); set data.dataset/data.vocab_size as in {config.pretrain.config}"
-        )
+        raise ValueError(f"data: the fine-tuning data's tokenizer ({_tokenizer_of(config.data)}) is not the "
+                         f"pretraining's ({_tokenizer_of(pre.data)}); set data.dataset/data.vocab_size as in "
+                         f"{config.pretrain.config}")
     if config.method == "lora":
         r, hidden = config.lora.r, pre.model.hidden_dim
         if not (isinstance(r, int) and not isinstance(r, bool)) or not 1 <= r <= hidden:
@@ -92,9 +82,8 @@ def _tokenizer_of(data: DataConfig) -> str:
 
 
 def compiled_adapt(model, config: FinetuneConfig, *, key, axis_mapping=None):
-    """``adapt`` as one program, compiled as a fresh model's initialisation is (``train.compiled_once``) and sharded
-    by ``axis_mapping``: faster than op by op (measurements page). Its discretisation rounds differently from the
-    op-by-op one; resumed, a fine-tuning runs the same program again, so its frozen weights are the same."""
+    """``adapt`` as one compiled program sharded by ``axis_mapping`` (``train.compiled_once``), faster than op by op.
+    It rounds differently from the op-by-op one; a resumed fine-tuning runs the same program, so the same bits."""
     return train.compiled_once(lambda m, k: adapt(m, config, key=k), axis_mapping)(model, key)
 
 
@@ -129,13 +118,10 @@ def main(config: FinetuneConfig) -> dict:
                 raise ValueError(f"data: {Vocab.size} tokens, but the pretrained model has {pretraining.Vocab.size}")
             model = compiled_adapt(runs.load_model(pretraining.run_dir), config, key=adapter_key,
                                    axis_mapping=trainer.parameter_axis_mapping)
-            # On resume Levanter restores the trainable parameters from the checkpoint and takes the frozen ones
-            # from here.
+            # on resume Levanter restores the trainable parameters from the checkpoint, the frozen ones from here
             state = trainer.initial_state(training_key, model=model, is_trainable=trainable(config, model))
-            counts = {
-                "trainable_params": count_params(state.trainable_model),
-                "total_params": count_params(state.model),
-            }
+            counts = {"trainable_params": count_params(state.trainable_model),
+                      "total_params": count_params(state.model)}
             levanter.tracker.log_summary(counts)
             model_config = state.model.config
             flops = model_config.flops_per_token(Vocab.size, model_config.max_seq_len)
@@ -151,23 +137,19 @@ def main(config: FinetuneConfig) -> dict:
 DISCRETISATIONS = (9, 12, 18, 24)
 """Euler steps N of the fine-tuned DiffEqFormers (it is pretrained with 18): the paper's."""
 PRESET_DISCRETISATIONS = {"cpu": (9, 18, 24)}
-"""Presets that fine-tune fewer N: the cpu preset leaves out 12 (fewer steps, the same, more; each N is a
-fine-tuning per direction, method and seed) to keep its book's build short on a CPU machine (measurements page)."""
+"""Presets that fine-tune fewer N: the cpu preset keeps fewer, the same and more steps, so its book builds sooner."""
 DIRECTIONS = (("plays", "prose"), ("prose", "plays"))
 """(pretraining domain, fine-tuning domain) of the offline corpus: the paper's WikiText-103 <-> OpenWebText."""
 ONLINE_DIRECTIONS = (("wikitext103", "openwebtext"), ("openwebtext", "wikitext103"))
-"""The paper's directions, for presets whose fine-tuning templates train on an online corpus (``data.dataset`` is
-then the domain)."""
+"""The paper's directions, for presets whose templates train on an online corpus (``data.dataset`` is the domain)."""
 PRETRAINED = {"diffeqformer18": "pretrain_diffeqformer18_{domain}.yaml", "gpt2_24": "pretrain_gpt2_24_{domain}.yaml"}
 """The pretrained models of a preset: an 18-step DiffEqFormer and the 24-layer GPT-2 baseline, one per domain."""
 TEMPLATES = {method: f"finetune_{method}.yaml" for method in METHODS}
 """The fine-tuning configs of a preset, one per method; the grid overrides name, pretrain, steps and data.domain."""
 PRETRAIN_SEEDS = {"cpu": 3, "gpu": 3}
-"""Pretraining seeds of each model and domain, per preset (others: 1), trained together as one population
-(``diffeqformer.population``). F7's unit is the pretraining: seed k of each setting fine-tunes pretraining seed k once
-(its own fine-tuning seed k), so that a comparison over seeds compares two architectures, each pretrained and
-fine-tuned several times, rather than two checkpoints (``analysis.statistics.RULE``); a setting's fine-tunings are one
-population too."""
+"""Pretraining seeds of each model and domain, per preset (others: 1), one population. Seed k of each setting
+fine-tunes pretraining seed k, so that a comparison over seeds compares architectures, not two checkpoints
+(``analysis.statistics.RULE``); a setting's fine-tunings are one population too."""
 
 
 @dataclass(frozen=True)
@@ -176,28 +158,20 @@ class GridRun:
 
     name: str
     module: str
-    """``diffeqformer.train`` (pretraining, training from scratch) or ``diffeqformer.finetune``."""
     config: Path
     overrides: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
     """Names of the runs that must be complete first (the pretraining a fine-tuning starts from)."""
     population: tuple[int, ...] = ()
-    """The trainer seeds of the population the run is a member of, trained together (``python -m
-    diffeqformer.population --config <config> <overrides of the first member> --seeds <n>``; ``argv`` trains a
-    member alone, which is another run: another config hash); empty: trained alone."""
-
-    @property
-    def run_dir(self) -> Path:
-        return paths.RUNS / self.name
+    """The trainer seeds of the population it is a member of (trained by ``diffeqformer.population``); empty: alone."""
 
     def argv(self) -> list[str]:
-        """The arguments after ``python``."""
+        """The arguments after ``python`` that train it alone."""
         return ["-m", self.module, "--config", str(self.config), *self.overrides]
 
 
 def _pretrainings(path: Path, n: int) -> list[GridRun]:
-    """The pretraining of ``path`` with ``n`` seeds, one population (named and seeded as ``workflow.presets.seeded`` names and
-    seeds them), or alone where ``n`` is 1."""
+    """The pretraining of ``path`` with ``n`` seeds (named as ``workflow.presets.seeded`` names them)."""
     members = [seed_member(load_config(path), k) for k in range(n)]
     population = tuple(m.trainer.seed for m in members) if n > 1 else ()
     return [GridRun(m.name, "diffeqformer.train", path,
@@ -211,18 +185,11 @@ def discretisations(preset: str) -> tuple[int, ...]:
 
 
 def finetune_grid(preset: str = "cpu") -> list[GridRun]:
-    """Every run of the Fig. 5 experiment at a preset, in an order that runs each pretraining before its fine-tunings:
-
-    * the pretrainings: an 18-step DiffEqFormer and a 24-layer GPT-2 on each domain (``PRETRAINED``), each with
-      ``PRETRAIN_SEEDS`` seeds, one population: ``<name>``, ``<name>-seed1``, ... (the file's ``trainer.seed`` and the
-      next ones);
-    * for each direction (``DIRECTIONS``; ``ONLINE_DIRECTIONS`` where the templates train on an online corpus) and
-      method (``METHODS``): the DiffEqFormer discretised to each N of ``discretisations(preset)``, and the 24-layer
-      GPT-2, fine-tuned on the other domain (``TEMPLATES``), seed k from pretraining seed k (``pretrain.member``):
-      ``<name>``, ``<name>-seed1``, ... (the template's ``trainer.seed`` and the next ones), one population;
-    * a 24-layer GPT-2 trained from scratch on each target domain for as many steps as a fine-tuning.
-
-    Needs ``config/<preset>/`` to hold the files named in ``PRETRAINED`` and ``TEMPLATES`` (cpu, gpu and paper do)."""
+    """Every run of Fig. 5 at a preset, each pretraining before its fine-tunings: the ``PRETRAINED`` models on each
+    domain; per direction and method, the DiffEqFormer at each of ``discretisations(preset)`` and the GPT-2
+    fine-tuned on the other domain (``TEMPLATES``); a GPT-2 from scratch on each target domain for as many steps.
+    Each of the first two with ``PRETRAIN_SEEDS`` seeds, one population (``<name>``, ``<name>-seed1``, ...), seed k
+    fine-tuning pretraining seed k. Needs ``config/<preset>/`` to hold those files (cpu, gpu and paper do)."""
     folder = paths.CONFIG / preset
     templates = {method: folder / f for method, f in TEMPLATES.items()}
     loaded = {method: load_config(p, cls=FinetuneConfig) for method, p in templates.items() if p.exists()}
@@ -244,29 +211,22 @@ def finetune_grid(preset: str = "cpu") -> list[GridRun]:
             for model, steps in [*(("diffeqformer18", n_) for n_ in discretisations(preset)), ("gpt2_24", None)]:
                 label = f"{model}-{source}-to-{target}" + (f"-n{steps}" if steps else "") + f"-{method}"
                 name = f"{preset}-finetune-{label}"
-                overrides = (
-                    "--name", name,
-                    "--pretrain.config", str(pretrained[model, source].relative_to(paths.REPO)),
-                    "--steps", "null" if steps is None else str(steps),
-                    domain_field, target,
-                    *(("--pretrain.population", str(n)) if n > 1 else ()),
-                )
+                pre_file = str(pretrained[model, source].relative_to(paths.REPO))
+                overrides = ("--name", name, "--pretrain.config", pre_file, "--steps",
+                             "null" if steps is None else str(steps), domain_field, target,
+                             *(("--pretrain.population", str(n)) if n > 1 else ()))
                 first = loaded[method].trainer.seed
                 population = tuple(range(first, first + n)) if n > 1 else ()
-                runs.append(GridRun(name, "diffeqformer.finetune", templates[method], overrides,
-                                    (pre_names[model, source][0],), population))
-                for k in range(1, n):  # named and seeded as population.members_of names and seeds them
-                    seeded = (*overrides[2:], "--name", f"{name}-seed{k}", "--trainer.seed", str(first + k),
-                              "--pretrain.member", str(k))
-                    runs.append(GridRun(f"{name}-seed{k}", "diffeqformer.finetune", templates[method], seeded,
+                for k in range(n):  # named and seeded as population.members_of names and seeds them
+                    own = name if k == 0 else f"{name}-seed{k}"
+                    member = overrides if k == 0 else (*overrides[2:], "--name", own, "--trainer.seed", str(first + k),
+                                                       "--pretrain.member", str(k))
+                    runs.append(GridRun(own, "diffeqformer.finetune", templates[method], member,
                                         (pre_names[model, source][k],), population))
     for target in domains:
         name = f"{preset}-scratch-gpt2_24-{target}"
-        overrides = (
-            "--name", name,
-            "--trainer.num_train_steps", str(loaded["full"].trainer.num_train_steps),
-            "--trainer.steps_per_eval", str(loaded["full"].trainer.steps_per_eval),
-        )
+        overrides = ("--name", name, "--trainer.num_train_steps", str(loaded["full"].trainer.num_train_steps),
+                     "--trainer.steps_per_eval", str(loaded["full"].trainer.steps_per_eval))
         runs.append(GridRun(name, "diffeqformer.train", pretrained["gpt2_24", target], overrides))
     return runs
 

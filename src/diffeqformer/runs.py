@@ -1,20 +1,17 @@
-"""The run directory, owned here: its files, its lock, its lifecycle (lock, start or skip, finish) and the reading of
-a finished run (its summary, configuration, metrics and model).
-
-A run directory is what ``diffeqformer.train`` writes (``diffeqformer.population`` per member), plus, for a
-fine-tuning (``diffeqformer.finetune``), the pretraining's configuration::
+"""The run directory: its files, its lock, its lifecycle (lock, start or skip, finish) and the reading of a finished
+run. ``diffeqformer.train`` writes it (``diffeqformer.population`` per member; ``diffeqformer.finetune`` adds the
+pretraining's configuration)::
 
     config.yaml           the resolved configuration, its hash on the first line (``# config_hash: <hash>``)
     pretrain_config.yaml  a fine-tuning only: the pretraining's config.yaml
     checkpoints/          Levanter's checkpoints; rerunning the same command resumes from the newest one
-    metrics.jsonl         every metric
-    model.eqx             the trained model
+    metrics.jsonl         every metric the trainer logs, one JSON object per line
+    model.eqx             the trained model (``equinox.tree_serialise_leaves``)
     complete.json         written last: the summary (final validation loss, config hash, vocabulary size, ...)
 
-A run is *complete* when its ``complete.json`` exists (and records the config hash asked for, if any). Every
-trainer (``train``, ``finetune``, ``population``) goes through ``with opened(configs, digests) as run:`` (lock, skip
-or write ``config.yaml``), fits, and ends with ``run.finish(k, model, ...)``, or as ``diverged``. Levanter is
-imported inside the functions that need it, so that importing this module stays cheap.
+A run is *complete* when its ``complete.json`` exists (and records the config hash asked for). Every trainer goes
+through ``with opened(configs, digests) as run:`` (lock, skip or write ``config.yaml``), fits, and ends with
+``run.finish(k, model, ...)`` or ``diverged``. Levanter is imported where it is needed: importing this is cheap.
 """
 
 from __future__ import annotations
@@ -33,26 +30,12 @@ from . import devices, paths
 if TYPE_CHECKING:
     from .config import Config, FinetuneConfig, TrainConfig
 
-COMPLETE = "complete.json"
-"""The summary a run writes last: its presence means the run finished."""
-CONFIG = "config.yaml"
-"""The run's resolved configuration (``TrainConfig`` or ``FinetuneConfig``), its hash on the first line."""
+COMPLETE, CONFIG, PRETRAIN_CONFIG = "complete.json", "config.yaml", "pretrain_config.yaml"
+METRICS, MODEL, CHECKPOINTS = "metrics.jsonl", "model.eqx", "checkpoints"
 HASH_PREFIX = "# config_hash: "
-"""How ``config.yaml``'s first line records the configuration's hash."""
-PRETRAIN_CONFIG = "pretrain_config.yaml"
-"""A fine-tuning's copy of its pretraining's ``config.yaml``."""
-METRICS = "metrics.jsonl"
-"""Every metric the trainer logs, one JSON object per line (``read_metrics``)."""
-MODEL = "model.eqx"
-"""The trained parameters, as ``equinox.tree_serialise_leaves`` writes them (``load_model``)."""
-CHECKPOINTS = "checkpoints"
-"""Levanter's checkpoints (a folder): rerunning the same command resumes from the newest one."""
-LOCK = ".lock"
-"""The lock a process holds while it trains the run (``lock``)."""
-
-RETRAIN = ("delete {run_dir} and train it again (the same command, or the workflow, "
+LOCK = ".lock"  # held while a process trains the run
+RETRAIN = ("delete {run_dir} and train it again (the same command, or the workflow, "  # about a corrupt file
            "snakemake -s workflow/Snakefile --cores all, which retrains what is missing)")
-"""What to do about a corrupt file of a run directory."""
 
 
 # ------------------------------------------------------------------------------------------- finding a run
@@ -66,15 +49,13 @@ def run_path(run) -> Path:
 
 def is_complete(run, config_hash: str | None = None) -> bool:
     """Whether the run finished (its ``complete.json`` exists), given ``config_hash`` with that configuration."""
-    complete = run_path(run) / COMPLETE
-    if not complete.exists():
+    if not (run_path(run) / COMPLETE).exists():
         return False
     return config_hash is None or read_complete(run).get("config_hash") == config_hash
 
 
 def require_complete(run, label: str = "run") -> Path:
-    """The run's directory if the run finished; else ``FileNotFoundError`` naming the run (as ``label``) and what
-    is missing."""
+    """The run's directory if the run finished; else ``FileNotFoundError`` naming the run (as ``label``)."""
     path = run_path(run)
     if not path.is_dir():
         missing = f"no such directory {path}"
@@ -87,25 +68,25 @@ def require_complete(run, label: str = "run") -> Path:
 
 
 def summary(run) -> dict:
-    """A finished run's ``complete.json`` (``finish_run``)."""
+    """A finished run's ``complete.json``."""
     require_complete(run)
     return read_complete(run)
 
 
 def read_complete(run) -> dict:
-    """The run's ``complete.json``; a corrupt one is refused naming the file, with the way to train the run again."""
+    """The run's ``complete.json``; a corrupt one is refused naming the file and how to train the run again."""
     path = run_path(run)
     return paths.read_json(path / COMPLETE, RETRAIN.format(run_dir=path))
 
 
-def has_checkpoints(run) -> bool:
-    """Whether the run directory holds Levanter checkpoints (an interrupted or finished run)."""
-    return (run_path(run) / CHECKPOINTS).exists()
-
-
 def checkpoints(run) -> Path:
-    """The run's checkpoint folder."""
+    """The run's folder of Levanter checkpoints."""
     return run_path(run) / CHECKPOINTS
+
+
+def has_checkpoints(run) -> bool:
+    """Whether the run holds Levanter checkpoints (an interrupted or finished run)."""
+    return checkpoints(run).exists()
 
 
 def metrics_file(run) -> Path:
@@ -116,13 +97,11 @@ def metrics_file(run) -> Path:
 def saved_hash(run) -> str | None:
     """The config hash on the first line of the run's ``config.yaml`` (written at the start), or None."""
     saved = run_path(run) / CONFIG
-    if not saved.exists():
-        return None
-    return saved.read_text().split("\n", 1)[0].removeprefix(HASH_PREFIX)
+    return saved.read_text().split("\n", 1)[0].removeprefix(HASH_PREFIX) if saved.exists() else None
 
 
 def is_finetuning(run) -> bool:
-    """Whether the run is a fine-tuning (its directory holds ``pretrain_config.yaml``), not a pretraining."""
+    """Whether the run is a fine-tuning (its directory holds ``pretrain_config.yaml``)."""
     return (run_path(run) / PRETRAIN_CONFIG).exists()
 
 
@@ -130,15 +109,14 @@ def is_finetuning(run) -> bool:
 
 
 def config(run):
-    """The run's configuration as its trainer read it (``FinetuneConfig`` or ``TrainConfig``), from ``config.yaml``."""
+    """The run's configuration (``FinetuneConfig`` or ``TrainConfig``), from ``config.yaml``."""
     from .config import FinetuneConfig, TrainConfig, load_config
 
     return load_config(_config_file(run, CONFIG), cls=FinetuneConfig if is_finetuning(run) else TrainConfig)
 
 
 def pretrain_config(run):
-    """The ``TrainConfig`` of the pretraining a fine-tuning run started from (its ``pretrain_config.yaml``);
-    ``ValueError`` for a run that is not a fine-tuning."""
+    """The ``TrainConfig`` of the pretraining a fine-tuning started from; ``ValueError`` for another run."""
     from .config import load_config
 
     if not is_finetuning(run):
@@ -157,9 +135,8 @@ def model_type(model) -> str:
 
 
 def model_label(model) -> str:
-    """How the book names a model configuration: its registered type, told apart where one type holds several of
-    the paper's models (a DiffEqFormer with time-independent weights is the weight-shared model; its Llama variant
-    is DiffEqFormer-Llama)."""
+    """How the book names a model configuration: its type, or, for a DiffEqFormer, the paper's model it is
+    (time-independent weights: weight-shared; its Llama variant: DiffEqFormer-Llama)."""
     kind = model_type(model)
     if kind != "diffeqformer":
         return {"gpt2": "GPT-2", "llama": "Llama"}.get(kind, kind)
@@ -169,9 +146,8 @@ def model_label(model) -> str:
 
 
 def load_model(run, *, merged: bool = False):
-    """The trained model of a finished run, rebuilt from its configuration (a fine-tuning's from
-    ``pretrain_config.yaml``, adapted: ``config.adapt``), its attention routed as in training. ``merged=True`` folds a
-    LoRA fine-tuning's adapters into the weights (``levanter.adaptor.lora.merge_lora_modules``)."""
+    """The trained model of a finished run, rebuilt from its configuration (a fine-tuning's adapted:
+    ``config.adapt``), its attention routed as in training; ``merged`` folds LoRA adapters into the weights."""
     import equinox as eqx
     import jax.random as jrandom
     from haliax import Axis
@@ -196,7 +172,7 @@ def load_model(run, *, merged: bool = False):
 
 
 def parameter_count(run) -> int:
-    """Parameters of a pretraining run's model, counted on a shape-only build of its config (nothing computed)."""
+    """Parameters of a pretraining run's model, counted on a shape-only build of its config."""
     import equinox as eqx
     import jax
     from haliax import Axis
@@ -223,15 +199,18 @@ def read_metrics(run):
     return frame.drop(columns="time").groupby("step").last().sort_index()
 
 
+def _logged(metrics, column: str):
+    """The logged values of ``column`` (an empty tuple where it was never logged)."""
+    return metrics[column].dropna() if column in metrics else ()
+
+
 def median_throughput(metrics) -> Optional[float]:
-    """Training tokens/s of a run: the median of Levanter's per-step ``throughput/tokens_per_second`` after the
-    first tenth of the steps (compilation, warm-up), from ``read_metrics``."""
-    column = "throughput/tokens_per_second"
-    if column not in metrics or metrics[column].dropna().empty:
+    """Training tokens/s of a run: the median of Levanter's ``throughput/tokens_per_second`` after the first tenth
+    of the steps (compilation, warm-up), from ``read_metrics``."""
+    values = _logged(metrics, "throughput/tokens_per_second")
+    if not len(values):
         return None
-    values = metrics[column].dropna()
-    values = values[values.index >= values.index.max() / 10]
-    return float(values.median())
+    return float(values[values.index >= values.index.max() / 10].median())
 
 
 def initial_eval_loss(run) -> Optional[float]:
@@ -243,8 +222,8 @@ def initial_eval_loss(run) -> Optional[float]:
 
 
 def perplexity(loss: Optional[float]) -> Optional[float]:
-    r"""The perplexity :math:`e^{L}` of a mean next-token loss :math:`L` in nats; None where there is no loss, or where
-    :math:`e^{L}` is not a finite float (a diverged run's, which ``finish_run`` refuses)."""
+    r"""The perplexity :math:`e^{L}` of a mean next-token loss :math:`L` in nats; None without a loss or where
+    :math:`e^{L}` is not a finite float (a diverged run's)."""
     if loss is None or not math.isfinite(loss):
         return None
     try:
@@ -263,8 +242,7 @@ class Pretraining:
     config: "TrainConfig"
     run_dir: Path
     config_hash: str
-    Vocab: Any
-    """Its vocabulary axis (``haliax.Axis``), as it was trained."""
+    Vocab: Any  # its vocabulary axis (haliax.Axis), as it was trained
 
 
 def pretraining(config: "FinetuneConfig") -> Pretraining:
@@ -283,15 +261,12 @@ def pretraining(config: "FinetuneConfig") -> Pretraining:
             f"pretrain.run_dir: {pre_dir} holds no finished pretraining run (no {COMPLETE}); train it first: "
             + (f"python -m diffeqformer.population --config {pre_path} --seeds {config.pretrain.population}"
                if config.pretrain.population > 1 else
-               f"python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}")
-        )
+               f"python -m diffeqformer.train --config {pre_path} --run_dir {pre_dir}"))
     summary = read_complete(pre_dir)
     digest = pretraining_hash(config)
     if summary.get("config_hash") != digest:
-        raise ValueError(
-            f"pretrain.config: the run in {pre_dir} was trained with another configuration "
-            f"(hash {summary.get('config_hash')}) than {pre_path} (hash {digest})"
-        )
+        raise ValueError(f"pretrain.config: the run in {pre_dir} was trained with another configuration "
+                         f"(hash {summary.get('config_hash')}) than {pre_path} (hash {digest})")
     return Pretraining(pre, pre_dir, digest, Axis("vocab", summary["vocab_size"]))
 
 
@@ -300,9 +275,8 @@ def pretraining(config: "FinetuneConfig") -> Pretraining:
 
 @contextlib.contextmanager
 def lock(run_dir: Path):
-    """Hold ``run_dir/.lock`` while training it, so that a second process training the same run waits for the first.
-    In a run of several processes only process 0 locks, once all have started (``devices.start``): the others must
-    not wait for it, since it waits for them in its first collective."""
+    """Hold ``run_dir/.lock`` while training it, so that a second process training the run waits for the first. In a
+    run of several processes only process 0 locks: the others must not wait for it, as it waits for them."""
     run_dir.mkdir(parents=True, exist_ok=True)
     if not devices.is_primary():
         yield
@@ -325,10 +299,8 @@ def start_run(config: "Config", run_dir: Path, digest: str) -> Optional[dict]:
     if saved.exists() and (run_dir / CHECKPOINTS).exists():
         previous = saved.read_text().split("\n", 1)[0]
         if previous != HASH_PREFIX + digest:
-            raise ValueError(
-                f"{run_dir} holds a run with another configuration ({previous.removeprefix('# ')}); "
-                "choose another --name/--run_dir or delete it"
-            )
+            raise ValueError(f"{run_dir} holds a run with another configuration ({previous.removeprefix('# ')}); "
+                             "choose another --name/--run_dir or delete it")
     if devices.is_primary():
         paths.write_atomic(saved, f"{HASH_PREFIX}{digest}\n" + dump_config(config))
     return None
@@ -341,10 +313,8 @@ class Opened:
     configs: Sequence["Config"]
     dirs: list[Path]
     digests: list[str]
-    summaries: list[Optional[dict]]
-    """Each run's ``complete.json`` if it is already complete for its hash, else None."""
+    summaries: list[Optional[dict]]  # each run's complete.json if it is complete for its hash, else None
     start: float = field(default_factory=time.time)
-    """When the runs were opened (``finish`` records the wall time since)."""
 
     @property
     def finished(self) -> bool:
@@ -357,7 +327,7 @@ class Opened:
         return self.dirs[0] / CHECKPOINTS
 
     def finish(self, k: int, model, **extra) -> dict:
-        """``finish_run`` of run ``k``."""
+        """``finish_run`` of run ``k``, its wall time counted from the opening."""
         return finish_run(self.configs[k], self.dirs[k], model, self.digests[k], self.start, **extra)
 
 
@@ -373,74 +343,51 @@ def opened(configs: Sequence["Config"], digests: Sequence[str], *,
         for run_dir in dirs:
             locks.enter_context(lock(run_dir))
         summaries = [start_run(c, d, h) for c, d, h in zip(configs, dirs, digests)]
-        if pretraining_dir is not None and not all(s is not None for s in summaries) and devices.is_primary():
+        run = Opened(configs, dirs, list(digests), summaries)
+        if pretraining_dir is not None and not run.finished and devices.is_primary():
             pretrained = (pretraining_dir if isinstance(pretraining_dir, (list, tuple))
                           else [pretraining_dir] * len(dirs))
             for run_dir, pre_dir in zip(dirs, pretrained):
                 paths.write_atomic(run_dir / PRETRAIN_CONFIG, (pre_dir / CONFIG).read_text())
-        yield Opened(configs, dirs, list(digests), summaries)
+        yield run
 
 
 def diverged(run_dir: Path, step: int, loss: float) -> SystemExit:
-    """The end of a run whose loss at ``step`` has no finite perplexity: one line, no traceback (``SystemExit``),
-    no ``complete.json``. Another learning rate is another configuration, which ``start_run`` refuses beside this
-    one's checkpoints: hence delete, then train."""
+    """The end of a run whose loss at ``step`` has no finite perplexity: one line, no traceback, no
+    ``complete.json``. Another learning rate is another configuration, which ``start_run`` refuses beside this one's
+    checkpoints: hence delete, then train."""
     return SystemExit(
         f"{run_dir}: training diverged at step {step} (loss {loss:.4g}), so the run is not complete: lower "
-        f"optimizer.learning_rate (or clip gradients with optimizer.max_grad_norm), delete {run_dir} and train again"
-    )
+        f"optimizer.learning_rate (or clip gradients with optimizer.max_grad_norm), delete {run_dir} and train again")
 
 
 def finish_run(config: "Config", run_dir: Path, model, digest: str, start: float, **extra) -> dict:
     """Save the model, then write ``complete.json`` (the metrics' summary plus ``extra``) and return it; a last loss
-    without a finite perplexity ends the run first (``diverged``). Every process of a run calls it: they wait until
-    process 0 has logged the last metrics (``devices.barrier``), gather the model (``devices.host_copy``), and
-    process 0 writes the files."""
+    without a finite perplexity ends the run first (``diverged``). Every process calls it: they wait until process 0
+    has logged the last metrics, gather the model, and process 0 writes the files."""
+    import equinox as eqx
+    import jax
+
     devices.barrier(f"trained {config.name}")
     metrics = read_metrics(run_dir)
     for column in ("train/loss", "eval/loss"):
-        logged = metrics[column].dropna() if column in metrics else ()
+        logged = _logged(metrics, column)
         if len(logged) and perplexity(float(logged.iloc[-1])) is None:
             raise diverged(run_dir, int(logged.index[-1]), float(logged.iloc[-1]))
     model = devices.host_copy(model)
-    summary = {**_summary(config, metrics, digest, time.time() - start), **extra}
+    final = {c: float(v.iloc[-1]) if len(v := _logged(metrics, c)) else None for c in ("train/loss", "eval/loss")}
+    summary = {"name": config.name, "config_hash": digest, "steps": config.trainer.num_train_steps,
+               "final_train_loss": final["train/loss"], "final_eval_loss": final["eval/loss"],
+               "final_eval_perplexity": perplexity(final["eval/loss"]), "tokens_per_second": median_throughput(metrics),
+               "wall_time_s": time.time() - start, "jax_backend": jax.default_backend(),
+               "processes": jax.process_count(), "devices": jax.device_count(), **extra}
     if devices.is_primary():
-        _save_model(model, run_dir / MODEL)
+        tmp = (run_dir / MODEL).with_suffix(".tmp")
+        eqx.tree_serialise_leaves(tmp, model)
+        tmp.replace(run_dir / MODEL)
         paths.write_atomic(run_dir / COMPLETE, json.dumps(summary, indent=1) + "\n")
     devices.barrier(f"finished {config.name}")
     return summary
-
-
-def _save_model(model, path: Path) -> None:
-    import equinox as eqx
-
-    tmp = path.with_suffix(".tmp")
-    eqx.tree_serialise_leaves(tmp, model)
-    tmp.replace(path)
-
-
-def _summary(config: "Config", metrics, digest: str, wall_s: float) -> dict:
-    import jax
-
-    def last(column):
-        if column not in metrics or metrics[column].dropna().empty:
-            return None
-        return float(metrics[column].dropna().iloc[-1])
-
-    eval_loss = last("eval/loss")
-    return {
-        "name": config.name,
-        "config_hash": digest,
-        "steps": config.trainer.num_train_steps,
-        "final_train_loss": last("train/loss"),
-        "final_eval_loss": eval_loss,
-        "final_eval_perplexity": perplexity(eval_loss),
-        "tokens_per_second": median_throughput(metrics),
-        "wall_time_s": wall_s,
-        "jax_backend": jax.default_backend(),
-        "processes": jax.process_count(),
-        "devices": jax.device_count(),
-    }
 
 
 def _config_file(run, name: str) -> Path:

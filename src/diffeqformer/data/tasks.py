@@ -1,38 +1,25 @@
-"""Downstream tasks built from the corpus's held-out documents, as lm-evaluation-harness task files (F11).
+"""Downstream tasks built from the Shakespeare corpus's held-out (validation) documents, as lm-evaluation-harness
+task files (F11): two public benchmarks that can be rebuilt offline from any held-out text.
 
-The paper evaluates on public benchmarks that live on the Hugging Face hub. Two of them can be rebuilt from any
-held-out text, offline, and this module builds them from the Shakespeare corpus's validation documents (never from
-its training documents: ``corpora.assign_splits`` splits by document):
+* ``shakespeare_lastword``, as LAMBADA (Paperno et al. 2016): predict a passage's last word, one that an earlier line
+  of the passage holds and its own line does not before it, of ``MIN_WORD_LETTERS`` letters or more and none of the
+  ``COMMON_WORDS`` commonest. Scored as LAMBADA: accuracy (greedy) and the target word's perplexity.
+* ``shakespeare_nextline``, as HellaSwag (Zellers et al. 2019): the line that follows a passage against
+  ``NUM_CHOICES - 1`` lines that follow other passages, of a length within ``DISTRACTOR_LENGTH`` of it. Scored by
+  the log-likelihood per byte (``acc_norm``, as the harness normalises HellaSwag) and the plain log-likelihood.
 
-* ``shakespeare_lastword``, in the manner of LAMBADA (Paperno et al. 2016): predict a passage's last word, chosen
-  so that the passage's *broader context* holds it. The passage is cut after a word that occurs in an earlier line
-  of the passage and not in its own line before it, has at least ``MIN_WORD_LETTERS`` letters and is none of the ``COMMON_WORDS`` most
-  frequent words of the held-out text (a function word is guessed from anything). Scored as LAMBADA is: accuracy
-  (the word's tokens are all the model's greedy predictions) and the perplexity of the target word.
-* ``shakespeare_nextline``, in the manner of HellaSwag (Zellers et al. 2019): the line that follows a passage against
-  ``NUM_CHOICES - 1`` distractors, lines that follow other held-out passages, of similar length (within
-  ``DISTRACTOR_LENGTH`` of the true line's characters). Scored by log-likelihood normalised by the choice's length
-  (``acc_norm``: the log-likelihood per byte, as the harness normalises HellaSwag), and by the plain log-likelihood.
-
-A passage is a run of lines of one document, from a line that is not blank, as many as fit in ``max_tokens`` tokens of the evaluated models'
-tokenizer with its answer; the examples of a task do not overlap. Candidates are shuffled with ``seed`` and taken
-in that order: the first ``num_examples`` are the test examples, the next ``num_fewshot`` the pool the harness draws
-few-shot examples from (the same held-out documents, other passages). A k-shot prompt is k examples and the query
-joined by a blank line, so ``max_tokens`` = ``example_budget(max_seq_len, k)`` keeps it within the model's context.
-
-Layout below the corpus cache (``CorpusLayout.cache``)::
-
-    tasks/<key>/<task>.yaml                 the task definition lm-eval reads (``--include_path tasks/<key>``)
-    tasks/<key>/<task>.{test,fewshot}.jsonl  its examples, one JSON object per line
-    tasks/<key>/manifest.json               build parameters, held-out documents, counts, every file's SHA-256
-
-``<key>`` is a hash of the build parameters, the held-out texts and the tokenizer, so a directory that exists holds
-the tasks asked for. Command line: ``python -m diffeqformer.data tasks --examples 200 --max-tokens 31``.
+A passage is a run of a document's lines, from one that is not blank, as many as fit in ``max_tokens`` tokens with
+its answer; a task's examples do not overlap. Candidates shuffled with ``seed`` give the ``num_examples`` test
+examples, then the ``num_fewshot`` few-shot pool; ``max_tokens = example_budget(max_seq_len, k)`` keeps a k-shot
+prompt within the model's context. Below the corpus cache, ``tasks/<key>/`` holds ``<task>.yaml`` (what lm-eval reads
+with ``--include_path``), ``<task>.{test,fewshot}.jsonl`` and ``manifest.json`` (parameters, documents, counts, every
+file's SHA-256); ``<key>`` hashes the parameters, the held-out texts and the tokenizer.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import re
@@ -47,7 +34,7 @@ import yaml
 from tokenizers import Tokenizer
 
 from .. import paths
-from ..numerics import check_positive_int, digest, write_atomically
+from ..numerics import check_positive_int, digest, file_sha256, write_atomically
 from . import corpora
 
 LASTWORD, NEXTLINE = "shakespeare_lastword", "shakespeare_nextline"
@@ -58,20 +45,13 @@ SPLITS = ("test", "fewshot")
 FEWSHOT_DELIMITER = "\n\n"
 """Between the examples of a few-shot prompt (the harness's default)."""
 
-MIN_WORD_LETTERS = 3
-COMMON_WORDS = 100
-"""The held-out text's most frequent words, which are never a last-word target."""
+MIN_WORD_LETTERS, COMMON_WORDS = 3, 100
 MIN_CONTEXT_TOKENS = 8
 """A passage has at least this many tokens before its answer."""
-NUM_CHOICES = 4
-"""Choices per next-line example: the true line and three distractors, as in HellaSwag."""
-MIN_LINE_WORDS = 4
-"""A next line (true or distractor) has at least this many words."""
-DISTRACTOR_LENGTH = 0.3
-"""A distractor's length in characters is within this fraction of the true line's."""
-
-# Bump when a rule above or below changes what is built, so that cached task files are rebuilt.
-_RULES_VERSION = 1
+NUM_CHOICES, MIN_LINE_WORDS, DISTRACTOR_LENGTH = 4, 4, 0.3
+"""Choices per next-line example (as HellaSwag's), the words a next line has at least, and how far (a fraction) a
+distractor's length in characters may lie from the true line's."""
+_RULES_VERSION = 1  # bump when a rule changes what is built, so that cached task files are rebuilt
 
 _WORD = re.compile(r"[A-Za-z]+(?:'[A-Za-z]+)*")
 # What is not a line of speech: a speaker's name ("CHARLES."), a stage direction ("[Exit DENNIS.]"), a heading.
@@ -80,13 +60,13 @@ _NOT_SPEECH = re.compile(r"^\s*(\[.*|[A-Z0-9 ,.'&-]+\.?\s*)$")
 
 @dataclass(frozen=True)
 class Example:
-    """One example of a task: ``context`` is followed by ``answer`` (the last word with its leading space, or the
-    true next line); ``choices`` and ``label`` for a multiple-choice example."""
+    """One example of a task: the passage of lines ``first_line`` .. ``last_line`` (the answer's) of ``document``,
+    ``context`` followed by ``answer`` (the last word with its space, or the next line); multiple choice: ``choices``
+    and ``label``."""
 
     document: str
     first_line: int
     last_line: int
-    """The lines of the document the passage spans (its answer's line included)."""
     context: str
     answer: str
     choices: tuple[str, ...] = ()
@@ -107,25 +87,20 @@ class TaskFiles:
     directory: Path
     manifest: dict
 
+    @classmethod
+    def read(cls, directory: Path) -> "TaskFiles":
+        """The task files in ``directory``, by its manifest."""
+        return cls(directory, json.loads((directory / "manifest.json").read_text()))
+
     @property
     def hashes(self) -> dict[str, str]:
-        """SHA-256 of every task file (definitions and examples) by file name: what a figure's provenance records."""
+        """SHA-256 of every task file by name: what a figure's provenance records."""
         return dict(self.manifest["files"])
-
-    @property
-    def counts(self) -> dict[str, dict[str, int]]:
-        """Examples per task and split (``test``, ``fewshot``), and the candidates the held-out text offered."""
-        return {t: dict(c) for t, c in self.manifest["counts"].items()}
-
-    def yaml(self, task: str) -> Path:
-        """The task's definition file."""
-        _check_task(task)
-        return self.directory / f"{task}.yaml"
 
 
 def example_budget(max_seq_len: int, shots: int) -> int:
-    """Tokens one example may have so that a ``shots``-shot prompt (``shots`` examples and the query, a blank line
-    between them, about one token each, plus one token of slack for merges at the joins) fits in ``max_seq_len``."""
+    """Tokens one example may have so that a ``shots``-shot prompt (the examples and the query, a blank line of about
+    one token between them, one token of slack for merges at the joins) fits in ``max_seq_len``."""
     check_positive_int(max_seq_len, "max_seq_len")
     if not isinstance(shots, int) or shots < 0:
         raise ValueError(f"shots must be a non-negative integer, got {shots!r}")
@@ -146,12 +121,11 @@ class _Document:
         self.name, self.text = name, text
         self.lines = text.split("\n")
         self.starts = np.cumsum([0] + [len(line) + 1 for line in self.lines[:-1]])
-        # tokens of each line with its newline: their sum estimates a passage's length, which is then counted exactly
+        # tokens of each line with its newline: their sum estimates a passage's length (then counted exactly)
         self.tokens = np.array([len(ids) for ids in encode([line + "\n" for line in self.lines])])
 
     def span(self, first: int, end: int) -> str:
-        """The text of lines ``first`` .. ``end - 1`` with the newline after each; empty where ``first >= end`` (a
-        document's last line longer than a passage's budget asks for the lines after it)."""
+        """The text of lines ``first`` .. ``end - 1`` with the newline after each; empty where ``first >= end``."""
         if first >= end:
             return ""
         return self.text[self.starts[first]:self.starts[end]] if end < len(self.lines) else self.text[
@@ -167,9 +141,8 @@ class _Document:
 
 
 def _fit(encode, doc: _Document, first: int, last: int, context_of: Callable[[int], str], answer: str, budget: int):
-    """The passage from the earliest first line at or after ``first`` (a line that is not blank) whose context and
-    answer hold at most ``budget`` tokens, counted exactly, and at least ``MIN_CONTEXT_TOKENS`` before the answer, as
-    (first line, context); None if there is none."""
+    """(first line, context) of the passage from the earliest line at or after ``first``, not blank, whose context
+    and answer hold at most ``budget`` tokens and at least ``MIN_CONTEXT_TOKENS`` before the answer; else None."""
     while first < last:
         if doc.lines[first].strip():
             context = context_of(first)
@@ -180,15 +153,12 @@ def _fit(encode, doc: _Document, first: int, last: int, context_of: Callable[[in
     return None
 
 
-def common_words(texts: Sequence[str], n: int = COMMON_WORDS) -> frozenset[str]:
-    """The ``n`` most frequent words (lowercase) of ``texts``, ties broken alphabetically."""
-    counts = Counter(w.lower() for text in texts for w in _WORD.findall(text))
-    return frozenset(w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n])
-
-
 def lastword_candidates(doc: _Document, encode, budget: int, common: frozenset[str]) -> list[Example]:
-    """Every passage of ``doc`` that ends in a word its earlier lines hold and its own line does not before it (see
-    the module docstring), as long as ``budget`` allows: the passage is cut after the word."""
+    """Every passage of ``doc`` within ``budget`` that ends in a word its earlier lines hold (module docstring)."""
+
+    def words(text: str) -> set[str]:
+        return {w.lower() for w in _WORD.findall(text)}
+
     out = []
     for last, line in enumerate(doc.lines):
         for match in _WORD.finditer(line):
@@ -197,30 +167,24 @@ def lastword_candidates(doc: _Document, encode, budget: int, common: frozenset[s
                     or word.lower() in common):
                 continue
             head = line[:at - 1]  # the line before the target word and its space
-            if word.lower() in {w.lower() for w in _WORD.findall(head)}:
-                continue
             earliest = doc.first_line(last, budget)  # a passage that fits starts here or later
-            if word.lower() not in {w.lower() for w in _WORD.findall(doc.span(earliest, last))}:
+            if word.lower() in words(head) or word.lower() not in words(doc.span(earliest, last)):
                 continue
-            found = _fit(encode, doc, earliest, last,
-                         lambda first: doc.span(first, last) + head, " " + word, budget)
-            if found is None:
-                continue
-            first, context = found
-            if word.lower() in {w.lower() for w in _WORD.findall(doc.span(first, last))}:
-                out.append(Example(doc.name, first, last, context, " " + word))
+            found = _fit(encode, doc, earliest, last, lambda first: doc.span(first, last) + head, " " + word, budget)
+            if found is not None and word.lower() in words(doc.span(found[0], last)):
+                out.append(Example(doc.name, found[0], last, found[1], " " + word))
     return out
 
 
 def is_next_line(line: str) -> bool:
-    """Whether a line can be a next-line answer or distractor: speech of ``MIN_LINE_WORDS`` words or more, not a
-    speaker's name, a stage direction or a heading."""
+    """Whether a line can be a next line: speech of ``MIN_LINE_WORDS`` words or more, not a speaker's name, a stage
+    direction or a heading."""
     return len(_WORD.findall(line)) >= MIN_LINE_WORDS and not _NOT_SPEECH.match(line)
 
 
 def nextline_candidates(doc: _Document, encode, budget: int) -> list[Example]:
-    """Every passage of ``doc`` followed by a line that ``is_next_line``, as long as ``budget`` allows, with a line
-    of speech in it (not only a speaker's name); choices are added later, from other passages."""
+    """Every passage of ``doc`` within ``budget`` that holds speech and is followed by a line that ``is_next_line``
+    (its choices are added later)."""
     out = []
     for last, line in enumerate(doc.lines):
         if last == 0 or not is_next_line(line):
@@ -250,8 +214,8 @@ def select(candidates: Sequence[Example], n: int, rng: np.random.Generator) -> l
 
 
 def add_choices(example: Example, pool: Sequence[Example], rng: np.random.Generator) -> Example:
-    """``example`` with ``NUM_CHOICES - 1`` distractors: next lines of other passages of ``pool`` (not of its own
-    lines, no two alike, none like the answer), of a length within ``DISTRACTOR_LENGTH`` of the answer's."""
+    """``example`` with ``NUM_CHOICES - 1`` distractors: next lines of ``pool``'s other passages, none alike, of a
+    length within ``DISTRACTOR_LENGTH`` of the answer's."""
     length = len(example.answer)
     seen = {example.answer.lower()}
     distractors = []
@@ -269,24 +233,21 @@ def add_choices(example: Example, pool: Sequence[Example], rng: np.random.Genera
         raise ValueError(f"only {len(distractors)} distractors of the answer's length for {example.answer!r}")
     label = int(rng.integers(NUM_CHOICES))
     choices = distractors[:label] + [example.answer] + distractors[label:]
-    return Example(example.document, example.first_line, example.last_line, example.context, example.answer,
-                   tuple(choices), label)
+    return dataclasses.replace(example, choices=tuple(choices), label=label)
 
 
 def build_examples(documents: Sequence[tuple[str, str]], encode: Callable[[list[str]], list[list[int]]], *,
                    num_examples: int, num_fewshot: int, max_tokens: int,
                    seed: int = 0) -> tuple[dict[str, dict[str, list[Example]]], dict[str, int]]:
-    """The examples of every task, by task and split, from ``documents`` (name, text) measured with ``encode`` (a
-    batch of texts -> their token ids), and the number of candidates each task found.
-
-    Raises ``ValueError`` when the documents give fewer than ``num_examples + num_fewshot`` non-overlapping
-    examples of a task, saying how many they gave."""
+    """The examples of every task by task and split, from ``documents`` (name, text) measured with ``encode`` (texts
+    -> their token ids), and the candidates each task found; ``ValueError`` where the documents give too few."""
     check_positive_int(num_examples, "num_examples")
     if not isinstance(num_fewshot, int) or num_fewshot < 0:
         raise ValueError(f"num_fewshot must be a non-negative integer, got {num_fewshot!r}")
     check_positive_int(max_tokens, "max_tokens")
     docs = [_Document(name, text, encode) for name, text in documents]
-    common = common_words([d.text for d in docs])
+    counts = Counter(w.lower() for d in docs for w in _WORD.findall(d.text))  # the commonest, ties alphabetically:
+    common = frozenset(w for w, _ in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:COMMON_WORDS])
     found = {LASTWORD: [c for d in docs for c in lastword_candidates(d, encode, max_tokens, common)],
              NEXTLINE: [c for d in docs for c in nextline_candidates(d, encode, max_tokens)]}
     need = num_examples + num_fewshot
@@ -310,7 +271,8 @@ def build_examples(documents: Sequence[tuple[str, str]], encode: Callable[[list[
 
 def task_definition(task: str, data_files: dict[str, str]) -> dict:
     """The lm-evaluation-harness task config (its YAML) of ``task``, reading its examples from ``data_files``."""
-    _check_task(task)
+    if task not in TASKS:
+        raise ValueError(f"unknown held-out task {task!r}; the held-out tasks are {', '.join(TASKS)}")
     # fields by name, not as Jinja templates ("{{context}}"), which lm-eval compiles again for every example
     common = {"task": task, "dataset_path": "json", "dataset_kwargs": {"data_files": data_files},
               "test_split": "test", "fewshot_split": "fewshot", "doc_to_text": "context",
@@ -330,23 +292,18 @@ def write_tasks(examples: dict[str, dict[str, list[Example]]], directory: Path, 
     directory = Path(directory)
 
     def write(manifest_path: Path):
-        files = {}
+        folder = manifest_path.parent
         for task, splits in examples.items():
-            data_files = {}
             for split, items in splits.items():
-                name = f"{task}.{split}.jsonl"
-                (manifest_path.parent / name).write_text("".join(json.dumps(e.record()) + "\n" for e in items))
-                data_files[split] = str(directory / name)
-            name = f"{task}.yaml"
-            (manifest_path.parent / name).write_text(yaml.safe_dump(task_definition(task, data_files), sort_keys=False))
-        for f in sorted(manifest_path.parent.iterdir()):
-            if f != manifest_path:
-                files[f.name] = hashlib.sha256(f.read_bytes()).hexdigest()
+                (folder / f"{task}.{split}.jsonl").write_text("".join(json.dumps(e.record()) + "\n" for e in items))
+            definition = task_definition(task, {split: str(directory / f"{task}.{split}.jsonl") for split in splits})
+            (folder / f"{task}.yaml").write_text(yaml.safe_dump(definition, sort_keys=False))
+        files = {f.name: file_sha256(f) for f in sorted(folder.iterdir()) if f != manifest_path}
         manifest_path.write_text(json.dumps({**manifest, "files": files}, indent=1) + "\n")
 
     directory.mkdir(parents=True, exist_ok=True)
     write_atomically(directory / "manifest.json", write)
-    return TaskFiles(directory, json.loads((directory / "manifest.json").read_text()))
+    return TaskFiles.read(directory)
 
 
 def build_tasks(root: Path = paths.DATA, *, num_examples: int, max_tokens: int, num_fewshot: int = 50,
@@ -355,22 +312,18 @@ def build_tasks(root: Path = paths.DATA, *, num_examples: int, max_tokens: int, 
     """The task files of ``TASKS`` built from the validation documents of the Shakespeare corpus below ``root``
     (prepared first if needed), with ``num_examples`` test and ``num_fewshot`` few-shot examples per task of at most
     ``max_tokens`` tokens of ``tokenizer`` (a directory or hub name; default: the corpus's BPE of ``vocab_size``).
-
-    Built once: the folder is named by a hash of everything above (``manifest.json`` lists it) and re-used."""
+    Built once, in a folder named by a hash of all that."""
     info = corpora.prepare_corpus(root, vocab_size=vocab_size if tokenizer is None else None)
     documents = [(d.name, d.text) for d in info.select(domain, "validation")]
     tokenizer = info.tokenizer_dir if tokenizer is None else tokenizer
     tokenizer_file = Path(tokenizer) / "tokenizer.json"
-    key = {
-        "rules_version": _RULES_VERSION, "num_examples": num_examples, "num_fewshot": num_fewshot,
-        "max_tokens": max_tokens, "seed": seed, "domain": domain,
-        "documents": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in documents},
-        "tokenizer": (hashlib.sha256(tokenizer_file.read_bytes()).hexdigest() if tokenizer_file.exists()
-                      else str(tokenizer)),
-    }
+    key = {"rules_version": _RULES_VERSION, "num_examples": num_examples, "num_fewshot": num_fewshot,
+           "max_tokens": max_tokens, "seed": seed, "domain": domain,
+           "documents": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in documents},
+           "tokenizer": file_sha256(tokenizer_file) if tokenizer_file.exists() else str(tokenizer)}
     directory = info.layout.cache / "tasks" / digest(key)
     if (directory / "manifest.json").exists():
-        return TaskFiles(directory, json.loads((directory / "manifest.json").read_text()))
+        return TaskFiles.read(directory)
     if tokenizer_file.exists():  # the Rust tokenizer: faster on short texts than Levanter's wrapper (measurements page)
         fast = Tokenizer.from_file(str(tokenizer_file))
 
@@ -383,16 +336,11 @@ def build_tasks(root: Path = paths.DATA, *, num_examples: int, max_tokens: int, 
                                        max_tokens=max_tokens, seed=seed)
     counts = {t: {**{s: len(examples[t][s]) for s in SPLITS}, "candidates": offered[t]} for t in TASKS}
     manifest = {**key, "tokenizer_path": paths.home_relative(tokenizer) if tokenizer_file.exists() else str(tokenizer),
-                "counts": counts,
-                "rules": {"min_word_letters": MIN_WORD_LETTERS, "common_words": COMMON_WORDS,
-                          "min_context_tokens": MIN_CONTEXT_TOKENS, "num_choices": NUM_CHOICES,
-                          "min_line_words": MIN_LINE_WORDS, "distractor_length": DISTRACTOR_LENGTH}}
+                "counts": counts, "rules": {
+                    "min_word_letters": MIN_WORD_LETTERS, "common_words": COMMON_WORDS,
+                    "min_context_tokens": MIN_CONTEXT_TOKENS, "num_choices": NUM_CHOICES,
+                    "min_line_words": MIN_LINE_WORDS, "distractor_length": DISTRACTOR_LENGTH}}
     return write_tasks(examples, directory, manifest)
-
-
-def _check_task(task: str) -> None:
-    if task not in TASKS:
-        raise ValueError(f"unknown held-out task {task!r}; the held-out tasks are {', '.join(TASKS)}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -416,8 +364,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
     print(f"tasks in {files.directory} ({time.perf_counter() - start:.1f} s)")
-    for task, count in files.counts.items():
-        print(f"{task}: {count['test']} test, {count['fewshot']} few-shot examples (of {count['candidates']} "
-              f"candidates)")
+    for task, n in files.manifest["counts"].items():
+        print(f"{task}: {n['test']} test, {n['fewshot']} few-shot examples (of {n['candidates']} candidates)")
     for name, sha in files.hashes.items():
         print(f"{sha}  {name}")

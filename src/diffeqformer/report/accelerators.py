@@ -1,14 +1,9 @@
-"""The accelerator measurements as the book shows them, and what a preset's trainings cost at their rates.
+"""The accelerator measurements as the book shows them (``gpu_markdown``: ``benchmarks/gpu/measure.py``'s
+``benchmarks/results/gpu-*.json``), and what a preset's trainings cost at their rates (``cost_markdown``).
 
-``gpu_markdown``: the tables of ``benchmarks/gpu/measure.py``'s results (``benchmarks/results/gpu-*.json``), read from
-their JSON. ``cost_markdown``: the cluster page's tables, each training's FLOPs, its GPU hours at the throughput
-measured on an H100, and the memory its parameters and optimiser state take per GPU, whole or sharded.
-
-A training's FLOPs are three times (forward and backward) Levanter's ``flops_per_token`` of its model, times the
-tokens it trains on (``trainer.num_train_steps`` batches of ``model.max_seq_len`` tokens); a fine-tuning's model is its
-pretraining's, discretised to its Euler steps. Its GPU hours are those FLOPs at the FLOP rate measured for the same
-model kind (DiffEqFormer or baseline) and shape, or, for a shape not measured, at the rate of the largest one
-measured of that kind. Everything is computed from the configs and the measurement files: nothing here is typed.
+A training's FLOPs are three times (forward and backward) Levanter's ``flops_per_token`` of its model (a fine-tuning's:
+its pretraining's, discretised) times the tokens it trains on; its GPU hours are those FLOPs at the FLOP rate measured
+for the same model kind and shape, else for the largest shape measured of that kind. Nothing here is typed by hand.
 """
 
 from __future__ import annotations
@@ -23,7 +18,6 @@ from .. import config as configs
 from .. import paths
 
 RESULTS = paths.REPO / "benchmarks" / "results"
-"""The accelerator measurements (``benchmarks/gpu/measure.py`` writes them)."""
 ONLINE_VOCABULARY = 50257
 """The GPT-2 tokenizer's vocabulary, which the online corpora (WikiText-103, OpenWebText) are read with."""
 STATE_BYTES = 16
@@ -35,8 +29,7 @@ class Rate:
     """A measured training throughput: FLOP/s of one GPU on one model."""
 
     flops_per_s: float
-    model: str
-    """What was measured, e.g. ``DiffEqFormer 24 x 1024, batch 16``."""
+    model: str  # what was measured, e.g. "DiffEqFormer 24 x 1024, batch 16"
     device: str
     date: str
 
@@ -50,32 +43,16 @@ def measured_rates(folder: Path = RESULTS, device: str = "H100") -> dict[tuple[s
         if device not in result.get("device", ""):
             continue
         for pair in result.get("pairs", []):
-            for name in ("diffeqformer", "gpt2"):
+            for name, kind, label in (("diffeqformer", "diffeqformer", "DiffEqFormer"), ("gpt2", "baseline", "GPT-2")):
                 m = pair.get(name)
                 if not m or not m.get("train_flops_per_token"):
                     continue
-                kind = "diffeqformer" if name == "diffeqformer" else "baseline"
-                label = f"{'DiffEqFormer' if kind == 'diffeqformer' else 'GPT-2'} {m['layers']} x {m['hidden']}, " \
-                        f"batch {m['batch']}"
-                rate = Rate(m["train_flops_per_token"] * m["tokens_per_second"], label, result["device"],
-                            result["date"])
+                rate = Rate(m["train_flops_per_token"] * m["tokens_per_second"], f"{label} {m['layers']} x "
+                            f"{m['hidden']}, batch {m['batch']}", result["device"], result["date"])
                 key = (kind, m["layers"], m["hidden"])
                 if key not in rates or rate.flops_per_s > rates[key].flops_per_s:
                     rates[key] = rate
     return rates
-
-
-def trained_model(config):
-    """The model configuration a run trains: its own, or a fine-tuning's pretraining's, discretised to its steps."""
-    if not isinstance(config, configs.FinetuneConfig):
-        return config.model
-    model = configs.load_config(configs.repository_path(config.pretrain.config)).model
-    return model if config.steps is None else dataclasses.replace(model, num_layers=config.steps)
-
-
-def vocabulary(data: configs.DataConfig) -> int:
-    """The vocabulary a run's model has: the GPT-2 tokenizer's on an online corpus, else the configured size."""
-    return ONLINE_VOCABULARY if data.dataset in ("wikitext103", "openwebtext") else data.vocab_size
 
 
 def parameters(model, vocab: int) -> int:
@@ -93,14 +70,12 @@ class Training:
 
     name: str
     kind: str
-    shape: tuple[int, int]
-    """(layers, width)."""
+    shape: tuple[int, int]  # (layers, width)
     params: int
     tokens: int
     flops: float
     rate: Rate
-    finetuning: bool
-    """A fine-tuning: its model is its pretraining's (discretised), whose memory the first table gives."""
+    finetuning: bool  # its model is its pretraining's, whose memory the first table gives
 
     @property
     def gpu_hours(self) -> float:
@@ -123,7 +98,13 @@ def trainings(runs, rates: dict | None = None) -> list[Training]:
     out = []
     for run in {r.key: r for r in runs}.values():
         config = run.load()
-        model, vocab = trained_model(config), vocabulary(config.data)
+        if isinstance(config, configs.FinetuneConfig):  # its pretraining's model, discretised to its steps
+            model = configs.load_config(configs.repository_path(config.pretrain.config)).model
+            model = model if config.steps is None else dataclasses.replace(model, num_layers=config.steps)
+        else:
+            model = config.model
+        online = config.data.dataset in ("wikitext103", "openwebtext")  # read with the GPT-2 tokenizer
+        vocab = ONLINE_VOCABULARY if online else config.data.vocab_size
         kind = "diffeqformer" if getattr(model, "time_dependent", False) else "baseline"
         shape = (model.num_layers, model.hidden_dim)
         tokens = config.trainer.batch_schedule.global_data_offset_by_step(config.trainer.num_train_steps) \
@@ -139,9 +120,8 @@ def _gib(n: float) -> str:
 
 
 def cost_markdown(runs, preset: str = "paper", gpus: int = 8) -> str:
-    """The cluster page's tables for the ``runs`` of ``preset``: per model shape, its parameters and the memory of its
-    training state whole and sharded over ``gpus`` GPUs; per training, tokens, FLOPs and GPU hours at the measured
-    rate; the total."""
+    """The cluster page's tables for the ``runs`` of ``preset``: per model shape, its parameters and training state
+    whole and sharded over ``gpus`` GPUs; per training, tokens, FLOPs and GPU hours; the total."""
     rows = trainings(runs)
     shapes = {}
     for t in rows:
@@ -165,10 +145,8 @@ def cost_markdown(runs, preset: str = "paper", gpus: int = 8) -> str:
 
 
 def gpu_markdown(folder: Path = RESULTS) -> str:
-    """The accelerator measurements of ``folder`` as tables, read from their JSON (no number typed by hand): per
-    file, each DiffEqFormer / GPT-2 pair's parameters, tokens/s, their ratio, model FLOP utilisation and peak
-    memory; then DiffEqFormer at each time-embedding size measured (the first pair's model, whose own d_t is in the
-    pair's row)."""
+    """The accelerator measurements of ``folder`` as tables: per file, each DiffEqFormer / GPT-2 pair's parameters,
+    tokens/s, ratio, model FLOP utilisation and peak memory, then DiffEqFormer at each time-embedding size measured."""
     files = sorted(folder.glob("gpu-*.json"))
     if not files:
         return "No accelerator measurements are committed yet (`benchmarks/gpu/measure.py` makes them).\n"
@@ -190,7 +168,7 @@ def gpu_markdown(folder: Path = RESULTS) -> str:
         shapes = "; ".join(f"{name}: {m['layers']} x {m['hidden']}, seq {m['seq']}" for name, m in sizes.items())
         out += [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, batches of {', '.join(map(str, sorted(batch)))} "
                 f"sequences ({shapes}), bfloat16 matrix-product peak measured at {r['peak_tflops']:.0f} TFLOP/s "
-                f"(`{file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file}`):", "",
+                f"(`{_shown(file)}`):", "",
                 "| size | model | d_t | parameters | tokens/s | ratio to GPT-2 | MFU | peak GiB |",
                 "|---|---|---|---|---|---|---|---|"]
         for p in r["pairs"]:
@@ -202,14 +180,17 @@ def gpu_markdown(folder: Path = RESULTS) -> str:
     return "\n".join(out) + "\n"
 
 
+def _shown(file: Path):
+    """A measurement file's path as a page names it: relative to the repository where it is in it."""
+    return file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file
+
+
 def ladder_markdown(r: Mapping[str, Any], file: Path) -> list[str]:
-    """A ``measure.py --ladder`` result as a table: per pair, each row's levers (cumulative) with both models'
-    tokens/s, model FLOP utilisation and peak memory, the ratio, and each model's change from the pair's first row;
-    a row that failed shows its error's last line."""
-    name = file.relative_to(paths.REPO) if file.is_relative_to(paths.REPO) else file
+    """A ``measure.py --ladder`` result as a table: per pair, each row's (cumulative) levers with both models'
+    tokens/s, MFU and peak memory, the ratio and the change from the pair's first row (or the error's last line)."""
     out = [f"**{r['device']}**, {r['date']}, JAX {r['jax']}, the speed levers one on top of another "
            f"(`benchmarks/gpu/measure.py --ladder`), bfloat16 matrix-product peak measured at "
-           f"{r['peak_tflops']:.0f} TFLOP/s (`{name}`):", "",
+           f"{r['peak_tflops']:.0f} TFLOP/s (`{_shown(file)}`):", "",
            "| size | levers | batch | vocabulary | DiffEqFormer tokens/s | MFU | peak GiB | GPT-2 tokens/s | MFU "
            "| peak GiB | ratio | change from the first row |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     first: dict[str, Mapping[str, Any]] = {}
@@ -229,9 +210,8 @@ def ladder_markdown(r: Mapping[str, Any], file: Path) -> list[str]:
 
 
 def gpu_summary(r: Mapping[str, Any]) -> str:
-    """One sentence on a ``measure.py`` result: the DiffEqFormer / GPT-2 throughput ratios and the model FLOP
-    utilisation measured, and, where several time-embedding sizes were measured, how parameters, peak memory and
-    throughput grow from the smallest d_t to the largest (the paper's Figs. 15-16)."""
+    """One sentence on a ``measure.py`` result: the throughput ratios and MFU measured, and how parameters, peak
+    memory and throughput grow from the smallest d_t measured to the largest (the paper's Figs. 15-16)."""
     ratios = [p["ratio"] for p in r["pairs"]]
     mfus = [m["mfu"] for p in r["pairs"] for m in (p["diffeqformer"], p["gpt2"]) if m.get("mfu") is not None]
 
@@ -246,6 +226,7 @@ def gpu_summary(r: Mapping[str, Any]) -> str:
     if len(sweep) > 1 and all(m.get("peak_memory_gib") for m in sweep):
         a, b = sweep[0], sweep[-1]
         text += (f". From d_t = {a['time_embed_dim']} to {b['time_embed_dim']} the parameters grow "
-                 f"{b['params'] / a['params']:.1f} times, the peak memory {b['peak_memory_gib'] / a['peak_memory_gib']:.1f} "
-                 f"times, and tokens/s change by {b['tokens_per_second'] / a['tokens_per_second'] - 1:+.0%}")
+                 f"{b['params'] / a['params']:.1f} times, the peak memory "
+                 f"{b['peak_memory_gib'] / a['peak_memory_gib']:.1f} times, and tokens/s change by "
+                 f"{b['tokens_per_second'] / a['tokens_per_second'] - 1:+.0%}")
     return text + "."

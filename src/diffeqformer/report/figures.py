@@ -1,17 +1,12 @@
-"""Figures of the book: saved as PNG and SVG with a provenance record beside them, captioned with their scale.
-
-A notebook calls ``start`` once (after its ``parameters`` cell) and then ``save_figure`` per figure (``save_table``
-per table) and ``glue`` per number quoted in the book's prose::
+"""Figures of the book: saved as PNG and SVG with a provenance record beside them, captioned with their scale. A
+notebook calls ``start`` once, then ``save_figure``, ``save_table`` and ``glue`` (a number the prose quotes)::
 
     figures.start("f2_spectra", dict(preset=preset, run=run), runs=[run])
     figures.save_figure(fig, "f2_qk_vs_t", caption="QK eigenvalues against t.", paper="radius grows with t")
     figures.glue("f2_spearman_qk", rho, "{:.2f}")
 
-Figures go to ``$DIFFEQFORMER_FIGURES`` (a notebook job points it at a temporary folder and moves the folder into
-place only when every notebook has succeeded), else ``figures/`` below ``DIFFEQFORMER_HOME``. Each ``<name>.json``
-records the notebook, its parameter values, the git commit, the configuration hash of every run the figure uses
-(by its directory relative to ``DIFFEQFORMER_HOME``), the date and the scale; the caption shown in the book states
-the scale and, where the paper gives one, its claim.
+Each ``<name>.json`` records the notebook, its parameters, the git commit, the configuration hash of every run it
+uses, the date and the scale; the caption states the scale and, where the paper gives one, its claim.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ import os
 import re
 import struct
 import subprocess
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,15 +28,14 @@ from ..runs import model_config, model_label, model_type, run_path
 from ..runs import summary as finished_summary
 
 FORMATS = ("png", "svg")
-PNG_DPI = 150
-"""Pixels per inch of a figure in its PNG file."""
-SCREEN_DPI = 100
-"""Pixels per inch of a figure as the book shows it (the PNG is scaled down to that width)."""
+PNG_DPI, SCREEN_DPI = 150, 100
+"""Pixels per inch of a figure in its PNG file, and as the book shows it (the PNG scaled down to that width)."""
 _NAME = re.compile(r"^[a-z0-9][a-z0-9_\-]*$")
 
 
 def figures_dir() -> Path:
-    """Where figures are written: ``$DIFFEQFORMER_FIGURES`` if set, else ``paths.FIGURES``."""
+    """Where figures are written: ``$DIFFEQFORMER_FIGURES`` (a notebook job's temporary folder, moved into place
+    when every notebook has succeeded) if set, else ``paths.FIGURES``."""
     return Path(os.environ.get("DIFFEQFORMER_FIGURES", paths.FIGURES))
 
 
@@ -58,8 +53,8 @@ def git_commit() -> str:
 
 
 def run_summary(run_dir) -> dict:
-    """Name, configuration hash and the facts a caption needs of a finished run (``runs.summary``, ``runs.config``):
-    its model configuration (a fine-tuning's: its pretraining's), data configuration and training steps."""
+    """Name, configuration hash, model configuration (a fine-tuning's pretraining's), data configuration and training
+    steps of a finished run: what a caption needs."""
     record = finished_summary(run_dir)
     config = run_config(run_dir)
     path = run_path(run_dir)
@@ -69,8 +64,7 @@ def run_summary(run_dir) -> dict:
 
 
 def scale_of(run_dir) -> str:
-    """One line stating the scale of a run, e.g. ``DiffEqFormer, 6 steps, 128-d, seq 128; shakespeare (all),
-    300 training steps`` (the model named by ``runs.model_label``)."""
+    """The scale of a run, e.g. ``DiffEqFormer, 6 steps, 128-d, seq 128; shakespeare (all), 300 training steps``."""
     s = run_summary(run_dir)
     m, d = s["model"], s["data"]
     depth = f"{m.num_layers} {'steps' if model_type(m) == 'diffeqformer' else 'layers'}"
@@ -85,25 +79,21 @@ def _common_scale(runs) -> str:
     rest = {re.sub(r"^(\d+) (steps|layers), ", r"\1 layers or steps, ", sc.split(", ", 1)[1]) for sc in scales}
     if len(rest) == 1:
         return f"{_models_and_seeds(runs, scales)}, each {rest.pop()}"
-    groups: dict[tuple[str, str], int] = {}  # (run without its -seed<k>, scale) -> number of seeds
-    for r, sc in zip(runs, scales):
-        key = (_model_name(r), sc)
-        groups[key] = groups.get(key, 0) + 1
+    groups = Counter((_model_name(r), sc) for r, sc in zip(runs, scales))  # (model, scale) -> number of seeds
     return "; ".join(f"{name}{f' ({n} seeds)' if n > 1 else ''}: {sc}" for (name, sc), n in groups.items())
 
 
 def _model_name(run_dir) -> str:
-    """A run's name without the ``-seed<k>`` of its seed copies (``workflow.presets.seeded``): the model it trains."""
+    """A run's name without the ``-seed<k>`` of its seed copies: the model it trains."""
     return re.sub(r"-seed\d+$", "", run_path(run_dir).name)
 
 
 def _models_and_seeds(runs, scales) -> str:
-    """``5 runs of 3 models (GPT-2, 2 seeds; weight-shared; DiffEqFormer, 2 seeds)``: the seed copies of a run
-    (``<name>-seed<k>``, ``workflow.presets.seeded``) count as one model."""
+    """``5 runs of 3 models (GPT-2, 2 seeds; weight-shared; DiffEqFormer, 2 seeds)``: a run's seed copies are one
+    model."""
     models: dict[str, list] = {}
     for r, sc in zip(runs, scales):
-        entry = models.setdefault(_model_name(r), [sc.split(", ", 1)[0], 0])
-        entry[1] += 1
+        models.setdefault(_model_name(r), [sc.split(", ", 1)[0], 0])[1] += 1
     kinds = "; ".join(kind if n == 1 else f"{kind}, {n} seeds" for kind, n in models.values())
     if len(models) == len(runs):
         return f"{len(runs)} models ({kinds.replace('; ', ', ')})"
@@ -127,20 +117,16 @@ _current: Provenance | None = None
 
 
 def start(notebook: str, parameters: dict, *, runs=(), scale: str | None = None) -> Provenance:
-    """Begin a notebook's figures: record its name, parameter values and the runs it reads.
-
-    ``scale`` defaults to ``preset`` plus the scale of the first run (``scale_of``)."""
+    """Begin a notebook's figures: record its name, parameter values and the runs it reads; ``scale`` defaults to
+    ``preset`` and the runs' scale."""
     global _current
     if not _NAME.match(notebook):
         raise ValueError(f"notebook must be a lowercase name like 'f2_spectra', got {notebook!r}")
     hashes = {paths.home_relative(run_path(r)): run_summary(r)["config_hash"] for r in runs}
     if scale is None:
         preset = parameters.get("preset")
-        parts = [f"{preset} preset"] if preset else []
-        if len(runs) == 1:
-            parts.append(scale_of(runs[0]))
-        elif runs:
-            parts.append(_common_scale(runs))
+        parts = ([f"{preset} preset"] if preset else []) + (
+            [scale_of(runs[0])] if len(runs) == 1 else [_common_scale(runs)] if runs else [])
         scale = "; ".join(parts) or "unspecified scale"
     _current = Provenance(notebook, dict(parameters), scale, hashes)
     return _current
@@ -153,8 +139,8 @@ def current() -> Provenance:
 
 
 class Record(dict):
-    """A figure's or table's provenance record. It displays nothing as the last value of a notebook cell: the figure
-    or table and its caption are on the page already (a cell that ended in ``save_table(...)`` printed the record)."""
+    """A figure's or table's provenance record, which displays nothing as a cell's last value (the page shows the
+    figure or table and its caption already)."""
 
     def _ipython_display_(self):
         pass
@@ -184,18 +170,11 @@ def _check_name(name: str) -> Path:
 
 
 def save_figure(fig, name: str, *, caption: str, paper: str | None = None, show: bool = True) -> Record:
-    """Save ``fig`` as ``<name>.png`` and ``<name>.svg`` with ``<name>.json`` (provenance) in ``figures_dir()``.
-
-    ``caption`` says what the figure shows; the scale of the current notebook and ``paper`` (the paper's claim or
-    number, if any) are appended. With ``show`` the saved PNG and the caption are displayed (the book renders them)
-    and the image is glued under ``name``, so that another page can show it (MyST-NB
-    ``{glue} name`` with ``:doc: ../notebooks/<notebook>.ipynb``). Returns the provenance record.
-
-    The PNG file is shown, not ``fig``: displaying a figure object gives an image only where the kernel's inline
-    backend has registered its PNG formatter, which happens when pyplot first loads the backend. A figure built
-    with ``matplotlib.figure.Figure`` in a notebook that never draws through pyplot would be shown as its text,
-    ``<Figure size 1300x340 with 5 Axes>``, and the book would have no image.
-    """
+    """Save ``fig`` as ``<name>.png`` and ``<name>.svg`` with ``<name>.json`` (provenance) in ``figures_dir()``;
+    return the record. ``caption`` says what it shows; the notebook's scale and ``paper`` (the paper's claim) are
+    appended. With ``show`` the saved PNG and the caption are displayed, the image glued under ``name`` for other
+    pages. The PNG is shown, not ``fig``: a ``matplotlib.figure.Figure`` in a notebook that never drew through pyplot
+    has no PNG formatter registered and would be shown as its text."""
     import matplotlib
 
     out = _check_name(name)
@@ -217,8 +196,7 @@ def save_figure(fig, name: str, *, caption: str, paper: str | None = None, show:
 
 
 def saved_image(png: Path):
-    """A saved PNG as an IPython ``Image``, displayed at ``SCREEN_DPI`` (the PNG holds ``PNG_DPI`` pixels per inch
-    of the figure: a 6.5-inch figure is shown 650 pixels wide, sharp on screens with more pixels than that)."""
+    """A saved PNG as an IPython ``Image`` displayed at ``SCREEN_DPI`` (sharp on screens with more pixels)."""
     from IPython.display import Image
 
     data = Path(png).read_bytes()
@@ -227,18 +205,15 @@ def saved_image(png: Path):
 
 
 SHOWN_COLUMNS = 7
-"""Columns a table shows at most on its page, its index's among them (more do not fit the book's column); the whole
-table follows in a collapsed block."""
+"""Columns a table shows at most on its page, its index's among them; the whole table follows, collapsed."""
 
 
 def save_table(frame, name: str, *, caption: str, paper: str | None = None, show: bool = True,
                floatfmt: str = "{:.1f}", formats: Mapping[str, str] | None = None,
                main: Sequence[str] | None = None) -> Record:
-    """Save a pandas DataFrame as ``<name>.csv`` with ``<name>.json`` (provenance) beside the figures, and show it
-    (numbers formatted with ``floatfmt``, or ``formats[column]`` for the columns it names, e.g. ``{"beta2": "{:g}"}``
-    where one decimal would show 0.95 as 0.9; missing values as a dash) with its caption. A table of more than
-    ``SHOWN_COLUMNS`` columns (its index's counted) shows ``main`` (default: its first columns that fit), the whole
-    table below in a collapsed block."""
+    """Save a DataFrame as ``<name>.csv`` with ``<name>.json`` (provenance) beside the figures, and show it with its
+    caption: numbers with ``floatfmt`` or ``formats[column]``, missing values as a dash; beyond ``SHOWN_COLUMNS``
+    columns, ``main`` (default: the first that fit) with the whole table collapsed below."""
     unknown = (set(formats or ()) | set(main or ())) - set(frame.columns)
     if unknown:
         raise ValueError(f"save_table({name!r}): formats or main name columns the table does not have: "
@@ -292,9 +267,7 @@ def _glue_object(name: str, value) -> None:
 
 
 def glue(name: str, value, fmt: str | None = None):
-    """Publish a number for the book's prose (MyST-NB ``{glue:text}`` / ``{glue}``), formatted with ``fmt``.
-
-    Without a notebook kernel (plain Python) this only returns the formatted value."""
+    """Publish a number for the book's prose (MyST-NB ``{glue:text}``), formatted with ``fmt``, and return it."""
     text = fmt.format(value) if fmt else value
     _glue_object(name, text)
     return text
