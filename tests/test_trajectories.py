@@ -645,8 +645,8 @@ def test_simulations_needed_detect_the_slope_the_paper_implies():
     design = clustering.simulations_needed()
     assert design.slope == pytest.approx(-0.2)  # fractions 1, 0, 0, 0, 0 over p = 0..4
     assert design.sd == pytest.approx(math.sqrt((0.3 - 0.2) * (0.3 + 0.2)))  # Bhatia-Davis within [-0.3, 0.3]
-    power = TTestPower().power
-    assert power(0.2 / design.sd, design.simulations, 0.05) >= 0.8 > power(0.2 / design.sd, design.simulations - 1, 0.05)
+    power, effect = TTestPower().power, 0.2 / design.sd
+    assert power(effect, design.simulations, 0.05) >= 0.8 > power(effect, design.simulations - 1, 0.05)
     assert presets.SIMULATION_SEEDS == design.simulations
     assert "12 simulations" in words.power_text(design, 12) and "fewer" in words.power_text(design, 3)
 

@@ -290,5 +290,6 @@ def fraction_table(datasets, verdicts, threshold: float = 0.999) -> pd.DataFrame
 
 
 __all__ = ["VERDICT_COLUMNS", "clustering_metrics", "cosine_gram", "dispersion_slopes", "dispersion_test",
-           "PAPER_FRACTIONS", "PowerDesign", "final_fraction", "final_metrics", "fraction_table", "growth_verdicts", "model_final", "model_verdicts", "paired_verdicts",
+           "PAPER_FRACTIONS", "PowerDesign",
+           "final_fraction", "final_metrics", "fraction_table", "growth_verdicts", "model_final", "model_verdicts", "paired_verdicts",
            "step_convergence", "verdicts"]
