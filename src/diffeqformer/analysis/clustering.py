@@ -289,7 +289,7 @@ def fraction_table(datasets, verdicts, threshold: float = 0.999) -> pd.DataFrame
     return pd.DataFrame.from_dict(rows, orient="index").rename_axis("setting")
 
 
-__all__ = ["VERDICT_COLUMNS", "clustering_metrics", "cosine_gram", "dispersion_slopes", "dispersion_test",
-           "PAPER_FRACTIONS", "PowerDesign",
-           "final_fraction", "final_metrics", "fraction_table", "growth_verdicts", "model_final", "model_verdicts", "paired_verdicts",
+__all__ = ["PAPER_FRACTIONS", "PowerDesign", "VERDICT_COLUMNS", "clustering_metrics", "cosine_gram",
+           "dispersion_slopes", "dispersion_test", "final_fraction", "final_metrics", "fraction_table",
+           "growth_verdicts", "model_final", "model_verdicts", "paired_verdicts", "simulations_needed",
            "step_convergence", "verdicts"]
