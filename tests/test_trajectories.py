@@ -22,6 +22,7 @@ from diffeqformer.analysis import clustering, statistics
 from diffeqformer.analysis.clustering import (
     VERDICT_COLUMNS,
     clustering_metrics,
+    final_fraction,
     final_metrics,
     growth_verdicts,
     model_verdicts,
@@ -634,3 +635,25 @@ def test_model_verdicts(tiny_model):
 ])
 def test_monotone_words(values, trend):
     assert words._monotone(values) == trend
+
+
+def test_simulations_needed_detect_the_slope_the_paper_implies():
+    from statsmodels.stats.power import TTestPower
+
+    from diffeqformer.workflow import presets
+
+    design = clustering.simulations_needed()
+    assert design.slope == pytest.approx(-0.2)  # fractions 1, 0, 0, 0, 0 over p = 0..4
+    assert design.sd == pytest.approx(math.sqrt((0.3 - 0.2) * (0.3 + 0.2)))  # Bhatia-Davis within [-0.3, 0.3]
+    power, effect = TTestPower().power, 0.2 / design.sd
+    assert power(effect, design.simulations, 0.05) >= 0.8 > power(effect, design.simulations - 1, 0.05)
+    assert presets.SIMULATION_SEEDS == design.simulations
+    assert "12 simulations" in words.power_text(design, 12) and "fewer" in words.power_text(design, 3)
+
+
+def test_fraction_table_has_the_paper_columns_first(identity_run):
+    table = clustering.fraction_table({"identity": identity_run}, {"identity": growth_verdicts(identity_run)})
+    labels = [f"g = {label}" for label in identity_run["growth_label"].values]
+    assert list(table.columns[:len(labels)]) == labels
+    assert table.loc["identity", labels[0]] == pytest.approx(float(final_fraction(identity_run).sel(growth=0.0).mean()))
+    assert table.loc["identity", "simulations"] == identity_run.sizes["seed"]

@@ -233,6 +233,63 @@ def model_verdicts(ours, reference, at: float = 1.0, threshold: float = 0.999) -
     return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
 
 
-__all__ = ["VERDICT_COLUMNS", "clustering_metrics", "cosine_gram", "dispersion_slopes", "dispersion_test",
-           "final_fraction", "final_metrics", "growth_verdicts", "model_final", "model_verdicts", "paired_verdicts",
+PAPER_FRACTIONS = {0.0: 1.0, 1.0: 0.0, 2.0: 0.0, 3.0: 0.0, 4.0: 0.0}
+"""The fraction of clustered token pairs at T that the paper implies per growth power p (Fig. 2c-d, Fig. 13):
+every pair clustered under weight sharing, none under growth. The paper says growth faster than linear does not
+cluster and leaves linear growth open; counting it as not clustering gives the smallest slope the claim allows."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PowerDesign:
+    """How many simulations F3's test needs to detect the slope the paper implies (``simulations_needed``)."""
+
+    slope: float
+    """The least-squares slope of ``PAPER_FRACTIONS`` against p: the effect to detect, per unit p."""
+    sd: float
+    """The largest standard deviation that simulations' slopes with that mean can have."""
+    power: float
+    alpha: float
+    simulations: int
+    """The fewest simulations whose one-sample t-test detects ``slope`` with ``power`` at ``alpha``, two-sided."""
+
+
+def simulations_needed(fractions=PAPER_FRACTIONS, power: float = 0.8, alpha: float = 0.05) -> PowerDesign:
+    """The number of simulations for F3's test (``dispersion_test``) from what the paper implies, by statsmodels'
+    ``TTestPower``. A simulation's fractions lie in [0, 1], so its slope against p lies in [-M, M], M the slope of
+    fractions 1 where p is above its mean and 0 elsewhere; by the Bhatia-Davis inequality slopes of mean mu within
+    [-M, M] have a variance of at most (M - mu)(mu + M). The design holds whatever the simulations' spread."""
+    from statsmodels.stats.power import TTestPower
+
+    p = np.asarray(list(fractions), dtype=float)
+    x = p - p.mean()
+    slope = float(x @ np.asarray(list(fractions.values()), dtype=float) / (x @ x))
+    bound = float(x.clip(min=0).sum() / (x @ x))
+    sd = math.sqrt((bound - slope) * (slope + bound))
+    n = TTestPower().solve_power(effect_size=abs(slope) / sd, alpha=alpha, power=power, alternative="two-sided")
+    return PowerDesign(slope, sd, power, alpha, math.ceil(n))
+
+
+def fraction_table(datasets, verdicts, threshold: float = 0.999) -> pd.DataFrame:
+    """F3's results in one table: per setting (``datasets``: name -> a ``simulate`` Dataset; ``verdicts``: name -> its
+    ``growth_verdicts``), the fraction of clustered pairs at T per growth law g (mean over the simulations, the
+    paper's quantity), then the slope over p with its 95% interval and p, and the difference g = 1 against t^4 with
+    its p."""
+    rows = {}
+    for name, ds in datasets.items():
+        final = final_fraction(ds, threshold).mean("seed")
+        row = {f"g = {label}": float(v) for label, v in zip(ds["growth_label"].values, final.values)}
+        judged = verdicts[name].set_index("comparison")
+        for key, what in (("slope", "trend over p"), ("1 vs t^4", "g = 1 vs g = t^4")):
+            if what in judged.index:
+                found = judged.loc[what]
+                row.update({key: found["difference"], f"{key} low": found["low"], f"{key} high": found["high"],
+                            f"{key} p": found["p"]})
+        row["simulations"] = int(ds.sizes["seed"])
+        rows[name] = row
+    return pd.DataFrame.from_dict(rows, orient="index").rename_axis("setting")
+
+
+__all__ = ["PAPER_FRACTIONS", "PowerDesign", "VERDICT_COLUMNS", "clustering_metrics", "cosine_gram",
+           "dispersion_slopes", "dispersion_test", "final_fraction", "final_metrics", "fraction_table",
+           "growth_verdicts", "model_final", "model_verdicts", "paired_verdicts", "simulations_needed",
            "step_convergence", "verdicts"]

@@ -4,7 +4,8 @@ the Colab cell's clone URL; formulas typeset offline.
 **Reader-first pages.** ``reader_view`` is what the book job does to every executed notebook before Jupyter Book
 renders it: every code cell's source goes behind a "Show code cell source" toggle (MyST-NB's ``hide-input`` tag;
 its outputs stay), and the page's verdicts (``report.verdicts.opening_markdown``) follow its title, so that a page
-reads as its answer, its question (the first Markdown cell), its figures with their captions and what they show.
+reads as its answer, then its figure and a small table, then its question and method (a paragraph opening with
+"**The question.**"), its other figures with their captions and what they show.
 Only the copy the book is built from changes: the notebooks keep their code open.
 
 **The Colab cell.** Every notebook's first code cell, on Colab only, clones the repository and installs it. Colab
@@ -112,8 +113,8 @@ def reader_view(nb: dict, opening: str | None = None) -> dict:
     """The notebook (its JSON, changed in place and returned) as the book shows it: every code cell that is not
     removed or hidden already is tagged ``hide-input`` (its outputs stay on the page; its source is behind a toggle).
     Papermill's injected-parameters cell is one of them. What a cell printed (its stream outputs: progress, timings,
-    logs) is left out. ``opening`` (Markdown: the page's verdicts), where given, follows the page's title, before its
-    question."""
+    logs) is left out. ``opening`` (Markdown: the page's verdicts), where given, follows the page's title, before the
+    rest of its first cell and the cells after it."""
     if opening is not None:
         first = nb["cells"][0]
         title, _, rest = _source(first).partition("\n")

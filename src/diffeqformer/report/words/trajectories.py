@@ -88,3 +88,15 @@ def trajectories_headline(polynomial: "dict[str, xr.Dataset]", driven: "dict[str
         for p in convergence["growth"].values:
             out[f"sweep_fraction_{_power_key(float(p))}"] = f"{float(last['fraction'].sel(growth=p).mean()):.2f}"
     return out
+
+
+def power_text(design, num_seeds: int) -> str:
+    """F3's design in a sentence: the slope the paper implies, how many simulations detect it (``design``:
+    ``clustering.simulations_needed``) and how many this page ran (``num_seeds``)."""
+    ran = ("as many as this page runs" if num_seeds == design.simulations else
+           f"this page runs {num_seeds}, " + ("more" if num_seeds > design.simulations else "fewer, so the verdict "
+                                              "can miss it"))
+    return (f"The paper implies every pair clustered under weight sharing and none under growth, a slope of "
+            f"{design.slope:+.2f} per unit p; whatever the simulations' spread (their slopes' standard deviation is "
+            f"at most {design.sd:.2f} with that mean), {design.simulations} simulations detect it "
+            f"{design.power:.0%} of the time at p < {design.alpha:g} (statsmodels' TTestPower, two-sided): {ran}")
