@@ -166,7 +166,7 @@ PRETRAIN_SEEDS = {"cpu": 3, "gpu": 3}
 """Pretraining seeds of each model and domain, per preset (others: 1), trained together as one population
 (``diffeqformer.population``). F7's unit is the pretraining: seed k of each setting fine-tunes pretraining seed k once
 (its own fine-tuning seed k), so that a comparison over seeds compares two architectures, each pretrained and
-fine-tuned several times, rather than two checkpoints (``analysis.statistics.RULE``); a setting's fine-tunings are one
+fine-tuned several times, rather than two checkpoints (the book's verdict rule); a setting's fine-tunings are one
 population too."""
 
 

@@ -298,7 +298,7 @@ def shown(table):
 
 
 def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Final validation log-perplexities of two settings over seeds compared by ``statistics.RULE`` (the difference: the
+    """Final validation log-perplexities of two settings over seeds compared by the book's rule (the difference: the
     log of the ratio of perplexities), the first n seeds of both (n the fewer) paired: the workflow trains every
     setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training sequences."""
     n = min(len(a), len(b))

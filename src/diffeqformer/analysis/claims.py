@@ -259,25 +259,6 @@ class Verdict:
             return f"none with these seeds (past the largest possible, {self.of.format(self.of.limit, sign=False)})"
         return f"{self.of.format(self.detectable, sign=False)}"
 
-    def text(self) -> str:
-        """``reproduced: -9.2% (95% CI -15.1% to -3.0%), p = 0.011, paired t-test over 5 seeds; detectable at 80%
-        power: 5.5%`` (p before Holm's adjustment across the headline claims)."""
-        if self.word == statistics.UNTESTED:
-            units = f"{self.n} {self.unit}{'' if self.n == 1 else 's'}"
-            return f"{statistics.UNTESTED} ({units}" + (f"; {self.note})" if self.note else ")")
-        if self.of.measured:
-            return f"{self.word}: {self.effect_text()}" + (f"; {self.note}" if self.note else "")
-        words = [f"{self.word}: {self.effect_text()}, {statistics.p_text(self.p)}, {self.test} over {self.n} "
-                 f"{self.unit}{'' if self.n == 1 else 's'}"]
-        if self.negligible:
-            words.append(f"negligible: within the practical threshold of +-"
-                         f"{self.of.format(self.of.negligible, sign=False)}")
-        label = "equivalence shown 80% of the time within" if self.of.margin else "detectable at 80% power"
-        words.append(f"{label}: {self.detectable_text()}")
-        if self.note:
-            words.append(self.note)
-        return "; ".join(words)
-
     def to_json(self) -> str:
         def plain(v):
             return None if isinstance(v, float) and math.isnan(v) else [plain(x) for x in v] if isinstance(

@@ -10,6 +10,7 @@ import math
 from typing import Mapping
 
 from ..analysis import claims, multiplicity, statistics
+from .words import statistics as wording
 
 NO_GPU_VERDICT = "no GPU edition yet"
 
@@ -30,7 +31,7 @@ def verdicts_markdown(preset: str, here: Mapping[str, Mapping[str, str]],
            f"it), *inconclusive* (not significant: the interval and the smallest effect the design detects 80% of the "
            f"time say how much it could have missed), *untested*. The {tested} claims tested here are adjusted "
            f"together by Holm's method: a verdict is significant only when its adjusted p is below 0.05 (the "
-           f"figure's page gives the unadjusted p). The rule: {statistics.RULE}.", "",
+           f"figure's page gives the unadjusted p). The rule: {wording.RULE}.", "",
            f"| claim | the paper | `{preset}` preset | GPU edition |", "|---|---|---|---|"]
     for claim in claims.CLAIMS.values():
         gpu_page = (f", {{doc}}`GPU </{gpu_folder}/{claim.notebook}>`"
@@ -112,7 +113,7 @@ def pointing(claim: claims.Claim, effect: float) -> str:
 def _parts_text(verdict: claims.Verdict) -> str:
     c = verdict.of
     return "; ".join(f"{name} {c.format(effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)}, "
-                     f"{statistics.p_text(p)}, pointing {pointing(c, effect)})"
+                     f"{wording.p_text(p)}, pointing {pointing(c, effect)})"
                      for name, effect, low, high, p in verdict.parts)
 
 
@@ -132,7 +133,7 @@ def claim_sentence(found: tuple | None, tested: int) -> str:
                                                                                  else "") + "."
     margin = c.margin is not None
     out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {verdict.effect_text()}, "
-           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {statistics.p_text(verdict.p)}, "
+           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {wording.p_text(verdict.p)}, "
            f"{adjusted:.2g} after Holm's adjustment across {tested} claims; "
            f"{verdict.test} over {verdict.n} {verdict.unit}{'' if verdict.n == 1 else 's'}")
     if word.startswith(statistics.INCONCLUSIVE):
@@ -160,7 +161,7 @@ def opening_markdown(notebook: str, judged: Mapping[str, tuple | None], preset: 
     items = [f"- *{c.paper}*: {claim_sentence(judged.get(c.name), tested)}" for c in mine]
     # no backticks in the title: a fence's info string cannot hold any (CommonMark)
     return "\n".join([f"```{{admonition}} The verdict at the {preset} preset", f":class: {OPENING_CLASS}",
-                      *items, "", f"The rule, for every test on this page: {statistics.RULE}. A headline claim's "
+                      *items, "", f"The rule, for every test on this page: {wording.RULE}. A headline claim's "
                       "verdict is significant only when its p after Holm's adjustment across the book's claims is "
                       "below 0.05; every other comparison on the page is exploratory. Every headline claim with its "
                       "primary test: {doc}`/book/verdicts`.", "```"])
