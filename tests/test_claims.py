@@ -41,7 +41,7 @@ def test_a_verdict_in_the_claims_units():
     slope = claims.judge("f3_dispersion", statistics.one_sample([-0.05, -0.04, -0.06, -0.05]))
     assert slope.word == statistics.REPRODUCED and slope.effect == pytest.approx(-0.05)
     assert "per unit p" in wording.verdict(slope)
-    assert slope.effect_text() == f"-0.050 per unit p (95% CI {slope.low:+.3f} to {slope.high:+.3f})"  # unit once
+    assert wording.effect(slope) == f"-0.050 per unit p (95% CI {slope.low:+.3f} to {slope.high:+.3f})"  # unit once
 
 
 def test_a_measure_that_does_not_move_leaves_its_claim_untested():
@@ -74,8 +74,8 @@ def test_an_interval_is_cut_at_the_largest_possible_effect():
     there, and an effect detectable only past it is none."""
     v = claims.judge("f5_induction", statistics.compare([0.1, 0.9, 0.2], [0.8, 0.3, 0.95], paired=True))
     assert v.low < -1 and v.high > 1 and v.detectable > 1  # the test's own numbers are kept
-    assert v.effect_text() == f"{v.effect:+.3f} hit@1 (95% CI -1.000 to +1.000)"
-    assert v.detectable_text() == "none with these seeds (past the largest possible, 1.000 hit@1)"
+    assert wording.effect(v) == f"{v.effect:+.3f} hit@1 (95% CI -1.000 to +1.000)"
+    assert wording.detectable(v) == "none with these seeds (past the largest possible, 1.000 hit@1)"
 
 
 def test_significant_but_negligible_and_equivalence():
@@ -100,7 +100,7 @@ def test_a_claim_with_parts_shows_each_parts_sign():
     assert [name for name, *_ in v.parts] == ["the QK radius", "the OV radius"]
     assert claims.Verdict.from_json(v.to_json()) == v
     sentence = verdicts.claim_sentence((v, 0.01), 3)
-    assert sentence.startswith(f"**contradicted**: {v.effect_text()}, pointing against the paper; ")
+    assert sentence.startswith(f"**contradicted**: {wording.effect(v)}, pointing against the paper; ")
     assert "the QK radius -1.30" in sentence and "the OV radius +0.30" in sentence
     assert sentence.count("against the paper") == 2 and sentence.count("with the paper") == 1
 
@@ -158,12 +158,12 @@ def test_a_page_opens_with_the_verdicts_page_verdict():
     judged = verdicts.holm_verdicts(here)
     f8 = verdicts.opening_markdown("f8_beta2", judged, "cpu")
     assert f8.startswith("```{admonition} The verdict at the cpu preset\n:class: verdict\n")
-    assert (f"**inconclusive after Holm (reproduced before)**: {weak.effect_text()}, pointing with the paper; "
+    assert (f"**inconclusive after Holm (reproduced before)**: {wording.effect(weak)}, pointing with the paper; "
             f"{wording.p_text(weak.p)}, {judged['f8_beta2'][1]:.2g} after Holm's adjustment across 5 claims") in f8
     assert "**inconclusive after Holm (reproduced before)**" in verdicts.verdicts_markdown("cpu", here, None)
     f6 = verdicts.opening_markdown("f6_perplexity", judged, "cpu")
-    assert "*DiffEqFormer reaches a lower" in f6 and f"**reproduced**: {strong.effect_text()}, pointing with" in f6
-    assert f"**inconclusive**: {shared.effect_text()}, pointing against the paper" in f6
+    assert "*DiffEqFormer reaches a lower" in f6 and f"**reproduced**: {wording.effect(strong)}, pointing with" in f6
+    assert f"**inconclusive**: {wording.effect(shared)}, pointing against the paper" in f6
     assert verdicts.opening_markdown("f1_model", judged, "cpu") is None
     assert "**not computed by this preset**" in verdicts.opening_markdown("f9_time_embedding", judged, "cpu")
 

@@ -61,7 +61,7 @@ def bottom_line_markdown(preset: str, here: Mapping[str, Mapping[str, str]]) -> 
         if found is None or found[0].word == statistics.UNTESTED:
             effect = ""
         else:
-            effect = found[0].effect_text() + ("" if found[1] is None else f", {pointing(claim, found[0].effect)}")
+            effect = wording.effect(found[0]) + ("" if found[1] is None else f", {pointing(claim, found[0].effect)}")
         word = adjusted_word(*found) if found else "not computed by this preset"
         out.append(f"| {claim.figure} ({{doc}}`page </notebooks/{claim.notebook}>`): {claim.paper} | {word} | "
                    f"{effect} |")
@@ -129,16 +129,16 @@ def claim_sentence(found: tuple | None, tested: int) -> str:
     if verdict.word == statistics.UNTESTED:
         return f"**{word}**: {verdict.note or 'too few seeds'}."
     if adjusted is None:
-        return f"**{word}**, {c.says} as measured: {verdict.effect_text()}" + (f"; {verdict.note}" if verdict.note
+        return f"**{word}**, {c.says} as measured: {wording.effect(verdict)}" + (f"; {verdict.note}" if verdict.note
                                                                                  else "") + "."
     margin = c.margin is not None
-    out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {verdict.effect_text()}, "
+    out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {wording.effect(verdict)}, "
            f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {wording.p_text(verdict.p)}, "
            f"{adjusted:.2g} after Holm's adjustment across {tested} claims; "
            f"{verdict.test} over {verdict.n} {verdict.unit}{'' if verdict.n == 1 else 's'}")
     if word.startswith(statistics.INCONCLUSIVE):
         label = "equivalence shown 80% of the time within" if c.margin is not None else "detectable 80% of the time"
-        out += f"; {label}: {verdict.detectable_text()}"
+        out += f"; {label}: {wording.detectable(verdict)}"
     if verdict.parts:
         out += f". Each part: {_parts_text(verdict)}"
     elif verdict.note:
@@ -175,9 +175,9 @@ def _verdict_cell(found: tuple | None, missing: str) -> str:
         return missing
     verdict, adjusted = found
     if adjusted is None:
-        return f"**{verdict.word}**" + (f": {verdict.effect_text()}" if verdict.word != statistics.UNTESTED else
+        return f"**{verdict.word}**" + (f": {wording.effect(verdict)}" if verdict.word != statistics.UNTESTED else
                                         f" ({verdict.note})" if verdict.note else "")
     negligible = ", negligible" if verdict.negligible else ""
-    return (f"**{adjusted_word(verdict, adjusted)}**{negligible}: {verdict.effect_text()} "
+    return (f"**{adjusted_word(verdict, adjusted)}**{negligible}: {wording.effect(verdict)} "
             f"({pointing(verdict.of, verdict.effect)}); p = {verdict.p:.2g}, Holm {adjusted:.2g}; "
-            f"detectable: {verdict.detectable_text()}")
+            f"detectable: {wording.detectable(verdict)}")

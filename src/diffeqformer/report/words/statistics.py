@@ -54,6 +54,30 @@ def trend(t: statistics.Trend, digits: int = 1, unit: str = "") -> str:
             f"{t.groups} seed{'' if t.groups == 1 else 's'}): {t.verdict}")
 
 
+def effect(v: claims.Verdict) -> str:
+    """``-9.2% (95% CI -15.1% to -3.0%)``, ``+0.33 per unit t (95% CI -0.95 to +1.61)`` (the unit written once), or
+    the effect alone without an interval."""
+    c = v.of
+    if math.isnan(v.low):
+        return c.format(v.effect)
+    low, high = (v.low, v.high) if c.limit is None else (max(v.low, -c.limit), min(v.high, c.limit))
+    return f"{c.format(v.effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)})"
+
+
+def detectable(v: claims.Verdict) -> str:
+    """The smallest effect detected 80% of the time (for an equivalence claim: the smallest margin shown 80% of the
+    time), or why there is none."""
+    c = v.of
+    if c.measured:
+        return "a measurement"
+    if math.isnan(v.detectable):
+        return "n/a"
+    if math.isinf(v.detectable) or (c.limit is not None and v.detectable > c.limit):
+        past = "" if math.isinf(v.detectable) else f" (past the largest possible, {c.format(c.limit, sign=False)})"
+        return f"none with these seeds{past}"
+    return c.format(v.detectable, sign=False)
+
+
 def verdict(v: claims.Verdict) -> str:
     """``reproduced: -9.2% (95% CI -15.1% to -3.0%), p = 0.011, paired t-test over 5 seeds; detectable at 80%
     power: 5.5%`` (p before Holm's adjustment across the headline claims)."""
@@ -62,9 +86,9 @@ def verdict(v: claims.Verdict) -> str:
     if v.word == statistics.UNTESTED:
         return f"{statistics.UNTESTED} ({'; '.join([units, *note])})"
     if v.of.measured:
-        return "; ".join([f"{v.word}: {v.effect_text()}", *note])
-    words = [f"{v.word}: {v.effect_text()}, {p_text(v.p)}, {v.test} over {units}"]
+        return "; ".join([f"{v.word}: {effect(v)}", *note])
+    words = [f"{v.word}: {effect(v)}, {p_text(v.p)}, {v.test} over {units}"]
     if v.negligible:
         words.append(f"negligible: within the practical threshold of +-{v.of.format(v.of.negligible, sign=False)}")
     label = "equivalence shown 80% of the time within" if v.of.margin else "detectable at 80% power"
-    return "; ".join([*words, f"{label}: {v.detectable_text()}", *note])
+    return "; ".join([*words, f"{label}: {detectable(v)}", *note])
