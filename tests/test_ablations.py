@@ -15,6 +15,7 @@ from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 from diffeqformer import paths
 from diffeqformer.analysis import ablations, memory, statistics
 from diffeqformer.report.words import ablations as words
+from diffeqformer.report.words import statistics as wording
 from diffeqformer.report.plots import ablations as plots
 
 
@@ -95,7 +96,7 @@ def test_finetune_verdicts_of_one_seed_are_untested(grid):
     assert [v.word for v in verdicts.values()] == [statistics.UNTESTED] * 3
     assert "full fine-tuning" in verdicts["f7_full"].note
     # every N against the GPT-2, not the best of them, each as exploration
-    secondary = ablations.finetune_secondary(table)
+    secondary = words.finetune_secondary(ablations.finetune_secondary(table))
     assert list(secondary.N) == [9, 18] and list(secondary.verdict) == [statistics.UNTESTED] * 2
     assert secondary["effect (95% CI)"].iloc[0] == f"{100 * math.expm1(5.0 - 5.5):+.1f}%"
     # the overfitting of each fine-tuning: its final perplexity above its best
@@ -261,7 +262,7 @@ def test_time_embedding_table_and_headline(tmp_path):
     slope = ablations.time_embedding_trend(table)
     assert slope.slope == pytest.approx((sum((5.80, 5.82, 5.79)) - sum((6.00, 6.01, 5.99))) / 3 / 2)
     assert slope.df == 2 and verdicts["f9_dt"].word == statistics.REPRODUCED
-    assert text["trend"] == verdicts["f9_dt"].text() and "% per doubling" in text["trend"]
+    assert text["trend"] == wording.verdict(verdicts["f9_dt"]) and "% per doubling" in text["trend"]
     noisy = table.assign(losses=[(6.00, 5.95, 6.05), (5.99, 6.05, 5.94)])
     assert ablations.time_embedding_verdicts(noisy)["f9_dt"].word == statistics.INCONCLUSIVE
     worse = table.assign(losses=[(6.00, 6.01, 5.99), (6.10, 6.12, 6.09)])

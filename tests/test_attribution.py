@@ -15,6 +15,7 @@ from diffeqformer.analysis.attribution import (METHODS, attribution_benchmark, c
                                               raw_attention_scores, summarize)
 from diffeqformer.report.plots.lyapunov import benchmark as plot_summary
 from diffeqformer.report.words.lyapunov import attribution_headline as headline
+from diffeqformer.report.words import statistics as wording
 
 
 def test_benchmark_runs_on_a_random_model(tmp_path):
@@ -129,7 +130,7 @@ def test_hit_rates_over_seeds_and_the_claim():
     # per seed: hit@1 1.00 - 0.25, 1.00 - 0.50, 0.75 - 0.25: differences 0.75, 0.50, 0.50
     paired = stats.ttest_rel([1.0, 1.0, 0.75], [0.25, 0.5, 0.25])
     assert text["claim_agreement"].startswith(f"{statistics.REPRODUCED}: +0.583 hit@1 (95% CI ")
-    assert f"{statistics.p_text(paired.pvalue)}, paired t-test over 3 seeds; detectable at 80% power: " in \
+    assert f"{wording.p_text(paired.pvalue)}, paired t-test over 3 seeds; detectable at 80% power: " in \
         text["claim_agreement"]
     c, hits = claim(pd.DataFrame(rows))
     assert c.p == pytest.approx(paired.pvalue) and hits == pytest.approx(7 / 12)
@@ -140,7 +141,7 @@ def test_hit_rates_over_seeds_and_the_claim():
     assert c.verdict == statistics.INCONCLUSIVE and c.test == statistics.PAIRED
     one = pd.DataFrame([r for r in rows if r["seed"] == 0])
     assert claim(one)[0].p == pytest.approx(stats.binomtest(3, 3).pvalue)  # one seed: McNemar on the prompts
-    assert f"{statistics.p_text(stats.binomtest(3, 3).pvalue)}, exact McNemar test over 4 pairs" in \
+    assert f"{wording.p_text(stats.binomtest(3, 3).pvalue)}, exact McNemar test over 4 pairs" in \
         headline(one)["claim_agreement"]
     assert headline(one)["claim_agreement"].startswith(statistics.INCONCLUSIVE)
     assert headline(one[one.prompt == 0])["claim_agreement"].startswith(f"{statistics.UNTESTED} (1 pair")

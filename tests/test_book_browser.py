@@ -26,8 +26,9 @@ from smoke_pipeline import smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
 from diffeqformer.workflow.presets import presets
-from diffeqformer.analysis import claims, statistics
+from diffeqformer.analysis import claims
 from diffeqformer.report import book
+from diffeqformer.report.words import statistics as wording
 
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
@@ -347,7 +348,7 @@ def _verdict_problems(name: str, info: dict, headline: dict[str, str]) -> list[s
               f"{headline[c.paper]!r}" for c in mine if items.get(c.paper) != headline[c.paper]]
     if re.search(r"\bnan\b", opening["text"], flags=re.I):
         found.append("'nan' in the page's verdict")
-    text = " ".join(info["outside_opening"].split()).replace(" ".join(statistics.RULE.split()), "")
+    text = " ".join(info["outside_opening"].split()).replace(" ".join(wording.RULE.split()), "")
     found += [f"outside its verdict the page says {m[0]!r}: ...{text[max(0, m.start() - 80):m.end() + 40]}..."
               for m in STRONG.finditer(text)]
     return found

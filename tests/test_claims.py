@@ -9,6 +9,7 @@ import pytest
 from diffeqformer import paths
 from diffeqformer.analysis import claims, statistics
 from diffeqformer.report import book, verdicts
+from diffeqformer.report.words import statistics as wording
 
 
 def test_every_claim_is_judged_by_its_notebook():
@@ -31,15 +32,16 @@ def test_a_verdict_in_the_claims_units():
     assert v.word == statistics.REPRODUCED and v.effect == pytest.approx(100 * math.expm1(c.difference))
     assert (v.low, v.high) == pytest.approx((100 * math.expm1(c.low), 100 * math.expm1(c.high)))
     assert v.detectable == pytest.approx(100 * math.expm1(c.detectable)) and v.n == 3 and v.unit == "seed"
-    assert v.text().startswith(f"reproduced: {v.effect:+.1f}% (95% CI {v.low:+.1f}% to {v.high:+.1f}%), p = ")
+    assert wording.verdict(v).startswith(f"reproduced: {v.effect:+.1f}% (95% CI {v.low:+.1f}% to {v.high:+.1f}%), p = ")
     assert claims.Verdict.from_json(v.to_json()) == v
     untested = claims.untested("f6_llama", "no Llama")
-    assert claims.Verdict.from_json(untested.to_json()).text() == "untested (0 seeds; no Llama)"
+    assert wording.verdict(claims.Verdict.from_json(untested.to_json())) == "untested (0 seeds; no Llama)"
     with pytest.raises(ValueError, match="measurement"):
         claims.judge("f9_memory", c)
     slope = claims.judge("f3_dispersion", statistics.one_sample([-0.05, -0.04, -0.06, -0.05]))
-    assert slope.word == statistics.REPRODUCED and slope.effect == pytest.approx(-0.05) and "per unit p" in slope.text()
-    assert slope.effect_text() == f"-0.050 per unit p (95% CI {slope.low:+.3f} to {slope.high:+.3f})"  # unit once
+    assert slope.word == statistics.REPRODUCED and slope.effect == pytest.approx(-0.05)
+    assert "per unit p" in wording.verdict(slope)
+    assert wording.effect(slope) == f"-0.050 per unit p (95% CI {slope.low:+.3f} to {slope.high:+.3f})"  # unit once
 
 
 def test_a_measure_that_does_not_move_leaves_its_claim_untested():
@@ -50,14 +52,14 @@ def test_a_measure_that_does_not_move_leaves_its_claim_untested():
     for judged, n in ((pairs, 6), (slopes, 3)):
         v = claims.judge("f6_overfit", judged)
         assert v.word == statistics.UNTESTED and v.n == n
-        assert v.text().startswith(f"untested ({n} seeds; {claims.NOTHING_MOVED}")
+        assert wording.verdict(v).startswith(f"untested ({n} seeds; {claims.NOTHING_MOVED}")
         assert claims.Verdict.from_json(v.to_json()) == v
     moved = claims.judge("f6_overfit", statistics.compare([0.0] * 6, [0.01] * 6, paired=True))
-    assert moved.word == statistics.REPRODUCED and "exact test of their signs" in moved.text()
+    assert moved.word == statistics.REPRODUCED and "exact test of their signs" in wording.verdict(moved)
     # one model: no discordant prompt
     same = claims.judge("f5_agreement", statistics.mcnemar([1, 0, 1, 1], [1, 0, 1, 1]))
     assert same.word == statistics.UNTESTED and same.n == 4 and same.unit == "pair"
-    assert same.text().startswith(f"untested (4 pairs; {claims.NOTHING_MOVED}")
+    assert wording.verdict(same).startswith(f"untested (4 pairs; {claims.NOTHING_MOVED}")
     balanced = claims.judge("f5_agreement", statistics.mcnemar([1, 0, 1, 1], [0, 1, 1, 1]))  # differs, cancels to 0
     assert balanced.word == statistics.INCONCLUSIVE and balanced.low < 0 < balanced.high
     why = "another measure moved"  # said only where the claim stays untested
@@ -72,15 +74,15 @@ def test_an_interval_is_cut_at_the_largest_possible_effect():
     there, and an effect detectable only past it is none."""
     v = claims.judge("f5_induction", statistics.compare([0.1, 0.9, 0.2], [0.8, 0.3, 0.95], paired=True))
     assert v.low < -1 and v.high > 1 and v.detectable > 1  # the test's own numbers are kept
-    assert v.effect_text() == f"{v.effect:+.3f} hit@1 (95% CI -1.000 to +1.000)"
-    assert v.detectable_text() == "none with these seeds (past the largest possible, 1.000 hit@1)"
+    assert wording.effect(v) == f"{v.effect:+.3f} hit@1 (95% CI -1.000 to +1.000)"
+    assert wording.detectable(v) == "none with these seeds (past the largest possible, 1.000 hit@1)"
 
 
 def test_significant_but_negligible_and_equivalence():
     tiny = claims.judge("f6_ours", statistics.compare([5.000, 5.001, 5.002], [5.004, 5.0055, 5.0065], paired=True))
-    assert tiny.word == statistics.REPRODUCED and tiny.negligible and "negligible" in tiny.text()
+    assert tiny.word == statistics.REPRODUCED and tiny.negligible and "negligible" in wording.verdict(tiny)
     same = claims.judge("f7_full", statistics.compare([0.005, -0.015, 0.015], [0.0] * 3, paired=True))
-    assert same.word == statistics.REPRODUCED and "equivalence shown 80% of the time within" in same.text()
+    assert same.word == statistics.REPRODUCED and "equivalence shown 80% of the time within" in wording.verdict(same)
     vague = claims.judge("f7_full", statistics.compare([0.2, -0.15, 0.05], [0.0] * 3, paired=True))
     assert vague.word == statistics.INCONCLUSIVE
     assert verdicts.pointing(vague.of, vague.effect) == "within the margin of +-5.0%"  # +3.4%, yet not shown
@@ -98,7 +100,7 @@ def test_a_claim_with_parts_shows_each_parts_sign():
     assert [name for name, *_ in v.parts] == ["the QK radius", "the OV radius"]
     assert claims.Verdict.from_json(v.to_json()) == v
     sentence = verdicts.claim_sentence((v, 0.01), 3)
-    assert sentence.startswith(f"**contradicted**: {v.effect_text()}, pointing against the paper; ")
+    assert sentence.startswith(f"**contradicted**: {wording.effect(v)}, pointing against the paper; ")
     assert "the QK radius -1.30" in sentence and "the OV radius +0.30" in sentence
     assert sentence.count("against the paper") == 2 and sentence.count("with the paper") == 1
 
@@ -156,13 +158,13 @@ def test_a_page_opens_with_the_verdicts_page_verdict():
     judged = verdicts.holm_verdicts(here)
     f8 = verdicts.opening_markdown("f8_beta2", judged, "cpu")
     assert f8.startswith("```{admonition} The verdict at the cpu preset\n:class: verdict\n")
-    assert (f"**inconclusive after Holm (reproduced before)**: {weak.effect_text()}, pointing with the paper; "
-            f"{statistics.p_text(weak.p)}, {judged['f8_beta2'][1]:.2g} after Holm's adjustment across 5 claims") in f8
+    assert (f"**inconclusive after Holm (reproduced before)**: {wording.effect(weak)}, pointing with the paper; "
+            f"{wording.p_text(weak.p)}, {judged['f8_beta2'][1]:.2g} after Holm's adjustment across 5 claims") in f8
     page = verdicts.verdicts_markdown("cpu", verdicts.holm_verdicts(here), None)
     assert "**inconclusive after Holm (reproduced before)**" in page
     f6 = verdicts.opening_markdown("f6_perplexity", judged, "cpu")
-    assert "*DiffEqFormer reaches a lower" in f6 and f"**reproduced**: {strong.effect_text()}, pointing with" in f6
-    assert f"**inconclusive**: {shared.effect_text()}, pointing against the paper" in f6
+    assert "*DiffEqFormer reaches a lower" in f6 and f"**reproduced**: {wording.effect(strong)}, pointing with" in f6
+    assert f"**inconclusive**: {wording.effect(shared)}, pointing against the paper" in f6
     assert verdicts.opening_markdown("f1_model", judged, "cpu") is None
     assert "**not computed by this preset**" in verdicts.opening_markdown("f9_time_embedding", judged, "cpu")
 

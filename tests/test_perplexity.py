@@ -8,6 +8,7 @@ import pytest
 
 from diffeqformer.analysis import perplexity, statistics
 from diffeqformer.report.words import language as words
+from diffeqformer.report.words import statistics as wording
 from diffeqformer.report.plots import language
 
 
@@ -52,8 +53,8 @@ def test_final_table_in_table_order_with_changes_against_the_baseline(runs):
     assert glued["ppl_ours"] == f"{math.exp(4.5):.1f}" and glued["steps"] == "20" and glued["seeds"] == "1 seed"
     verdicts = perplexity.verdicts(perplexity.curves(runs))
     assert list(verdicts) == ["f6_ours", "f6_shared", "f6_overfit", "f6_llama"]
-    assert verdicts["f6_llama"].word == statistics.UNTESTED and "no DiffEqFormer (Llama) and Llama" in verdicts[
-        "f6_llama"].text()
+    assert verdicts["f6_llama"].word == statistics.UNTESTED and "no DiffEqFormer (Llama) and Llama" in wording.verdict(
+        verdicts["f6_llama"])
     assert all(v.word == statistics.UNTESTED for v in verdicts.values())  # one seed each: nothing to judge by
 
 
@@ -63,7 +64,7 @@ def _seeds(tmp_path, name, finals):
 
 def test_seeds_give_mean_spread_and_verdict(tmp_path):
     """Three seeds per row: the table holds the mean and standard deviation of the final perplexities; seed k of
-    every row is matched (the paired t-test of statistics.RULE, on log-perplexities): a difference whose p is below
+    every row is matched (the paired t-test of the book's rule, on log-perplexities): a difference whose p is below
     0.05 is significant, another inconclusive; the change is the ratio of perplexities from the mean log difference."""
     gpt = [5.00, 5.02, 4.98]
     runs = {"gpt": _seeds(tmp_path, "g", gpt), "ours": _seeds(tmp_path, "o", [4.50, 4.53, 4.47]),
@@ -83,8 +84,8 @@ def test_seeds_give_mean_spread_and_verdict(tmp_path):
     verdict = perplexity.verdicts(frame)["f6_ours"]
     ours = perplexity.comparisons(frame)["ours"]
     assert ours.test == "paired t-test" and ours.p < 0.05 and verdict.word == statistics.REPRODUCED
-    assert verdict.text().startswith(f"reproduced: {table.loc['ours', 'vs baseline %']:+.1f}% (95% CI ")
-    assert f"p = {ours.p:.2g}, paired t-test over 3 seeds; detectable at 80% power: " in verdict.text()
+    assert wording.verdict(verdict).startswith(f"reproduced: {table.loc['ours', 'vs baseline %']:+.1f}% (95% CI ")
+    assert f"p = {ours.p:.2g}, paired t-test over 3 seeds; detectable at 80% power: " in wording.verdict(verdict)
     ax = language.perplexity_curves(frame, perplexity.ROWS).axes[0]
     assert len(ax.collections) == 3  # one band per row
 

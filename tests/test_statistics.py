@@ -18,6 +18,7 @@ from statsmodels.stats.power import TTestPower
 from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 
 from diffeqformer.analysis.multiplicity import holm, intersection
+from diffeqformer.report.words import statistics as wording
 from diffeqformer.analysis.statistics import (CONTRADICTED, EXACT_LABELS, EXACT_SIGNS, INCONCLUSIVE, MCNEMAR,
                                               ONE_SAMPLE, PAIRED, REPRODUCED, SEED_SLOPE, SIGNIFICANT, SLOPE, UNTESTED,
                                               WELCH, all_runs, as_list, compare, detectable_difference, equivalence,
@@ -124,14 +125,14 @@ def test_interval_and_p_are_scipys():
     assert (welch.test, paired.test) == (WELCH, PAIRED)
     # the seeds share a lot: the paired differences (1.0, 1.5, 0.8) are tighter than the two spreads
     assert paired.significant and not welch.significant
-    assert paired.text() == f"+1.1 (+103.1%), 95% CI [{paired.low:+.1f}, {paired.high:+.1f}], p = {paired.p:.2g}, " \
-                            "paired t-test: significant"
+    assert wording.comparison(paired) == (f"+1.1 (+103.1%), 95% CI [{paired.low:+.1f}, {paired.high:+.1f}], "
+                                          f"p = {paired.p:.2g}, paired t-test: significant")
     assert welch.verdict == INCONCLUSIVE
 
 
 def test_untested_and_degenerate():
     assert compare([2.0], [1.0, 1.1]).verdict == f"{UNTESTED}: 1 seed"  # one seed: no spread to judge by
-    assert compare([2.0], [1.0], paired=True).text() == "+1.0 (+100.0%): untested: 1 seed"
+    assert wording.comparison(compare([2.0], [1.0], paired=True)) == "+1.0 (+100.0%): untested: 1 seed"
     with pytest.raises(ValueError, match="same seeds"):
         compare([1.0, 2.0], [1.0, 2.0, 3.0], paired=True)
     assert compare([1.0, 1.0], [1.0, 1.0]).verdict == INCONCLUSIVE  # identical seeds, no difference shown
@@ -143,7 +144,7 @@ def test_no_spread_is_an_exact_test_never_p_zero():
     exact permutation test of the labels."""
     three = compare([1.0] * 3, [0.0] * 3, paired=True)
     assert (three.test, three.p, three.verdict) == (EXACT_SIGNS, 0.25, INCONCLUSIVE) and math.isnan(three.low)
-    assert three.interval() == "p = 0.25, exact sign-flip test (no spread)"
+    assert wording.interval(three) == "p = 0.25, exact sign-flip test (no spread)"
     assert three.detectable == math.inf  # no pattern of three signs reaches p < 0.05
     six = compare([1.0] * 6, [0.0] * 6, paired=True)
     assert six.p == pytest.approx(2 / 64) and six.significant and six.detectable == 0.0
@@ -233,7 +234,7 @@ def test_spread_is_mean_and_sample_deviation():
     s = spread([1.0, 2.0, 3.0])
     assert (s.n, s.mean, s.sd) == (3, 2.0, 1.0)
     assert s.se == pytest.approx(1 / math.sqrt(3))
-    assert s.text() == "2.0 ± 1.0 (3 seeds)" and spread([4.0]).text() == "4.0 (1 seed)"
+    assert wording.spread(s.values) == "2.0 ± 1.0 (3 seeds)" and wording.spread([4.0]) == "4.0 (1 seed)"
 
 
 def test_no_verdict_on_nan_or_nothing():
@@ -286,9 +287,10 @@ def test_trend_known_slope_flat_trend_and_untested():
     assert (exact.slope, exact.p, exact.test) == (pytest.approx(-2.0), 0.5, EXACT_SIGNS)  # two seeds: 2 / 2^2
     flat = trend([1, 2, 3] * 3, [5.0, 5.3, 4.9, 4.2, 3.8, 4.1, 6.0, 6.2, 5.9], [0] * 3 + [1] * 3 + [2] * 3)
     assert flat.verdict == INCONCLUSIVE and flat.low < 0 < flat.high
-    assert flat.text(2, " per step").endswith(f"{SEED_SLOPE} (9 values, 3 seeds): inconclusive")
+    assert wording.trend(flat, 2, " per step").endswith(f"{SEED_SLOPE} (9 values, 3 seeds): inconclusive")
     one = trend([1.0, 2.0], [5.0, 4.0])  # two settings of one seed: nothing left to judge the slope by
-    assert one.verdict == f"{UNTESTED}: 2 values in 1 seed" and one.text() == "-1.0: untested: 2 values in 1 seed"
+    assert one.verdict == f"{UNTESTED}: 2 values in 1 seed"
+    assert wording.trend(one) == "-1.0: untested: 2 values in 1 seed"
     with pytest.raises(ValueError, match="two settings"):
         trend([1.0, 1.0], [5.0, 4.0])
     with pytest.raises(ValueError, match="non-finite"):

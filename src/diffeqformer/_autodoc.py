@@ -40,8 +40,9 @@ LAYERS = [
      "analysis.perplexity", "analysis.ablations", "analysis.downstream"],
     ["analysis.attribution", "analysis.model_trajectories", "analysis.clustering"],
     # diffeqformer.report again: the words and the plots of the analyses' data
-    ["report.words", "report.words.spectra", "report.words.trajectories", "report.words.lyapunov",
-     "report.words.ablations", "report.words.language"],
+    ["report.words", "report.words.statistics"],  # the rule, p-values, spreads, comparisons and verdicts in words
+    ["report.words.spectra", "report.words.trajectories", "report.words.lyapunov", "report.words.ablations",
+     "report.words.language"],
     ["report.plots", "report.plots.schematic", "report.plots.spectra", "report.plots.trajectories",
      "report.plots.lyapunov", "report.plots.ablations", "report.plots.language"],
     # the book's pages of results: the verdicts of the headline claims, the accelerator measurements and their cost

@@ -247,20 +247,14 @@ def finetune_verdicts(table) -> dict[str, claims.Verdict]:
 
 
 def finetune_secondary(table):
-    """F7's exploratory comparisons: per method, direction and N, ``finetune_differences`` judged as its method's
-    claim: the ratio in percent with its 95% interval, p, verdict, whether it is negligible and the smallest ratio
-    the design detects 80% of the time."""
+    """F7's exploratory comparisons: per ``method``, ``direction`` and ``N``, ``finetune_differences`` judged as its
+    method's claim (``verdict``, a ``claims.Verdict``; ``report.words.ablations.finetune_secondary`` tabulates them)."""
     import pandas as pd
 
-    rows = []
-    for method, name in (("lora", "f7_lora"), ("full", "f7_full")):
-        for (direction, n), per_seed in finetune_differences(table, method).items():
-            v = claims.judge(name, one_sample(list(per_seed.values())), unit=PRETRAINING)
-            rows.append({"method": method_name(method), "direction": direction, "N": n,
-                         "effect (95% CI)": v.effect_text(), "p": v.p, "verdict": v.word,
-                         "negligible": "yes" if v.negligible else "", "detectable at 80%": v.detectable_text(),
-                         "pretraining seeds": v.n})
-    return pd.DataFrame(rows)
+    return pd.DataFrame([{"method": method_name(method), "direction": direction, "N": n,
+                          "verdict": claims.judge(name, one_sample(list(per_seed.values())), unit=PRETRAINING)}
+                         for method, name in (("lora", "f7_lora"), ("full", "f7_full"))
+                         for (direction, n), per_seed in finetune_differences(table, method).items()])
 
 
 # ------------------------------------------------------------------------------------------ F8-F10: ablations
@@ -298,7 +292,7 @@ def shown(table):
 
 
 def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Final validation log-perplexities of two settings over seeds compared by ``statistics.RULE`` (the difference: the
+    """Final validation log-perplexities of two settings over seeds compared by the book's rule (the difference: the
     log of the ratio of perplexities), the first n seeds of both (n the fewer) paired: the workflow trains every
     setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training sequences."""
     n = min(len(a), len(b))

@@ -305,7 +305,7 @@ def verdicts(results: pd.DataFrame) -> dict:
 
 def claim(results: pd.DataFrame) -> tuple[Comparison, float]:
     """The paper's claim (``CLAIM``) on one task's per-prompt results: the largest exponent's hits at 1 against
-    attention's, judged by ``statistics.RULE``, and the difference of their hit@1 rates (means over prompts and seeds).
+    attention's, judged by the book's rule, and the difference of their hit@1 rates (means over prompts and seeds).
 
     With several seeds' models the unit is the model: the paired t-test over the seeds' hit@1 rates (both methods
     read the same model) asks whether the difference holds from one training run to the next (the method page,

@@ -237,47 +237,6 @@ class Verdict:
         return (c.negligible is not None and self.word in (statistics.REPRODUCED, statistics.CONTRADICTED)
                 and abs(self.effect) < c.negligible)
 
-    def effect_text(self) -> str:
-        """``-9.2% (95% CI -15.1% to -3.0%)``, ``+0.33 per unit t (95% CI -0.95 to +1.61)`` (the unit written once), or
-        the effect alone without an interval."""
-        c = self.of
-        if math.isnan(self.low):
-            return c.format(self.effect)
-        low, high = (self.low, self.high) if c.limit is None else (max(self.low, -c.limit), min(self.high, c.limit))
-        return f"{c.format(self.effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)})"
-
-    def detectable_text(self) -> str:
-        """The smallest effect detected 80% of the time (for an equivalence claim: the smallest margin shown 80% of
-        the time), or why there is none."""
-        if self.of.measured:
-            return "a measurement"
-        if math.isnan(self.detectable):
-            return "n/a"
-        if math.isinf(self.detectable):
-            return "none with these seeds"
-        if self.of.limit is not None and self.detectable > self.of.limit:
-            return f"none with these seeds (past the largest possible, {self.of.format(self.of.limit, sign=False)})"
-        return f"{self.of.format(self.detectable, sign=False)}"
-
-    def text(self) -> str:
-        """``reproduced: -9.2% (95% CI -15.1% to -3.0%), p = 0.011, paired t-test over 5 seeds; detectable at 80%
-        power: 5.5%`` (p before Holm's adjustment across the headline claims)."""
-        if self.word == statistics.UNTESTED:
-            units = f"{self.n} {self.unit}{'' if self.n == 1 else 's'}"
-            return f"{statistics.UNTESTED} ({units}" + (f"; {self.note})" if self.note else ")")
-        if self.of.measured:
-            return f"{self.word}: {self.effect_text()}" + (f"; {self.note}" if self.note else "")
-        words = [f"{self.word}: {self.effect_text()}, {statistics.p_text(self.p)}, {self.test} over {self.n} "
-                 f"{self.unit}{'' if self.n == 1 else 's'}"]
-        if self.negligible:
-            words.append(f"negligible: within the practical threshold of +-"
-                         f"{self.of.format(self.of.negligible, sign=False)}")
-        label = "equivalence shown 80% of the time within" if self.of.margin else "detectable at 80% power"
-        words.append(f"{label}: {self.detectable_text()}")
-        if self.note:
-            words.append(self.note)
-        return "; ".join(words)
-
     def to_json(self) -> str:
         def plain(v):
             return None if isinstance(v, float) and math.isnan(v) else [plain(x) for x in v] if isinstance(

@@ -134,7 +134,7 @@ def final_fraction(ds: xr.Dataset, threshold: float = 0.999) -> xr.DataArray:
 
 def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
     """Does weight sharing leave more token pairs clustered at T than growth does, and does the fraction change with
-    p? By the book's rule (``statistics.RULE``) over the simulations of ``simulate``'s Dataset (which must hold p = 0):
+    p? By the book's rule over the simulations of ``simulate``'s Dataset (which must hold p = 0):
 
     * for each p > 0, ``g = 1 vs g = t^p``: the paired test of the fraction at T (seed s of every power shares its
       weights and start), ``mean a`` under g = 1, ``mean b`` under t^p;

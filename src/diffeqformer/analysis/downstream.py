@@ -321,9 +321,9 @@ def summary(results: pd.DataFrame) -> pd.DataFrame:
 
 def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
     """Each model of ``pairs`` against its baseline on every headline metric, task and shots, judged by
-    ``statistics.RULE`` over the seeds (paired: seed k of both models shares its data order): columns ``task``,
+    the book's rule over the seeds (paired: seed k of both models shares its data order): columns ``task``,
     ``shots``, ``metric``, ``model``, ``baseline``, ``difference`` (mean model - mean baseline), ``low``, ``high``
-    (its 95% CI), ``p``, ``test``, ``verdict``, ``text``, ``comparison`` (the ``statistics.Comparison``)."""
+    (its 95% CI), ``p``, ``test``, ``verdict``, ``comparison`` (the ``statistics.Comparison``)."""
     rows = []
     judged = headline(results)
     for (task, shots, metric), group in judged.groupby(["task", "shots", "metric"], sort=False):
@@ -334,10 +334,9 @@ def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
                 continue
             n = min(len(a), len(b))  # seed k of both models shares its data order: the seeds both have
             c = statistics.compare(a[:n], b[:n], paired=True)
-            digits = 1 if metric == "perplexity" else 3
             rows.append({"task": task, "shots": int(shots), "metric": metric, "model": model, "baseline": baseline,
                          "difference": c.difference, "low": c.low, "high": c.high, "p": c.p, "test": c.test,
-                         "verdict": c.verdict, "text": c.text(digits), "comparison": c})
+                         "verdict": c.verdict, "comparison": c})
     return pd.DataFrame(rows)
 
 

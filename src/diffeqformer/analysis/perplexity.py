@@ -135,7 +135,7 @@ def overfitting(frame) -> dict[str, dict[str, list[float]]]:
 
 
 def _pair(values: Mapping[str, Sequence[float]], a: str, b: str) -> Comparison:
-    """Row ``a``'s seed values against row ``b``'s by the paired t-test (``statistics.RULE``) on the first n seeds of
+    """Row ``a``'s seed values against row ``b``'s by the paired t-test (the book's rule) on the first n seeds of
     both (n the fewer): seed k of every row reads the training sequences in the same order."""
     n = min(len(values[a]), len(values[b]))
     return compare(values[a][:n], values[b][:n], paired=True)

@@ -12,7 +12,7 @@ magnitude (conjugate pairs: positive imaginary part first); the index ranks them
 through a crossing. AB and BA share their nonzero eigenvalues, so ``method="fast"`` diagonalises the smaller product
 (W_K^T W_Q, W_O W_V, W_2 W_1 when M < D) and keeps the min(D, r) eigenvalues that can be nonzero; ``"full"`` all D.
 
-Growth with depth (``depth_growth``) is judged over seeds (``statistics.RULE``), each model on its own depth grid: a
+Growth with depth (``depth_growth``) is judged over seeds (the book's rule), each model on its own depth grid: a
 DiffEqFormer at its Euler steps t_k = (k+1)/L, the only times training evaluated W(t). Between them W(t) is an
 interpolation training never saw, whose time embedding oscillates with period 2 pi / s (s = 1000).
 """

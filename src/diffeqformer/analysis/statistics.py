@@ -1,4 +1,5 @@
-"""The book's statistics over seeds: the verdict rule (``RULE``), its tests and their four words (``Judged.word``).
+"""The book's statistics over seeds: the tests of the verdict rule (``report.words.statistics.RULE``) and their
+four words (``Judged.word``).
 
 A paired t-test where seed k of both sides shares its data order, Welch's otherwise, the exact McNemar test for paired
 hits, the t-test of a slope with an intercept per seed for a trend, exact tests on signs or labels where the values
@@ -25,15 +26,6 @@ LEVEL = 0.05
 POWER = 0.8
 """The probability with which ``Judged.detectable`` is detected."""
 
-RULE = ("a difference is significant when a two-sided test rejects 'no difference' at the 5% level (p < 0.05; its "
-        "95% confidence interval then excludes zero): a paired t-test on the seed-matched differences where seed k "
-        "of both sides shares its data order, Welch's t-test otherwise, the exact McNemar test for per-prompt hits, an "
-        "exact test on signs or labels where the values have no spread; a claim is reproduced when its test is "
-        "significant in the paper's direction, contradicted when significant against it, inconclusive otherwise "
-        "(with the interval and the smallest difference the design detects 80% of the time), and untested with fewer "
-        "than two seeds (or pairs), or when every difference is exactly 0 (the measure does not move at this scale)")
-"""The rule, in words, for captions and prose."""
-
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, UNTESTED = "reproduced", "contradicted", "inconclusive", "untested"
 """The four verdicts on a claim (``Judged.word``)."""
 WORDS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, UNTESTED)
@@ -41,7 +33,7 @@ SIGNIFICANT = "significant"
 """The verdict of a comparison that is no claim's (``Judged.verdict``): significant, inconclusive or untested."""
 
 PAIRED, WELCH, MCNEMAR = "paired t-test", "Welch's t-test", "exact McNemar test"
-"""The tests of ``RULE``, as ``Comparison.test`` names them."""
+"""The tests of the rule, as ``Comparison.test`` names them."""
 ONE_SAMPLE = "one-sample t-test"
 """``one_sample``'s test."""
 EXACT_SIGNS, EXACT_LABELS = "exact sign-flip test (no spread)", "exact permutation test (no spread)"
@@ -89,11 +81,6 @@ class Spread:
         """Standard error of the mean (NaN with one seed)."""
         return self.sd / math.sqrt(self.n) if self.n > 1 else math.nan
 
-    def text(self, digits: int = 1) -> str:
-        """``464.2 ± 6.1 (3 seeds)``, or ``464.2 (1 seed)``."""
-        if self.n == 1:
-            return f"{self.mean:.{digits}f} (1 seed)"
-        return f"{self.mean:.{digits}f} ± {self.sd:.{digits}f} ({self.n} seeds)"
 
 
 def spread(values: Iterable[float]) -> Spread:
@@ -140,7 +127,7 @@ def detectable_difference(se: float, df: float) -> float:
 
 class Judged:
     """What ``Comparison``, ``Trend`` and ``Equivalence`` share: the ``effect`` tested, its p (NaN: too little to
-    test), standard error and degrees of freedom, and its words by ``RULE``."""
+    test), standard error and degrees of freedom, and its verdict by the rule."""
 
     p: float
     se: float
@@ -210,14 +197,9 @@ class Judged:
         raise NotImplementedError
 
 
-def p_text(p: float) -> str:
-    """``p = 0.031``, or ``p < 0.001``."""
-    return f"p = {p:.2g}" if p >= 1e-3 else "p < 0.001"
-
-
 @dataclass(frozen=True)
 class Comparison(Judged):
-    """``a`` against ``b`` by ``RULE``: ``difference`` with its two-sided ``p`` and 95% interval ``low``, ``high`` (NaN
+    """``a`` against ``b`` by the rule: ``difference`` with its two-sided ``p`` and 95% interval ``low``, ``high`` (NaN
     for an exact test), the ``test``'s name, ``n`` the seeds (the fewer side's) or pairs it rests on, counted in
     ``unit``; ``se`` and ``df`` those of ``difference``. Untested (``n`` < 2): NaN interval and p."""
 
@@ -260,20 +242,6 @@ class Comparison(Judged):
         na, nb = self.a.n, self.b.n
         return min(1.0, (2 if na == nb else 1) / math.comb(na + nb, na))
 
-    def interval(self, digits: int = 1, unit: str = "") -> str:
-        """``95% CI [-60.1, -36.3], p = 0.003, paired t-test``; without spread no interval; untested: empty."""
-        if self.untested:
-            return ""
-        if math.isnan(self.low):
-            return f"{p_text(self.p)}, {self.test}"
-        return f"95% CI [{self.low:+.{digits}f}{unit}, {self.high:+.{digits}f}{unit}], {p_text(self.p)}, {self.test}"
-
-    def text(self, digits: int = 1, unit: str = "") -> str:
-        """``-48.2 (-9.2%), 95% CI [-60.1, -36.3], p = 0.003, paired t-test: significant``; untested:
-        ``+0.4 (+0.1%): untested: 1 seed``."""
-        relative = "" if math.isnan(self.relative) else f" ({100 * self.relative:+.1f}%)"
-        interval = "" if self.untested else f", {self.interval(digits, unit)}"
-        return f"{self.difference:+.{digits}f}{unit}{relative}{interval}: {self.verdict}"
 
 
 def _exact_no_spread(sa: Spread, sb: Spread, paired: bool) -> tuple[float, str]:
@@ -355,7 +323,7 @@ def mcnemar(a: Sequence, b: Sequence) -> Comparison:
 
 @dataclass(frozen=True)
 class Trend(Judged):
-    """The ``slope`` of a quantity against a setting by ``RULE``, its 95% interval and the two-sided ``p`` of "slope
+    """The ``slope`` of a quantity against a setting by the rule, its 95% interval and the two-sided ``p`` of "slope
     0", over ``n`` values in ``groups`` seeds. No residual degree of freedom: untested, NaN interval and p."""
 
     slope: float
@@ -378,13 +346,6 @@ class Trend(Judged):
     def _least_exact_p(self) -> float:
         return min(1.0, 2.0 ** (1 - self.groups))
 
-    def text(self, digits: int = 1, unit: str = "") -> str:
-        """``-4.1 per doubling, 95% CI [-6.0, -2.2], p = 0.002, t-test of the slope (9 values, 3 seeds): ...``."""
-        if self.untested:
-            return f"{self.slope:+.{digits}f}{unit}: {self.verdict}"
-        interval = "" if math.isnan(self.low) else f", 95% CI [{self.low:+.{digits}f}, {self.high:+.{digits}f}]"
-        return (f"{self.slope:+.{digits}f}{unit}{interval}, {p_text(self.p)}, {self.test} ({self.n} values, "
-                f"{self.groups} seed{'' if self.groups == 1 else 's'}): {self.verdict}")
 
 
 def trend(x: Sequence[float], y: Sequence[float], seeds: Sequence | None = None) -> Trend:

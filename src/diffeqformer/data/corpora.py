@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from .. import paths
-from ..numerics import file_sha256
+from ..numerics import cached, file_sha256
 from .shakespeare import (  # noqa: F401  (re-exported: the corpus's API is this module's)
     ARCHIVE_NAME, ARCHIVE_SHA256, DOMAINS, SPLITS, VALIDATION_FRACTION, CorpusChecksumError, Document, assign_splits,
     check_choice, clean_text, corpus_documents, fetch_archive, select_documents, split_key, tuning_split,
@@ -442,23 +442,24 @@ class SplitCount:
 
 def token_counts(info: CorpusInfo) -> tuple[SplitCount, ...]:
     """Documents, characters and tokens (with the corpus's trained BPE) per domain and split; the per-document token
-    counts are cached in the tokenizer directory, keyed by hashes of the tokenizer and of the documents."""
+    counts are cached in the tokenizer directory (``numerics.cached``), keyed by hashes of the tokenizer and of the
+    documents."""
     if info.tokenizer_dir is None:
         raise ValueError("token_counts needs a corpus prepared with a tokenizer (vocab_size was None)")
     tokenizer_file = info.tokenizer_dir / "tokenizer.json"
     documents = "\0".join(d.name + "\0" + d.text for d in info.documents)
     key = {"tokenizer_sha256": file_sha256(tokenizer_file),
            "documents_sha256": hashlib.sha256(documents.encode()).hexdigest()}
-    cached = info.tokenizer_dir / "token_counts.json"
-    lengths = json.loads(cached.read_text()) if cached.exists() else {}
-    if lengths.get("key") != key:
-        tokenizer = Tokenizer.from_file(str(tokenizer_file))
-        lengths = {"key": key, "tokens": {}}
-        for d in tqdm(info.documents, desc="Counting tokens", leave=False):
-            lengths["tokens"][d.name] = len(tokenizer.encode_batch_fast([d.text], add_special_tokens=False)[0].ids)
-        paths.write_atomic(cached, json.dumps(lengths, indent=1) + "\n")
+
+    def count() -> dict[str, int]:
+        encoded = Tokenizer.from_file(str(tokenizer_file)).encode_batch_fast([d.text for d in info.documents],
+                                                                             add_special_tokens=False)
+        return {d.name: len(e.ids) for d, e in zip(info.documents, encoded)}
+
+    tokens = cached(info.tokenizer_dir, "token_counts", key, count, suffix=".json", load=lambda p: json.loads(
+        p.read_text()), save=lambda counts, p: p.write_text(json.dumps(counts, indent=1) + "\n"))
     return tuple(SplitCount(domain, split, len(docs), sum(len(d.text) for d in docs),
-                            sum(lengths["tokens"][d.name] for d in docs))
+                            sum(tokens[d.name] for d in docs))
                  for domain in DOMAINS for split in SPLITS for docs in [info.select(domain, split)])
 
 

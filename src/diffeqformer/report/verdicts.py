@@ -10,6 +10,7 @@ import math
 from typing import Mapping
 
 from ..analysis import claims, multiplicity, statistics
+from .words import statistics as wording
 
 NO_GPU_VERDICT = "no GPU edition yet"
 
@@ -29,7 +30,7 @@ def verdicts_markdown(preset: str, ours: Mapping[str, tuple | None], gpu: Mappin
            f"it), *inconclusive* (not significant: the interval and the smallest effect the design detects 80% of the "
            f"time say how much it could have missed), *untested*. The {tested} claims tested here are adjusted "
            f"together by Holm's method: a verdict is significant only when its adjusted p is below 0.05 (the "
-           f"figure's page gives the unadjusted p). The rule: {statistics.RULE}.", "",
+           f"figure's page gives the unadjusted p). The rule: {wording.RULE}.", "",
            f"| claim | the paper | `{preset}` preset | GPU edition |", "|---|---|---|---|"]
     for claim in claims.CLAIMS.values():
         gpu_page = (f", {{doc}}`GPU </{gpu_folder}/{claim.notebook}>`"
@@ -58,7 +59,7 @@ def bottom_line_markdown(preset: str, judged: Mapping[str, tuple | None]) -> str
         if found is None or found[0].word == statistics.UNTESTED:
             effect = ""
         else:
-            effect = found[0].effect_text() + ("" if found[1] is None else f", {pointing(claim, found[0].effect)}")
+            effect = wording.effect(found[0]) + ("" if found[1] is None else f", {pointing(claim, found[0].effect)}")
         word = adjusted_word(*found) if found else "not computed by this preset"
         out.append(f"| {claim.figure} ({{doc}}`page </notebooks/{claim.notebook}>`): {claim.paper} | {word} | "
                    f"{effect} |")
@@ -110,7 +111,7 @@ def pointing(claim: claims.Claim, effect: float) -> str:
 def _parts_text(verdict: claims.Verdict) -> str:
     c = verdict.of
     return "; ".join(f"{name} {c.format(effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)}, "
-                     f"{statistics.p_text(p)}, pointing {pointing(c, effect)})"
+                     f"{wording.p_text(p)}, pointing {pointing(c, effect)})"
                      for name, effect, low, high, p in verdict.parts)
 
 
@@ -126,16 +127,16 @@ def claim_sentence(found: tuple | None, tested: int) -> str:
     if verdict.word == statistics.UNTESTED:
         return f"**{word}**: {verdict.note or 'too few seeds'}."
     if adjusted is None:
-        return f"**{word}**, {c.says} as measured: {verdict.effect_text()}" + (f"; {verdict.note}" if verdict.note
+        return f"**{word}**, {c.says} as measured: {wording.effect(verdict)}" + (f"; {verdict.note}" if verdict.note
                                                                                  else "") + "."
     margin = c.margin is not None
-    out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {verdict.effect_text()}, "
-           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {statistics.p_text(verdict.p)}, "
+    out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {wording.effect(verdict)}, "
+           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {wording.p_text(verdict.p)}, "
            f"{adjusted:.2g} after Holm's adjustment across {tested} claims; "
            f"{verdict.test} over {verdict.n} {verdict.unit}{'' if verdict.n == 1 else 's'}")
     if word.startswith(statistics.INCONCLUSIVE):
         label = "equivalence shown 80% of the time within" if c.margin is not None else "detectable 80% of the time"
-        out += f"; {label}: {verdict.detectable_text()}"
+        out += f"; {label}: {wording.detectable(verdict)}"
     if verdict.parts:
         out += f". Each part: {_parts_text(verdict)}"
     elif verdict.note:
@@ -158,7 +159,7 @@ def opening_markdown(notebook: str, judged: Mapping[str, tuple | None], preset: 
     items = [f"- *{c.paper}*: {claim_sentence(judged.get(c.name), tested)}" for c in mine]
     # no backticks in the title: a fence's info string cannot hold any (CommonMark)
     return "\n".join([f"```{{admonition}} The verdict at the {preset} preset", f":class: {OPENING_CLASS}",
-                      *items, "", f"The rule, for every test on this page: {statistics.RULE}. A headline claim's "
+                      *items, "", f"The rule, for every test on this page: {wording.RULE}. A headline claim's "
                       "verdict is significant only when its p after Holm's adjustment across the book's claims is "
                       "below 0.05; every other comparison on the page is exploratory. Every headline claim with its "
                       "primary test: {doc}`/book/verdicts`.", "```"])
@@ -172,9 +173,9 @@ def _verdict_cell(found: tuple | None, missing: str) -> str:
         return missing
     verdict, adjusted = found
     if adjusted is None:
-        return f"**{verdict.word}**" + (f": {verdict.effect_text()}" if verdict.word != statistics.UNTESTED else
+        return f"**{verdict.word}**" + (f": {wording.effect(verdict)}" if verdict.word != statistics.UNTESTED else
                                         f" ({verdict.note})" if verdict.note else "")
     negligible = ", negligible" if verdict.negligible else ""
-    return (f"**{adjusted_word(verdict, adjusted)}**{negligible}: {verdict.effect_text()} "
+    return (f"**{adjusted_word(verdict, adjusted)}**{negligible}: {wording.effect(verdict)} "
             f"({pointing(verdict.of, verdict.effect)}); p = {verdict.p:.2g}, Holm {adjusted:.2g}; "
-            f"detectable: {verdict.detectable_text()}")
+            f"detectable: {wording.detectable(verdict)}")

@@ -129,7 +129,7 @@ def ablation_entries(preset: str, base_dt: int, dts: tuple[int, ...], *, measure
 
 
 CPU_SEEDS = 3
-"""Seeds of every setting F5, F6 and F8-F10 compare in the cpu and gpu presets (``statistics.RULE`` needs two), one
+"""Seeds of every setting F5, F6 and F8-F10 compare in the cpu and gpu presets (the book's rule needs two), one
 population each."""
 PRIMARY_SEEDS = 6
 """Seeds of F6's primary comparison, DiffEqFormer against GPT-2 (``statistics.detectable_difference``); the other

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 import math
 
+import pandas as pd
+
 from ...analysis import ablations, statistics
 from ...analysis.memory import PARAMETER_BYTES
+from . import statistics as wording
+
+
+def finetune_secondary(found) -> pd.DataFrame:
+    """F7's exploratory comparisons (``ablations.finetune_secondary``) as the page's table: the ratio in percent with
+    its 95% interval, p, verdict, whether it is negligible and the smallest ratio the design detects 80% of the time."""
+    return pd.DataFrame([{"method": r.method, "direction": r.direction, "N": r.N, "effect (95% CI)": wording.effect(v),
+                          "p": v.p, "verdict": v.word, "negligible": "yes" if v.negligible else "",
+                          "detectable at 80%": wording.detectable(v), "pretraining seeds": v.n}
+                         for r in found.itertuples() for v in [r.verdict]])
 
 
 def finetune_scale(table) -> str:
@@ -25,7 +37,7 @@ def change_words(comparison) -> str:
         return f"{change}: {comparison.verdict}"
     interval = ("" if math.isnan(comparison.low) else
                 f" (95% CI {statistics.percent(comparison.low):+.1f}% to {statistics.percent(comparison.high):+.1f}%)")
-    return (f"{change}{interval}, {statistics.p_text(comparison.p)}, {comparison.test} over {comparison.n} seeds: "
+    return (f"{change}{interval}, {wording.p_text(comparison.p)}, {comparison.test} over {comparison.n} seeds: "
             f"{comparison.verdict}")
 
 
@@ -34,7 +46,7 @@ def beta2_headline(table) -> dict[str, str]:
     the lower beta2 with its verdict (exploratory: ``beta2_verdicts`` judges the claim by the interaction)."""
     out = {}
     for key, rows in table.groupby("key", sort=False):
-        values = ", ".join(f"{statistics.spread(r.finals).text()} at beta2 = {r.beta2:g}" for r in rows.itertuples())
+        values = ", ".join(f"{wording.spread(r.finals)} at beta2 = {r.beta2:g}" for r in rows.itertuples())
         low = rows[rows.beta2 < 0.999].change
         change = low.iloc[0] if len(low) else None
         text = f" (the lower beta2: {change_words(change)})" if isinstance(change, statistics.Comparison) else ""
@@ -52,13 +64,13 @@ def time_embedding_headline(table, verdicts, *, batch: int | None = None) -> dic
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
     out = {
         "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
-        "ppl": f"{statistics.spread(lo.finals).text()} to {statistics.spread(hi.finals).text()}",
+        "ppl": " to ".join(wording.spread(r.finals) for r in (lo, hi)),
         "best_dt": f"{int(table.loc[table['final ppl'].idxmin(), 'd_t'])}",
         "params": f"{lo.params / 1e6:.2f}M to {hi.params / 1e6:.2f}M (x{hi.params / lo.params:.2f})",
         "throughput": f"x{hi[speed] / lo[speed]:.2f}",
         "memory": (f"x{hi[memory] / lo[memory]:.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB, "
                    f"{ablations.MEMORY_SOURCES[memory]})" if memory else "not measured"),
-        "trend": verdicts["f9_dt"].text(),
+        "trend": wording.verdict(verdicts["f9_dt"]),
         "memory_growth": "not measured", "memory_rss": "not measured",
     }
     if memory is not None:
@@ -74,8 +86,8 @@ def hypernetwork_headline(table) -> dict[str, str]:
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
         return {"comparison": "The preset did not train both hypernetwork designs."}
     a, b = rows.loc["per_weight"], rows.loc["shared_mlp"]
-    return {"comparison": (f"per-weight MLPs {statistics.spread(a.finals).text()} ({a.params / 1e6:.2f}M parameters) "
-                           f"against one shared MLP {statistics.spread(b.finals).text()} ({b.params / 1e6:.2f}M)")}
+    return {"comparison": (f"per-weight MLPs {wording.spread(a.finals)} ({a.params / 1e6:.2f}M parameters) "
+                           f"against one shared MLP {wording.spread(b.finals)} ({b.params / 1e6:.2f}M)")}
 
 
 def size(n: float) -> str:

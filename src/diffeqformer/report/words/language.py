@@ -8,6 +8,7 @@ import pandas as pd
 
 from ...analysis import multiplicity, statistics
 from ...data import tasks as held_out
+from . import statistics as wording
 
 MODEL_LABELS = {"gpt": "GPT-2", "shared": "weight-shared", "ours": "DiffEqFormer", "llama": "Llama",
                 "ours_llama": "DiffEqFormer (Llama)"}
@@ -95,8 +96,9 @@ def f11_sentences(means, found, exploratory) -> dict[str, str]:
     for row in found[(found.model == "ours") & (found.baseline == "gpt")].itertuples():
         if row.task in held_out.TASKS:
             ours, gpt = (means.loc[(row.task, row.shots, row.metric, m)] for m in ("ours", "gpt"))
+            d = _digits(row.metric)
             out[f"{row.task.removeprefix('shakespeare_')}_{row.metric}_{row.shots}"] = (
-                f"{ours['mean']:.{_digits(row.metric)}f} against {gpt['mean']:.{_digits(row.metric)}f} ({row.text})")
+                f"{ours['mean']:.{d}f} against {gpt['mean']:.{d}f} ({wording.comparison(row.comparison, d)})")
     judged = exploratory[~exploratory.verdict.str.startswith(statistics.UNTESTED)]
     hits = judged[judged.verdict == statistics.SIGNIFICANT]
     listed = "; ".join(

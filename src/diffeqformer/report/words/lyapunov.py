@@ -6,6 +6,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis import attribution, lyapunov
+from . import statistics as wording
 
 
 def lyapunov_headline(scores: pd.DataFrame, timing: pd.DataFrame | None = None, *, tokenizer=None,
@@ -85,5 +86,5 @@ def attribution_headline(results: pd.DataFrame) -> dict[str, str]:
         else:
             out[f"best_{task}"] = best[0] if len(best) == 1 else ", ".join(best[:-1]) + " and " + best[-1]
         if set(attribution.CLAIM) <= set(sub["method"]):
-            out[f"claim_{task}"] = attribution.verdicts(results)[f"f5_{task}"].text()
+            out[f"claim_{task}"] = wording.verdict(attribution.verdicts(results)[f"f5_{task}"])
     return out

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from ...analysis import spectra
+from . import statistics as wording
 
 
 def growth_trend(comparison, slopes: Sequence[float]) -> str:
@@ -27,7 +28,7 @@ def growth_words(row) -> str:
     untested: 1 seed``."""
     c = row["comparison"]
     head = f"slope {row['slope']:+.2f} per unit t (x{row['factor']:.2f} over the grid)"
-    return f"{head}: {c.verdict}" if c.untested else f"{head}, {c.interval(2)} over {c.n} seeds: {c.verdict}"
+    return f"{head}: {c.verdict}" if c.untested else f"{head}, {wording.interval(c, 2)} over {c.n} seeds: {c.verdict}"
 
 
 def _values(values, fmt: str) -> str:
