@@ -147,17 +147,9 @@ PRETRAINED = {"diffeqformer18": "pretrain_diffeqformer18_{domain}.yaml", "gpt2_2
 TEMPLATES = {method: f"finetune_{method}.yaml" for method in METHODS}
 """The fine-tuning configs of a preset, one per method; the grid overrides name, pretrain, steps and data.domain."""
 PRETRAIN_SEEDS = {"cpu": 3, "gpu": 3}
-<<<<<<< HEAD
 """Pretraining seeds of each model and domain, per preset (others: 1), one population. Seed k of each setting
-fine-tunes pretraining seed k, so that a comparison over seeds compares architectures, not two checkpoints
-(``analysis.statistics.RULE``); a setting's fine-tunings are one population too."""
-=======
-"""Pretraining seeds of each model and domain, per preset (others: 1), trained together as one population
-(``diffeqformer.population``). F7's unit is the pretraining: seed k of each setting fine-tunes pretraining seed k once
-(its own fine-tuning seed k), so that a comparison over seeds compares two architectures, each pretrained and
-fine-tuned several times, rather than two checkpoints (the book's verdict rule); a setting's fine-tunings are one
-population too."""
->>>>>>> stats-words
+fine-tunes pretraining seed k, so that a comparison over seeds compares architectures, not two checkpoints (the
+book's verdict rule); a setting's fine-tunings are one population too."""
 
 
 @dataclass(frozen=True)
