@@ -1,7 +1,6 @@
 """diffeqformer.analysis.claims: one primary test per headline claim, named before the numbers; its verdict in the
 claim's units, glued for the verdicts page and read back there with Holm's adjustment (workflow.pages)."""
 
-import json
 import math
 
 import pytest

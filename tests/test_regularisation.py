@@ -19,7 +19,7 @@ from diffeqformer import config as configs
 from diffeqformer import DiffEqFormerConfig, paths
 from diffeqformer.config import PaperLoraConfig
 from diffeqformer.model.baselines import baseline_config
-from diffeqformer.config import (DECAY_BASELINE, TrainConfig, load_config, validate, with_finetune_weight_decay,
+from diffeqformer.config import (TrainConfig, load_config, validate, with_finetune_weight_decay,
                                  with_paper_weight_decay)
 
 EMBEDDINGS = {".embeddings.token_embeddings.weight", ".embeddings.position_embeddings.weight"}

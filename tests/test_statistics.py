@@ -20,7 +20,7 @@ from statsmodels.stats.weightstats import ttost_ind, ttost_paired
 from diffeqformer.analysis.multiplicity import holm, intersection
 from diffeqformer.report.words import statistics as wording
 from diffeqformer.analysis.statistics import (CONTRADICTED, EXACT_LABELS, EXACT_SIGNS, INCONCLUSIVE, MCNEMAR,
-                                              ONE_SAMPLE, PAIRED, REPRODUCED, SEED_SLOPE, SIGNIFICANT, SLOPE, UNTESTED,
+                                              ONE_SAMPLE, PAIRED, REPRODUCED, SEED_SLOPE, SLOPE, UNTESTED,
                                               WELCH, all_runs, as_list, compare, detectable_difference, equivalence,
                                               mcnemar, one_sample, spread, trend)
 
