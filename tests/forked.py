@@ -32,7 +32,7 @@ from pathlib import Path
 PRELOAD = ("forked", "equinox", "optax", "haliax", "levanter.adaptor.lora", "levanter.callbacks",
            "levanter.data.dataset", "levanter.eval", "levanter.models.gpt2", "levanter.models.lm_model",
            "levanter.optim.config", "levanter.tracker", "levanter.trainer", "diffeqformer.config",
-           "diffeqformer.data.corpora", "diffeqformer.devices", "diffeqformer.dispatch",
+           "diffeqformer.data.corpora", "diffeqformer.devices", "diffeqformer.trainer",
            "diffeqformer.model.transformer", "diffeqformer.runs")
 """What the fork server imports: what ``diffeqformer.train``, ``finetune`` and ``population`` import, not themselves."""
 

@@ -16,7 +16,7 @@ from levanter.data.text.datasets import HfDatasetSourceConfig, LmDataConfig, Url
 from diffeqformer import paths
 from diffeqformer.data import corpora as data
 from diffeqformer.data import shakespeare
-from diffeqformer.numerics import file_sha256
+from diffeqformer.cache import file_sha256
 
 # The masque's first line in Bell's modern spelling, and in the 1645 spelling of "Poetical Works".
 COMUS_MODERN = "Before the starry threshold of Jove's court"

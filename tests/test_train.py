@@ -159,7 +159,7 @@ def test_finish_run_refuses_a_diverged_validation_loss(tmp_path):
 
 
 def test_flat_dispatch_trains_what_levanters_named_jit_trains(full_run, tmp_path):
-    """diffeqformer.dispatch.Trainer calls the training step through FlatJit; the same run trained by Levanter's
+    """diffeqformer.trainer.Trainer calls the training step through FlatJit; the same run trained by Levanter's
     own Trainer (its named_jit step) ends with the same parameters, bit for bit, and the same train-loss series."""
     full_dir = full_run
     run_dir = tmp_path / "run"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 
 LAYERS = [
-    ["paths", "numerics", "_autodoc", "dispatch", "devices"],
+    ["paths", "numerics", "cache", "_autodoc", "trainer", "devices"],
     # diffeqformer.model: the model core, bottom up
     ["model.time_embedding", "model.temporal", "model.attention"],
     ["model.config"],

@@ -34,7 +34,7 @@ from .config import (
     with_finetune_weight_decay,
 )
 from .data.corpora import build_token_caches
-from .dispatch import Trainer
+from .trainer import Trainer
 from .model.config import DiffEqFormerConfig
 from .model.transformer import count_params
 from .train import cli, fit, next_token_loss

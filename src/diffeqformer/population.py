@@ -37,7 +37,7 @@ from . import devices, finetune, paths, runs, train
 from .config import (Config, FinetuneConfig, TrainConfig, adapt, config_class, config_hash, plain_tree, run_dir_of,
                      seed_member, validate, with_finetune_weight_decay, with_paper_weight_decay)
 from .data.corpora import build_token_caches
-from .dispatch import Trainer, batched_maps
+from .trainer import Trainer, batched_maps
 from .model.transformer import count_params
 
 SEED = "seed"
@@ -208,7 +208,7 @@ def lay_over_devices(trainer_config, n: int, batch: int):
 
 
 class PopulationTrainer(Trainer):
-    """``dispatch.Trainer`` whose state's ``training_key`` is the members' training keys (``[seed, key]``, each its
+    """``trainer.Trainer`` whose state's ``training_key`` is the members' training keys (``[seed, key]``, each its
     solo run's), each split per step as Levanter's step splits a solo run's: the first half is the member's dropout
     key (``population_loss``'s ``member_keys``), the second its next training key. Levanter's step cannot split a
     stack of keys, so it gets a placeholder key, whose halves go unused."""

@@ -32,7 +32,7 @@ from . import devices, paths, runs, use_onednn
 from .config import (Config, TrainConfig, config_hash, load_config, one_line, run_dir_of, validate,
                      with_paper_weight_decay)
 from .data.corpora import build_token_caches
-from .dispatch import Trainer, batched_maps
+from .trainer import Trainer, batched_maps
 from .model import attention
 
 logger = logging.getLogger(__name__)

@@ -24,7 +24,7 @@ from tqdm.auto import tqdm
 
 from ..data.synthetic import VOCABULARY, Prompt, encode
 from ..model.transformer import DiffEqFormerLMHeadModel
-from ..numerics import cached, fingerprint
+from ..cache import cached, fingerprint
 from . import claims, lyapunov
 from .statistics import MCNEMAR, Comparison, compare, mcnemar
 

@@ -31,7 +31,8 @@ from levanter.eval_harness import LmEvalHarnessConfig, TaskConfig
 from levanter.layers.attention import AttentionMask
 
 from ..data import tasks as held_out
-from ..numerics import check_positive_int, fingerprint
+from ..cache import fingerprint
+from ..numerics import check_positive_int
 from . import statistics
 
 PAPER_TASKS = ("arc_easy", "arc_challenge", "hellaswag", "lambada_openai", "logiqa", "mmlu", "piqa", "sciq",
@@ -253,9 +254,9 @@ def cached_evaluate(run, tasks: Sequence[str], shots: Sequence[int], *, task_fil
                     cache_dir: str | Path | None, max_examples: int | None = None,
                     batch_size: int = BATCH_SIZE) -> pd.DataFrame:
     """``evaluate`` of a finished run, read from ``cache_dir/downstream-<hash>.csv`` when computed before: the hash
-    covers the model's weights (``numerics.fingerprint``), the task files' SHA-256, the tasks, shots, example limit
+    covers the model's weights (``cache.fingerprint``), the task files' SHA-256, the tasks, shots, example limit
     and lm-eval's version. ``cache_dir`` None: computed, not cached."""
-    from ..numerics import cached
+    from ..cache import cached
 
     model, tokenizer = load(run)
     tasks = check_tasks(tasks)

@@ -46,7 +46,8 @@ from levanter.utils.tree_utils import inference_mode
 
 from ..model.solve import solve_hidden
 from ..model.transformer import DiffEqFormerLMHeadModel
-from ..numerics import cached, check_positive_int, fingerprint
+from ..cache import cached, fingerprint
+from ..numerics import check_positive_int
 
 FIXED_SOLVERS = {"euler": 1, "euler_left": 1, "heun": 2, "midpoint": 2}
 """Fixed-step solvers and their stages (vector-field evaluations per step)."""

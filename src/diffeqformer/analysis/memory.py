@@ -31,7 +31,7 @@ from ..train import next_token_loss
 def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4, donate: bool = True, mp=None):
     """A jitted AdamW train step (Levanter's next-token loss) over the model's float arrays, compiled for ``tokens``
     (batch x position). ``donate``: the outputs take the buffers of the parameters and optimiser state, as in the
-    trainer's step (``dispatch``). ``mp``: a ``jmp.Policy`` (a run's ``trainer.mp``) whose compute dtype the loss runs
+    trainer's step (``diffeqformer.trainer``). ``mp``: a ``jmp.Policy`` (a run's ``trainer.mp``) whose compute dtype the loss runs
     in. Returns (step, params, opt_state, ``memory_parts``' ``peak`` or None)."""
     import equinox as eqx
     import haliax as hax

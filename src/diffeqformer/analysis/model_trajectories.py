@@ -17,7 +17,9 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from ..numerics import cached, fingerprint, load_netcdf, one_blas_thread, save_netcdf
+from ..cache import cached, fingerprint, load_netcdf, save_netcdf
+
+from ..numerics import one_blas_thread
 from .trajectories import (ModelTrajectoryConfig, SolverConfig, attention_velocity, config_key, dataset_attrs, solve,
                            uniform_sphere)
 

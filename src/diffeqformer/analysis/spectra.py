@@ -34,7 +34,8 @@ import xarray as xr
 from haliax import NamedArray
 
 from ..model.transformer import DiffEqFormerLMHeadModel, DiscreteDiffEqFormerLMHeadModel
-from ..numerics import cached, check_positive_int, fingerprint, load_netcdf, one_blas_thread, save_netcdf
+from ..cache import cached, fingerprint, load_netcdf, save_netcdf
+from ..numerics import check_positive_int, one_blas_thread
 from . import claims
 
 MATRICES = ("qk", "ov", "ffn")
@@ -454,7 +455,7 @@ def verdicts(layers: Mapping[str, Sequence[xr.Dataset]], *, ode: str = "ours") -
 
 
 def save_spectra(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write a spectra dataset to netCDF (``numerics.save_netcdf``: complex variables as ``<name>_real`` and
+    """Write a spectra dataset to netCDF (``cache.save_netcdf``: complex variables as ``<name>_real`` and
     ``<name>_imag``; the attrs travel with the file)."""
     return save_netcdf(ds, path)
 
@@ -470,7 +471,7 @@ def load_spectra(path: str | Path) -> xr.Dataset:
 
 def cached_spectra(model, cache_dir: str | Path, times=None, **kwargs) -> xr.Dataset:
     """``spectra(model, times, **kwargs)``, cached in ``cache_dir`` by the model's configuration and weights
-    (``numerics.fingerprint``), the times and the keyword arguments."""
+    (``cache.fingerprint``), the times and the keyword arguments."""
     key = {"model": fingerprint(model), "times": None if times is None else np.asarray(times, np.float64).tolist(),
            **kwargs}
     return cached(cache_dir, "spectra", key, lambda: spectra(model, times, **kwargs), save=save_spectra,

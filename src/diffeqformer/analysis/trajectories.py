@@ -36,7 +36,9 @@ import jax.numpy as jnp
 import numpy as np
 import xarray as xr
 
-from ..numerics import cached, check_positive_int, digest, load_netcdf, save_netcdf
+from ..cache import cached, digest, load_netcdf, save_netcdf
+
+from ..numerics import check_positive_int
 
 GEOMETRIES = ("sphere", "free")
 WEIGHTS = ("gaussian", "identity", "gaussian_qk", "redrawn")
@@ -407,7 +409,7 @@ def simulate(config: TrajectoryConfig = TrajectoryConfig(), *, cache_dir: Path |
       ``success``    (growth, seed)                     the solve reached T, finite, within ``max_steps``
       ``num_steps``  (growth, seed)                     accepted + rejected solver steps
     coordinates growth (the powers, with ``growth_label``), seed, time, token, dim; ``attrs``: every configuration
-    field (``config`` as JSON for ``config_from_attrs``). Cached in ``cache_dir`` (``numerics.cached``).
+    field (``config`` as JSON for ``config_from_attrs``). Cached in ``cache_dir`` (``cache.cached``).
     """
     return cached(cache_dir, "trajectories", config_key(config), lambda: _simulate(config), save=save_netcdf,
                   load=load_netcdf, suffix=".nc")

@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerFast
 
 from .. import paths
-from ..numerics import cached, file_sha256
+from ..cache import cached, file_sha256
 from .shakespeare import (  # noqa: F401  (re-exported: the corpus's API is this module's)
     ARCHIVE_NAME, ARCHIVE_SHA256, DOMAINS, SPLITS, VALIDATION_FRACTION, CorpusChecksumError, Document, assign_splits,
     check_choice, clean_text, corpus_documents, fetch_archive, select_documents, split_key, tuning_split,
@@ -442,7 +442,7 @@ class SplitCount:
 
 def token_counts(info: CorpusInfo) -> tuple[SplitCount, ...]:
     """Documents, characters and tokens (with the corpus's trained BPE) per domain and split; the per-document token
-    counts are cached in the tokenizer directory (``numerics.cached``), keyed by hashes of the tokenizer and of the
+    counts are cached in the tokenizer directory (``cache.cached``), keyed by hashes of the tokenizer and of the
     documents."""
     if info.tokenizer_dir is None:
         raise ValueError("token_counts needs a corpus prepared with a tokenizer (vocab_size was None)")

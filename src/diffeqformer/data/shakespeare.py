@@ -20,7 +20,7 @@ from typing import Literal
 from tqdm.auto import tqdm
 
 from .. import paths
-from ..numerics import file_sha256
+from ..cache import file_sha256
 
 logger = logging.getLogger(__name__)
 

@@ -34,7 +34,8 @@ import yaml
 from tokenizers import Tokenizer
 
 from .. import paths
-from ..numerics import check_positive_int, digest, file_sha256, write_atomically
+from ..cache import digest, file_sha256, write_atomically
+from ..numerics import check_positive_int
 from . import corpora
 
 LASTWORD, NEXTLINE = "shakespeare_lastword", "shakespeare_nextline"

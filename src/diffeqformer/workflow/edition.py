@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .. import paths, runs
-from ..numerics import file_sha256
+from ..cache import file_sha256
 from ..report import book, verdicts
 
 EDITION = paths.BOOK / "gpu"  # the committed edition: import installs it, the book renders it

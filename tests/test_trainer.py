@@ -1,4 +1,4 @@
-"""diffeqformer.dispatch: the batched example maps give the loader the examples Levanter's per-example maps give.
+"""diffeqformer.trainer: the batched example maps give the loader the examples Levanter's per-example maps give.
 (FlatJit's training is compared with Levanter's named_jit in test_train.)"""
 
 import asyncio
@@ -13,7 +13,7 @@ from levanter.schedule import BatchSchedule
 
 from diffeqformer import config as configs
 from diffeqformer import paths
-from diffeqformer.dispatch import BatchedMap, FlatJit, batched_maps
+from diffeqformer.trainer import BatchedMap, FlatJit, batched_maps
 
 
 def _train_set(config_name):
@@ -76,16 +76,16 @@ def test_flat_jit_keeps_the_shardings_it_knows_when_a_leaf_has_none(monkeypatch)
     import haliax as hax
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-    from diffeqformer import dispatch
+    from diffeqformer import trainer
 
     Embed = hax.Axis("embed", 4)
-    infer = dispatch.infer_resource_partitions
+    infer = trainer.infer_resource_partitions
 
     def without_the_plain_leaf(tree, mapping):
         resources = infer(tree, mapping)
         return resources[0], {**resources[1], "plain": None}
 
-    monkeypatch.setattr(dispatch, "infer_resource_partitions", without_the_plain_leaf)
+    monkeypatch.setattr(trainer, "infer_resource_partitions", without_the_plain_leaf)
     with hax.partitioning.set_mesh(Mesh(np.asarray(jax.devices()[:1]), ("data",))):
         state, out = FlatJit(lambda s, b, k: (s * 2, {"plain": b + 1}), {"embed": "data"})(
             hax.ones(Embed), jnp.ones(3), {})

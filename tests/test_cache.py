@@ -1,10 +1,12 @@
-"""The shared numerics: the integer check, netCDF files that round-trip what netCDF3 cannot hold, the disk cache."""
+"""diffeqformer.numerics and diffeqformer.cache: the integer check, netCDF files that round-trip what netCDF3 cannot
+hold, the disk cache."""
 
 import numpy as np
 import pytest
 import xarray as xr
 
-from diffeqformer.numerics import cached, check_positive_int, digest, load_netcdf, save_netcdf
+from diffeqformer.cache import cached, digest, load_netcdf, save_netcdf
+from diffeqformer.numerics import check_positive_int
 
 
 @pytest.mark.parametrize("value", [1, 7, np.int32(3), np.int64(2)])
