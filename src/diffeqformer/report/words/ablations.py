@@ -6,6 +6,7 @@ import math
 
 from ...analysis import ablations, statistics
 from ...analysis.memory import PARAMETER_BYTES
+from ...finetune import DISCRETISATIONS, discretisations
 
 
 def finetune_scale(table) -> str:
@@ -15,6 +16,20 @@ def finetune_scale(table) -> str:
     trainer = d["config"].trainer
     return (f"pretrained as in {pre} ({d['hidden_dim']}-d), fine-tuned {trainer.num_train_steps} steps of "
             f"{trainer.train_batch_size} sequences")
+
+
+def finetune_steps(preset: str) -> str:
+    """F7's sentence on the fine-tuned step counts N: the preset's against the paper's (``finetune.DISCRETISATIONS``),
+    naming any N the preset leaves out and why."""
+    run = discretisations(preset)
+    named = ", ".join(map(str, run[:-1])) + f" and {run[-1]}"
+    left_out = [n for n in DISCRETISATIONS if n not in run]
+    if not left_out:
+        return f"The {preset} preset fine-tunes with every N of the paper's Fig. 5: {named}."
+    return (f"The {preset} preset fine-tunes with N = {named}; it leaves out the paper's N = "
+            f"{', '.join(map(str, left_out))}, which lies between two step counts it runs, because every N is one "
+            "fine-tuning per direction, method and pretraining seed and this preset's book is built on a CPU in "
+            "minutes; the other presets run every N of the paper.")
 
 
 def change_words(comparison) -> str:
