@@ -124,6 +124,10 @@ def _accuracy_panel(ax, task, metric, means, judged, models, colours, chance):
             ax.plot(np.full(len(values), x), values, "o", color="black", markersize=2.5)
     if metric == "perplexity":
         log_perplexity_axis(ax, "perplexity of the last word")
+        shown = judged[(judged.task == task) & (judged.metric == metric)].value
+        shown = shown[np.isfinite(shown)]
+        if len(shown):  # the axis spans the values, not the decades below them
+            ax.set_ylim(shown.min() / 1.25, shown.max() * 1.25)
     else:
         top = float(judged[(judged.task == task) & (judged.metric == metric)].value.max())
         ax.set_ylim(0, max(0.05, 1.15 * top, 1.15 * chance.get(task, 0)))
