@@ -1,10 +1,10 @@
-"""The book as its readers see it: notebook pages that open with their verdict, then their question and figures;
+"""The book as its readers see it: notebook pages that open with their verdict, then their figure and table;
 the Colab cell's clone URL; formulas typeset offline.
 
 **Reader-first pages.** ``reader_view`` is what the book job does to every executed notebook before Jupyter Book
 renders it: every code cell's source goes behind a "Show code cell source" toggle (MyST-NB's ``hide-input`` tag;
 its outputs stay), and the page's verdicts (``report.verdicts.opening_markdown``) follow its title, so that a page
-reads as its answer, its question (the first Markdown cell), its figures with their captions and what they show.
+reads as its answer, its figure and table with their captions, its question and method, and what they show.
 Only the copy the book is built from changes: the notebooks keep their code open.
 
 **The Colab cell.** Every notebook's first code cell, on Colab only, clones the repository and installs it. Colab
