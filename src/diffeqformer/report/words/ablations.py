@@ -6,7 +6,7 @@ import math
 
 from ...analysis import ablations, statistics
 from ...analysis.memory import PARAMETER_BYTES
-from ...finetune import DISCRETISATIONS, discretisations
+from ...finetune import DISCRETISATIONS
 
 
 def finetune_scale(table) -> str:
@@ -18,18 +18,18 @@ def finetune_scale(table) -> str:
             f"{trainer.train_batch_size} sequences")
 
 
-def finetune_steps(preset: str) -> str:
-    """F7's sentence on the fine-tuned step counts N: the preset's against the paper's (``finetune.DISCRETISATIONS``),
-    naming any N the preset leaves out and why."""
-    run = discretisations(preset)
-    named = ", ".join(map(str, run[:-1])) + f" and {run[-1]}"
+def finetune_steps(table) -> str:
+    """F7's sentence on the fine-tuned step counts N of a ``finetune_table`` against the paper's
+    (``finetune.DISCRETISATIONS``), naming any N left out and why."""
+    run = sorted({int(m.removeprefix("DiffEqFormer N=")) for m in table.model if m.startswith("DiffEqFormer N=")})
+    named = ", ".join(map(str, run[:-1])) + (" and " if len(run) > 1 else "") + str(run[-1])
     left_out = [n for n in DISCRETISATIONS if n not in run]
     if not left_out:
-        return f"The {preset} preset fine-tunes with every N of the paper's Fig. 5: {named}."
-    return (f"The {preset} preset fine-tunes with N = {named}; it leaves out the paper's N = "
-            f"{', '.join(map(str, left_out))}, which lies between two step counts it runs, because every N is one "
-            "fine-tuning per direction, method and pretraining seed and this preset's book is built on a CPU in "
-            "minutes; the other presets run every N of the paper.")
+        return f"These runs fine-tune with every N of the paper's Fig. 5: {named}."
+    return (f"These runs fine-tune with N = {named}, leaving out the paper's N = {', '.join(map(str, left_out))}: "
+            "every N is one fine-tuning per direction, method and pretraining seed, and a preset built on a CPU in "
+            "minutes keeps fewer of them (the cpu preset runs fewer steps, the pretraining's and more; the gpu and "
+            "paper presets run the paper's four).")
 
 
 def change_words(comparison) -> str:
