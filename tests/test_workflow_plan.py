@@ -6,6 +6,7 @@ book job writes from the registry."""
 from __future__ import annotations
 
 import copy
+import itertools
 import json
 import re
 import shutil
@@ -115,6 +116,8 @@ def test_notebooks_are_committed_without_outputs():
                      if p.startswith("**The question.**")]
         assert len(questions) == 1 and questions[0].endswith("?"), \
             f"{path.name}: one paragraph states the page's question ('**The question.** ...?')"
+        before = [c.source for c in itertools.takewhile(lambda c: "## What it shows" not in c.source, nb.cells)]
+        assert any(questions[0] in s for s in before), f"{path.name}: the page asks its question before what it shows"
 
 
 def _defaults(path: Path, gpu: bool) -> dict:

@@ -1,4 +1,4 @@
-"""The book as its readers see it: notebook pages that open with their verdict, then their question and figures;
+"""The book as its readers see it: notebook pages that open with their verdict, then their figure and table;
 the Colab cell's clone URL; formulas typeset offline.
 
 **Reader-first pages.** ``reader_view`` is what the book job does to every executed notebook before Jupyter Book

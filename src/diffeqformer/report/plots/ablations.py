@@ -51,19 +51,35 @@ def _finetune_style(model: str, odes: Sequence[str]) -> dict:
 
 def finetune(table, *, log: bool = True) -> Figure:
     """Fig. 5: validation perplexity during fine-tuning, a panel per direction (rows) and method (columns), a line
-    per model (the mean over its seeds) with a marker of its own, so that lines that coincide stay visible."""
+    per model (the mean over its seeds) with a marker of its own, so that lines that coincide stay visible.
+    The shared y axis spans the compared lines (DiffEqFormer and the GPT-2 baseline), not the from-scratch line,
+    which starts far above them: where it leaves the axis, the panel writes its final perplexity."""
     fig, panels = _finetune_panels(table, 3.6)
+    compared, scratch = [], []
     for ax, rows, first_column in panels:
         odes = [m for m in rows.model if m.startswith("DiffEqFormer N=")]
         for row in rows.itertuples():
             curve = ablations.mean_curve(row.runs)
             ax.plot(curve.step, curve.perplexity, label=row.model, **_finetune_style(row.model, odes))
+            if "from scratch" in row.model:
+                scratch.append((ax, curve.perplexity.iloc[-1], curve.perplexity.max()))
+            else:
+                compared.extend(curve.perplexity)
         if log:
             log_perplexity_axis(ax, "validation perplexity" if first_column else "")
         elif first_column:
             ax.set_ylabel("validation perplexity")
         ax.grid(alpha=0.3, which="both")
         ax.legend(fontsize=7)
+    if compared:
+        low, high = min(compared), max(compared)
+        pad = (high / low) ** 0.05 if log else 1.0
+        limits = (low / pad, high * pad) if log else (low - 0.05 * (high - low), high + 0.05 * (high - low))
+        panels[0][0].set_ylim(*limits)  # shared by every panel
+        for ax, final, peak in scratch:
+            if peak > limits[1]:
+                ax.text(0.98, 0.97, f"from scratch (dashed): above the axis, ends at {final:.0f}",
+                        transform=ax.transAxes, ha="right", va="top", fontsize=7, color="0.35")
     fig.tight_layout()
     return fig
 

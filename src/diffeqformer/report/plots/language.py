@@ -124,10 +124,17 @@ def _accuracy_panel(ax, task, metric, means, judged, models, colours, chance):
             ax.plot(np.full(len(values), x), values, "o", color="black", markersize=2.5)
     if metric == "perplexity":
         log_perplexity_axis(ax, "perplexity of the last word")
+        shown = judged[(judged.task == task) & (judged.metric == metric)].value
+        shown = shown[np.isfinite(shown)]
+        if len(shown):  # the axis spans the values, not the decades below them
+            ax.set_ylim(shown.min() / 1.25, shown.max() * 1.25)
     else:
         top = float(judged[(judged.task == task) & (judged.metric == metric)].value.max())
         ax.set_ylim(0, max(0.05, 1.15 * top, 1.15 * chance.get(task, 0)))
         ax.set_ylabel(metric)
+        if top == 0:  # no bar has a height: say so rather than leave the panel looking empty
+            ax.text(0.5, 0.5, f"{metric} 0 for every model,\nseed and shots", transform=ax.transAxes,
+                    ha="center", va="center", fontsize=8, color="0.35")
         if task in chance:
             ax.axhline(chance[task], color="grey", linestyle="--", linewidth=1)
     ax.set_xticks(range(len(shots)), [f"{k}-shot" for k in shots])

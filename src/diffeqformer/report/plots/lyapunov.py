@@ -34,9 +34,9 @@ def tokens_html(tokens: Sequence[str], scores, *, output_position: int | None = 
     return '<div style="font-family:monospace;line-height:1.9">' + "".join(spans) + "</div>"
 
 
-SCORE_LABELS = {"max_exponent": "largest Lyapunov exponent (per unit t)",
-                "sum_exponents": "sum of the Lyapunov exponents (per unit t)",
-                "kaplan_yorke": "Kaplan-Yorke dimension"}
+SCORE_LABELS = {"max_exponent": "largest Lyapunov exponent $\\lambda_1$ (e-folds per unit $t$)",
+                "sum_exponents": "sum of the Lyapunov exponents (e-folds per unit $t$)",
+                "kaplan_yorke": "Kaplan-Yorke dimension (directions, no unit)"}
 """What each score of a ``lyapunov_map`` is, for a colour bar."""
 
 

@@ -29,6 +29,20 @@ def finetune_scale(table) -> str:
             f"{trainer.train_batch_size} sequences")
 
 
+def finetune_steps(table, paper) -> str:
+    """F7's sentence on the fine-tuned step counts N of a ``finetune_table`` against the paper's, ``paper``
+    (``finetune.DISCRETISATIONS``), naming any N left out and why."""
+    run = sorted({int(m.removeprefix("DiffEqFormer N=")) for m in table.model if m.startswith("DiffEqFormer N=")})
+    named = ", ".join(map(str, run[:-1])) + (" and " if len(run) > 1 else "") + str(run[-1])
+    left_out = [n for n in paper if n not in run]
+    if not left_out:
+        return f"These runs fine-tune with every N of the paper's Fig. 5: {named}."
+    return (f"These runs fine-tune with N = {named}, leaving out the paper's N = {', '.join(map(str, left_out))}: "
+            "every N is one fine-tuning per direction, method and pretraining seed, and a preset built on a CPU in "
+            "minutes keeps fewer of them (the cpu preset runs fewer steps, the pretraining's and more; the gpu and "
+            "paper presets run the paper's four).")
+
+
 def change_words(comparison) -> str:
     """A ``statistics.Comparison`` of log-perplexities: ``-9.5% (95% CI -12.0% to -7.0%), p = 0.01, paired t-test over
     3 seeds: significant``; ``+0.4%: untested: 1 seed``."""

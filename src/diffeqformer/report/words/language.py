@@ -152,3 +152,18 @@ def x1_headline(sweep, by_steps=None) -> dict[str, str]:
     if spreads:
         out["spread"] = "; ".join(spreads)
     return out
+
+
+def x1_against_f6(run_dir, num_sequences: int) -> str:
+    """x1's sentence on why its own-steps perplexity is not F6's for the same model: the validation sequences each
+    reads (``train.evaluated_examples`` for the training's evaluation, which F6 reports) and the seeds."""
+    from ...runs import config as run_config
+    from ...train import evaluated_examples
+
+    trainer = run_config(run_dir).trainer
+    examples = evaluated_examples(trainer)
+    read = "the whole validation split" if examples is None else f"the first {examples} validation sequences"
+    return (f"Its own-steps perplexity is not F6's for the same model: F6 reports the training's last evaluation, "
+            f"over {read} (as far as the split holds them), as the mean over the seeds' models (their number is in F6's table); this page evaluates the first {num_sequences} "
+            "sequences with the seed-0 model alone. The model and its steps are the same; the sequences and seeds "
+            "are not.")
