@@ -104,12 +104,15 @@ _INSPECT = r"""async () => {
         open_code: Array.from(document.querySelectorAll('.cell_input'))
             .filter(e => e.checkVisibility()).map(e => e.innerText.slice(0, 80)),
         // what follows the title (and the verdict that opens a page with claims): the page's figure (an output
-        // holding an image), or its question (a paragraph that ends with a question mark), or on an exploratory
-        // page the sentence that says so
+        // holding an image), or on an exploratory page the sentence that says so
         first_after_title: (() => {
             const h1 = document.querySelector('article.bd-article h1');
             let next = h1 && h1.nextElementSibling;
             if (next && next === opening) next = next.nextElementSibling;
+            // code cells that show nothing (their source behind its toggle, no output) are not what the reader sees
+            const shows = e => !!e.querySelector('img') ||
+                Array.from(e.querySelectorAll('.cell_output')).some(o => o.innerText.trim());
+            while (next && next.classList.contains('cell') && !shows(next)) next = next.nextElementSibling;
             return next ? {tag: next.tagName.toLowerCase(), text: next.innerText.trim(),
                            image: !!next.querySelector('img')} : null;
         })(),
@@ -396,10 +399,9 @@ def test_every_page_as_a_reader_sees_it(served_book, smoke_book):  # noqa: F811
         found += [f"'nan' in a table cell: {t!r}" for t in info["nan_cells"]]
         found += [f"printed output (a log) on the page: {t!r}" for t in info["printed"]]
         first = info["first_after_title"] or {"tag": "nothing", "text": ""}
-        if not (first.get("image") or first["tag"] == "p" and first["text"].endswith("?")
-                or first["text"].startswith("Exploratory")):
+        if not (first.get("image") or first["text"].startswith("Exploratory")):
             found.append(f"the title is followed by <{first['tag']}> {first['text'][:80]!r}, not by the page's "
-                         f"figure, its question or the word that it is exploratory")
+                         f"figure or the word that it is exploratory")
         if info["images_after_verdict"]:
             found.append(f"{info['images_after_verdict']} images after the verdict ('What it shows')")
         if name == "f2_spectra" and not info["typeset_in_text"]:
