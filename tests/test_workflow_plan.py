@@ -495,8 +495,16 @@ def test_a_notebooks_sources_are_the_modules_it_imports_and_not_the_workflow(tmp
                 nbformat.v4.new_code_cell("!pip install diffeqformer\n%matplotlib inline\nimport json\n"
                                           "from diffeqformer import a\nfrom diffeqformer.workflow import presets\n")]
     nbformat.write(nb, tmp_path / "nb.ipynb")
-    assert plan.notebook_sources(tmp_path / "nb.ipynb") == sorted(
-        str(package / f) for f in ("__init__.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/d.py"))
+    expected = sorted(str(package / f) for f in ("__init__.py", "a.py", "b.py", "c.py", "sub/__init__.py", "sub/d.py"))
+    assert plan.notebook_sources(tmp_path / "nb.ipynb") == expected
+    # one graph for several notebooks (a plan's): what another notebook reached first is reached again
+    first = nbformat.v4.new_notebook()
+    first.cells = [nbformat.v4.new_code_cell("from diffeqformer import e\nimport diffeqformer.a\n")]
+    nbformat.write(first, tmp_path / "first.ipynb")
+    graph = plan.ImportGraph()
+    assert plan.notebook_sources(tmp_path / "first.ipynb", graph) == sorted(expected + [str(package / "e.py")])
+    assert plan.notebook_sources(tmp_path / "nb.ipynb", graph) == expected
+    assert plan.notebook_sources(tmp_path / "first.ipynb", graph) == sorted(expected + [str(package / "e.py")])
 
 
 def test_the_notebooks_sources_follow_their_imports(planned):

@@ -7,6 +7,7 @@ are Levanter's ``LmConfig`` subclasses (``DiffEqFormerConfig``, GPT-2, Llama), c
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -282,6 +283,17 @@ def config_hash(config: Config, *, population: Optional[list[int]] = None,
     (``finetune_hash``, which needs ``pretrain_config_hash``); ``population``: the seeds it is trained with, if in a
     population. Model fields at their class default are left out (a new option that keeps the old behaviour keeps
     finished runs valid); the weight-decay mask the run trains with (``with_paper_weight_decay``) is hashed."""
+    key = (type(config), repr(config), None if population is None else tuple(population), pretrain_config_hash)
+    if key not in _HASHES:  # a preset's plan hashes a fine-tuning's pretraining once per fine-tuning
+        _HASHES[key] = _config_hash(config, population, pretrain_config_hash)
+    return _HASHES[key]
+
+
+_HASHES: dict[tuple, str] = {}
+"""``config_hash`` by the configuration's ``repr``, which shows every field of a config."""
+
+
+def _config_hash(config: Config, population: Optional[list[int]], pretrain_config_hash: Optional[str]) -> str:
     if isinstance(config, FinetuneConfig):
         if pretrain_config_hash is None:
             raise ValueError("a fine-tuning's config hash covers its pretraining's: pass pretrain_config_hash")
@@ -384,14 +396,22 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: ty
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file not found: {path}" + (" (a directory)" if path.is_dir() else ""))
+    return copy.deepcopy(_load_config(path, path.read_bytes(), tuple(map(str, overrides or [])), cls))
+
+
+@functools.lru_cache(maxsize=1024)
+def _load_config(path: Path, content: bytes, overrides: tuple[str, ...], cls: type):
+    """``load_config`` of a file with these bytes, parsed once (a copy is returned: Levanter's ``initialize`` sets
+    fields of the trainer's config): a preset's plan loads each of its configs three times or more (a fine-tuning's
+    pretraining, its seeds, the presets page)."""
     try:
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        loaded = yaml.safe_load(content.decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:  # YAML's error says where: "line 1, column 7"
         raise ValueError(f"{path}: not valid YAML ({one_line(err)})") from None
     if not isinstance(loaded, dict | None):
         raise ValueError(f"{path}: a config file is a mapping of fields (name: ..., model: ...), got a "
                          f"{type(loaded).__name__}")
-    args = [*(["--config_path", str(path)] if loaded else []), *map(str, overrides or [])]
+    args = [*(["--config_path", str(path)] if loaded else []), *overrides]
     try:
         return _parser(cls).parse_args(args)
     except argparse.ArgumentError as err:  # an override without a value, or a choice that does not exist

@@ -204,7 +204,8 @@ def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]
     return sorted(jobs, key=lambda j: -j["steps"]), tokens, dir_of
 
 
-def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_toc: list[str]) -> dict:
+def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_toc: list[str],
+              graph: ImportGraph) -> dict:
     """The execution of notebook ``nb``, once it is checked: it exists, is in ``_toc.yml``, has a valid Colab cell and
     declares ``preset`` and every parameter, with a fitting type."""
     from ..report import book
@@ -222,7 +223,7 @@ def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_to
         raise WorkflowError(f"{nb}: its parameters cell must declare 'preset'")
     values = {"preset": preset, **values}
     check_parameters(nb, _map_runs(values, lambda run: str(run.path)), declared)
-    return {"name": nb, "path": str(path), "parameters": values, "sources": notebook_sources(path)}
+    return {"name": nb, "path": str(path), "parameters": values, "sources": notebook_sources(path, graph)}
 
 
 def make(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, *,
@@ -236,7 +237,9 @@ def make(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             raise WorkflowError(f"notebook {nb!r} is in _toc.yml but preset {preset!r} does not run it: add it to "
                                 f"diffeqformer.workflow.presets")
     notebooks_dir = paths.NOTEBOOKS if notebooks_dir is None else Path(notebooks_dir)
-    notebooks = [_notebook(preset, nb, values, notebooks_dir / f"{nb}.ipynb", in_toc) for nb, values in found.items()]
+    graph = ImportGraph()
+    notebooks = [_notebook(preset, nb, values, notebooks_dir / f"{nb}.ipynb", in_toc, graph)
+                 for nb, values in found.items()]
     trainings, tokens, dir_of = _trainings(collect_runs([job["parameters"] for job in notebooks]))
     marker = {d: m for job in trainings for d, m in zip(job["runs"], job["outputs"])}
     for job in notebooks:
@@ -254,17 +257,57 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-def notebook_sources(notebook: Path) -> list[str]:
-    """The package's files a notebook's code imports, directly or through others, lazily too (``modulefinder``): its
+class ImportGraph(modulefinder.ModuleFinder):
+    """``modulefinder`` over the package alone, recording which module imports which (lazily too), so that one scan
+    of the package serves every notebook of a plan."""
+
+    def __init__(self):
+        super().__init__(path=[str(PACKAGE.parent)])  # nothing outside the package is looked up
+        self.imports: dict[str, set[str]] = {}
+        self._scanning: list[str] = []
+
+    def scan_code(self, co, m):
+        self._scanning.append(m.__name__)
+        try:
+            super().scan_code(co, m)
+        finally:
+            self._scanning.pop()
+
+    def import_module(self, partname, fqname, parent):
+        m = super().import_module(partname, fqname, parent)
+        if m is not None and self._scanning:
+            self.imports.setdefault(self._scanning[-1], set()).add(fqname)
+        return m
+
+    def ensure_fromlist(self, m, fromlist, recursive=0):
+        super().ensure_fromlist(m, fromlist, recursive)  # a submodule imported before is not looked up again
+        for sub in fromlist:
+            if f"{m.__name__}.{sub}" in self.modules and self._scanning:
+                self.imports.setdefault(self._scanning[-1], set()).add(f"{m.__name__}.{sub}")
+
+    def reached(self, source: str) -> set[str]:
+        """The modules that the script ``source`` imports, directly or through others."""
+        self.imports.pop("__main__", None)
+        self.modules.pop("__main__", None)
+        with tempfile.TemporaryDirectory() as scratch:
+            (Path(scratch) / "notebook.py").write_text(source)
+            self.run_script(str(Path(scratch) / "notebook.py"))
+        found, todo = set(), ["__main__"]
+        while todo:
+            for name in self.imports.get(todo.pop(), set()) - found:
+                found.add(name)
+                todo.append(name)
+        return found
+
+
+def notebook_sources(notebook: Path, graph: ImportGraph | None = None) -> list[str]:
+    """The package's files a notebook's code imports, directly or through others, lazily too (``ImportGraph``): its
     job reruns when one changes. Not the workflow's modules: editing a preset reruns only what it changed."""
+    graph = ImportGraph() if graph is None else graph
     cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
     lines = "\n".join("".join(c["source"]) for c in cells).splitlines()
     source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in lines)  # shell, magics
-    finder = modulefinder.ModuleFinder(path=[str(PACKAGE.parent)])  # the package alone: nothing else is looked up
-    with tempfile.TemporaryDirectory() as scratch:
-        (Path(scratch) / "notebook.py").write_text(source)
-        finder.run_script(str(Path(scratch) / "notebook.py"))
-    return sorted(m.__file__ for name, m in finder.modules.items()
+    return sorted(graph.modules[name].__file__ for name in graph.reached(source)
                   if name.split(".")[0] == "diffeqformer" and not name.startswith("diffeqformer.workflow"))
 
 
