@@ -93,6 +93,19 @@ def losses(run_dir: Path) -> list[dict]:
 _done: list[SmokeBook] = []  # the fixture is imported by two test modules: run the pipeline once per process
 
 
+def new_home(home: Path) -> Path:
+    """A fresh DIFFEQFORMER_HOME for another workflow run: the corpus shared by a link and, once the smoke workflow
+    has run in this process, its plan (which depends on the code, not on the home: ``plan.load`` checks its key), so
+    that a test of what runs after the plan does not make the plan again (some 20 CPU-seconds)."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "data").symlink_to(paths.DATA, target_is_directory=True)
+    made = Path("_build/workflow/smoke/plan.json")
+    if _done and (_done[0].home / made).exists():
+        (home / made).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(_done[0].home / made, home / made)
+    return home
+
+
 @pytest.fixture(scope="session")
 def smoke_book(tmp_path_factory) -> SmokeBook:
     """The smoke workflow run twice in one DIFFEQFORMER_HOME: the first run does the work (or finds it up to date), the

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import yaml
 from slurm_cluster import PARTITION, cluster, missing
-from smoke_pipeline import SNAKEMAKE, command, losses, smoke_book  # noqa: F401 (session fixture)
+from smoke_pipeline import SNAKEMAKE, command, losses, new_home, smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
 
@@ -56,10 +56,7 @@ def _profile(dest: Path, slurm, *, cpus: int = 1, partition: str = PARTITION, ta
 
 
 def _home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    home.mkdir(parents=True)
-    (home / "data").symlink_to(paths.DATA, target_is_directory=True)
-    return home
+    return new_home(tmp_path / "home")
 
 
 def _submit(home: Path, profile: Path, slurm, *targets: str, timeout: float = 900,

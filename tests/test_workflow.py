@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from smoke_pipeline import PipelineRun, command, losses, run_workflow, smoke_book  # noqa: F401 (session fixture)
+from smoke_pipeline import PipelineRun, command, losses, new_home, run_workflow, smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
 from diffeqformer.workflow.presets import presets
@@ -128,9 +128,7 @@ def test_a_run_trains_to_the_same_numbers_whatever_the_cores(smoke_book, smoke_p
     """One training job run alone with ``--cores 1`` in a fresh home (its token cache built: the data folder is shared)
     gives the metrics of the same run trained with ``--cores 2`` beside other jobs in the smoke home, bit for bit (each
     training job's threads are fixed)."""
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "data").symlink_to(paths.DATA, target_is_directory=True)
+    home = new_home(tmp_path / "home")
     unit = next(u for u in smoke_plan["trainings"] if "runs/smoke-gpt2" in u["runs"])
     tokens = Path("_build/workflow/smoke/tokens") / f"{unit['tokens']}.json"  # its token cache, in the shared data
     (home / tokens).parent.mkdir(parents=True)
