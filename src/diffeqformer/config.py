@@ -1,8 +1,6 @@
 """The configurations, typed and frozen: a training run's (``TrainConfig``) and a fine-tuning's (``FinetuneConfig``),
-read from YAML with draccus overrides (``load_config``), validated (naming the bad field), hashed (``config_hash``:
-what determines the trained parameters) and dumped (``dump_config``) here and nowhere else. The model configurations
-are Levanter's ``LmConfig`` subclasses (``DiffEqFormerConfig``, GPT-2, Llama), chosen by their ``type`` in YAML.
-"""
+read from YAML with draccus overrides (``load_config``), validated (naming the bad field), hashed (``config_hash``) and
+dumped here and nowhere else; the models' are Levanter's ``LmConfig`` subclasses, chosen by their ``type`` in YAML."""
 
 from __future__ import annotations
 
@@ -30,14 +28,12 @@ from .model.config import DiffEqFormerConfig
 from .numerics import check_positive_int
 
 LOOP_VERSION = 3
-"""Version of the training loop's numerics, hashed into every run's config hash: runs trained by an older loop are
-trained again. 3: Levanter's own trainer, with which a run killed and resumed ends bit-identical to an uninterrupted
-one (``tests/test_train.py``)."""
+"""Version of the training loop's numerics, hashed into every run's config hash: runs of an older loop train again.
+3: Levanter's own trainer, with which a killed and resumed run ends bit-identical to an uninterrupted one."""
 
 DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
 """Weight decay of the ODE model (GPT variant), a regex for Levanter's ``weight_decay_modules``: the paper's code
-(``qkvflow/train_lm.py``, ``neuralode``) decays ``time_embedding`` and the embeddings; its time embedding has no
-parameters, so only the embeddings decay."""
+decays ``time_embedding`` and the embeddings; its time embedding has no parameters, so only the embeddings decay."""
 
 DECAY_BASELINE = r"(?!.*norm)(.*\.)?(attn|self_attn|mlp)\.(.*\.)?weight$|.*token_embeddings.*|.*position_embeddings.*"
 """Weight decay of the baselines (GPT-2, Llama, the weight-shared model), as the paper's code and nanoGPT decay them:
@@ -45,8 +41,7 @@ the weight matrices of attention and MLP, and the embeddings; never a norm (a pa
 parallel block's ``attn_norm``) or a bias."""
 
 DECAY_ALL = r".*"
-"""Weight decay of every parameter, as the paper's code has for its Llama ODE model (``llamaode``) and its
-fine-tunings (``qkvflow/finetune.py``): the Llama variant of DiffEqFormer, and every fine-tuning."""
+"""Weight decay of every parameter, as the paper's code has for its Llama ODE model and its fine-tunings."""
 
 @dataclass(frozen=True)
 class DataConfig:
@@ -154,23 +149,17 @@ def run_dir_of(config: Config) -> Path:
 
 
 def validate(config: TrainConfig) -> None:
-    """Reject bad input before any compute, naming the field."""
-    validate_common(config)
-    for name in ("max_seq_len", "hidden_dim", "num_layers", "num_heads"):
-        check_positive_int(getattr(config.model, name, 1), f"model.{name}")
-    if config.model.hidden_dim % config.model.num_heads:
-        raise ValueError(f"model.hidden_dim ({config.model.hidden_dim}) must be divisible by model.num_heads "
-                         f"({config.model.num_heads})")
-    validate_regularisers(config.model)
-
-
-def validate_regularisers(model: LmConfig) -> None:
-    """Reject a dropout rate outside [0, 1), and a regulariser the model would not apply, naming the field: Levanter's
-    GPT-2 never reads ``attn_pdrop`` (its attention passes no dropout rate), so a GPT-2 config with attention dropout
-    would claim a regulariser it does not have."""
+    """Reject bad input before any compute, naming the field (and GPT-2's attention dropout, which Levanter ignores)."""
     from levanter.models.gpt2 import Gpt2Config
 
-    if not isinstance(model, Gpt2Config):  # DiffEqFormerConfig checks its own rates; Levanter's Llama has none
+    validate_common(config)
+    model = config.model
+    for name in ("max_seq_len", "hidden_dim", "num_layers", "num_heads"):
+        check_positive_int(getattr(model, name, 1), f"model.{name}")
+    if model.hidden_dim % model.num_heads:
+        raise ValueError(f"model.hidden_dim ({model.hidden_dim}) must be divisible by model.num_heads "
+                         f"({model.num_heads})")
+    if not isinstance(model, Gpt2Config):  # DiffEqFormer checks its own dropout rates; Levanter's Llama has none
         return
     for name in ("embed_pdrop", "resid_pdrop", "attn_pdrop"):
         rate = getattr(model, name)
@@ -242,7 +231,7 @@ def validate_finetune(config: FinetuneConfig) -> None:
     validate_common(config)
     if config.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
-    if config.steps is not None and (not _is_int(config.steps) or config.steps < 1):
+    if config.steps is not None and (type(config.steps) is not int or config.steps < 1):
         raise ValueError(f"steps must be a positive integer (or null for a GPT/Llama pretraining), "
                          f"got {config.steps!r}")
     if not config.pretrain.config:
@@ -283,17 +272,6 @@ def config_hash(config: Config, *, population: Optional[list[int]] = None,
     (``finetune_hash``, which needs ``pretrain_config_hash``); ``population``: the seeds it is trained with, if in a
     population. Model fields at their class default are left out (a new option that keeps the old behaviour keeps
     finished runs valid); the weight-decay mask the run trains with (``with_paper_weight_decay``) is hashed."""
-    key = (type(config), repr(config), None if population is None else tuple(population), pretrain_config_hash)
-    if key not in _HASHES:  # a preset's plan hashes a fine-tuning's pretraining once per fine-tuning
-        _HASHES[key] = _config_hash(config, population, pretrain_config_hash)
-    return _HASHES[key]
-
-
-_HASHES: dict[tuple, str] = {}
-"""``config_hash`` by the configuration's ``repr``, which shows every field of a config."""
-
-
-def _config_hash(config: Config, population: Optional[list[int]], pretrain_config_hash: Optional[str]) -> str:
     if isinstance(config, FinetuneConfig):
         if pretrain_config_hash is None:
             raise ValueError("a fine-tuning's config hash covers its pretraining's: pass pretrain_config_hash")
@@ -349,8 +327,7 @@ def with_weight_decay(optimizer: OptimizerConfig, modules: str) -> OptimizerConf
 def override_pairs(overrides: list[str] | tuple[str, ...] | None) -> list[tuple[str, str]]:
     """The (dotted field, value as written) of each override: ``["--model.x", "32", "--trainer.seed=1"]`` ->
     ``[("model.x", "32"), ("trainer.seed", "1")]``; ``ValueError`` for an item that is not one."""
-    pairs = []
-    items = iter(overrides or [])
+    pairs, items = [], iter(overrides or [])
     for item in items:
         if not item.startswith("--") or item == "--":
             raise ValueError(f"an override must look like --field.name VALUE, got {item!r}")
@@ -401,9 +378,7 @@ def load_config(path: str | Path, overrides: list[str] | None = None, *, cls: ty
 
 @functools.lru_cache(maxsize=1024)
 def _load_config(path: Path, content: bytes, overrides: tuple[str, ...], cls: type):
-    """``load_config`` of a file with these bytes, parsed once (a copy is returned: Levanter's ``initialize`` sets
-    fields of the trainer's config): a preset's plan loads each of its configs three times or more (a fine-tuning's
-    pretraining, its seeds, the presets page)."""
+    """``load_config`` of a file's bytes, parsed once (a copy is returned: Levanter's ``initialize`` sets fields)."""
     try:
         loaded = yaml.safe_load(content.decode("utf-8"))
     except (yaml.YAMLError, UnicodeDecodeError) as err:  # YAML's error says where: "line 1, column 7"
@@ -466,7 +441,7 @@ def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
     """The pretraining's configuration (member ``pretrain.member`` of ``pretrain.config``'s population) and its run
     directory, unchecked (``runs.pretraining`` checks them)."""
     ref = config.pretrain
-    if not (_is_int(ref.population) and ref.population >= 1 and _is_int(ref.member)
+    if not (type(ref.population) is int and ref.population >= 1 and type(ref.member) is int
             and 0 <= ref.member < ref.population):
         raise ValueError(f"pretrain.member must be a seed of the pretraining's population (0 to pretrain.population - "
                          f"1), got member {ref.member!r} of {ref.population!r}")
@@ -489,10 +464,6 @@ def seed_member(config: Config, k: int) -> Config:
     return dataclasses.replace(config, name=f"{config.name}-seed{k}",
                                run_dir=f"{config.run_dir}-seed{k}" if config.run_dir else None,
                                trainer=dataclasses.replace(config.trainer, seed=config.trainer.seed + k))
-
-
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def repository_path(path: str) -> Path:
