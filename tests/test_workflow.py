@@ -14,7 +14,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from smoke_pipeline import PipelineRun, command, losses, new_home, run_workflow, smoke_book  # noqa: F401 (session fixture)
+from smoke_pipeline import command, losses, new_home, run_workflow, smoke_book  # noqa: F401 (session fixture)
 
 from diffeqformer import paths
 from diffeqformer.workflow.presets import presets

@@ -273,17 +273,22 @@ class ImportGraph(modulefinder.ModuleFinder):
         finally:
             self._scanning.pop()
 
+    def _imported(self, name: str) -> None:
+        """The module being scanned imports ``name``."""
+        if self._scanning:
+            self.imports.setdefault(self._scanning[-1], set()).add(name)
+
     def import_module(self, partname, fqname, parent):
         m = super().import_module(partname, fqname, parent)
-        if m is not None and self._scanning:
-            self.imports.setdefault(self._scanning[-1], set()).add(fqname)
+        if m is not None:
+            self._imported(fqname)
         return m
 
     def ensure_fromlist(self, m, fromlist, recursive=0):
         super().ensure_fromlist(m, fromlist, recursive)  # a submodule imported before is not looked up again
-        for sub in fromlist:
-            if f"{m.__name__}.{sub}" in self.modules and self._scanning:
-                self.imports.setdefault(self._scanning[-1], set()).add(f"{m.__name__}.{sub}")
+        for name in (f"{m.__name__}.{sub}" for sub in fromlist):
+            if name in self.modules:
+                self._imported(name)
 
     def reached(self, source: str) -> set[str]:
         """The modules that the script ``source`` imports, directly or through others."""
