@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 
 from diffeqformer._autodoc import LAYERS
-from diffeqformer.workflow.plan import module_files
+from diffeqformer.workflow.plan import imported_modules, module_files
 
 WITHIN_LAYER: set[tuple[str, str]] = set()
 """Imports allowed between modules of one layer (importer, imported)."""
@@ -29,26 +29,6 @@ class _RuntimeOnly(ast.NodeTransformer):
                 isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"):
             return node.orelse or None
         return self.generic_visit(node)
-
-
-def imported_modules(tree: ast.AST, modules, here: str = "", is_package: bool = False) -> set[str]:
-    """The package's ``modules`` that the code ``tree`` (module ``here``) imports anywhere, functions included, with
-    the packages above each (importing ``a.b.c`` runs ``a`` and ``a.b`` first)."""
-    found = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = here.split(".") if is_package else here.split(".")[:-1]
-            module = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
-                else node.module or ""
-            names = [module] + [f"{module}.{a.name}" for a in node.names]
-        else:
-            continue
-        for name in names:
-            parts = name.split(".")
-            found |= {m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules}
-    return found
 
 
 def _graph() -> dict[str, set[str]]:

@@ -501,7 +501,7 @@ def test_a_notebooks_sources_are_the_modules_it_imports_and_not_the_workflow(tmp
     first = nbformat.v4.new_notebook()
     first.cells = [nbformat.v4.new_code_cell("from diffeqformer import e\nimport diffeqformer.a\n")]
     nbformat.write(first, tmp_path / "first.ipynb")
-    graph = plan.ImportGraph()
+    graph = plan.import_graph()
     assert plan.notebook_sources(tmp_path / "first.ipynb", graph) == sorted(expected + [str(package / "e.py")])
     assert plan.notebook_sources(tmp_path / "nb.ipynb", graph) == expected
     assert plan.notebook_sources(tmp_path / "first.ipynb", graph) == sorted(expected + [str(package / "e.py")])

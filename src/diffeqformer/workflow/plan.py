@@ -8,10 +8,8 @@ from __future__ import annotations
 import ast
 import hashlib
 import json
-import modulefinder
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -205,7 +203,7 @@ def _trainings(runs: list) -> tuple[list[dict], dict[str, dict], dict[str, str]]
 
 
 def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_toc: list[str],
-              graph: ImportGraph) -> dict:
+              graph: Mapping[str, set[str]]) -> dict:
     """The execution of notebook ``nb``, once it is checked: it exists, is in ``_toc.yml``, has a valid Colab cell and
     declares ``preset`` and every parameter, with a fitting type."""
     from ..report import book
@@ -237,7 +235,7 @@ def make(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
             raise WorkflowError(f"notebook {nb!r} is in _toc.yml but preset {preset!r} does not run it: add it to "
                                 f"diffeqformer.workflow.presets")
     notebooks_dir = paths.NOTEBOOKS if notebooks_dir is None else Path(notebooks_dir)
-    graph = ImportGraph()
+    graph = import_graph()
     notebooks = [_notebook(preset, nb, values, notebooks_dir / f"{nb}.ipynb", in_toc, graph)
                  for nb, values in found.items()]
     trainings, tokens, dir_of = _trainings(collect_runs([job["parameters"] for job in notebooks]))
@@ -257,63 +255,47 @@ def module_files() -> dict[str, Path]:
     return out
 
 
-class ImportGraph(modulefinder.ModuleFinder):
-    """``modulefinder`` over the package alone, recording which module imports which (lazily too), so that one scan
-    of the package serves every notebook of a plan."""
-
-    def __init__(self):
-        super().__init__(path=[str(PACKAGE.parent)])  # nothing outside the package is looked up
-        self.imports: dict[str, set[str]] = {}
-        self._scanning: list[str] = []
-
-    def scan_code(self, co, m):
-        self._scanning.append(m.__name__)
-        try:
-            super().scan_code(co, m)
-        finally:
-            self._scanning.pop()
-
-    def _imported(self, name: str) -> None:
-        """The module being scanned imports ``name``."""
-        if self._scanning:
-            self.imports.setdefault(self._scanning[-1], set()).add(name)
-
-    def import_module(self, partname, fqname, parent):
-        m = super().import_module(partname, fqname, parent)
-        if m is not None:
-            self._imported(fqname)
-        return m
-
-    def ensure_fromlist(self, m, fromlist, recursive=0):
-        super().ensure_fromlist(m, fromlist, recursive)  # a submodule imported before is not looked up again
-        for name in (f"{m.__name__}.{sub}" for sub in fromlist):
-            if name in self.modules:
-                self._imported(name)
-
-    def reached(self, source: str) -> set[str]:
-        """The modules that the script ``source`` imports, directly or through others."""
-        self.imports.pop("__main__", None)
-        self.modules.pop("__main__", None)
-        with tempfile.TemporaryDirectory() as scratch:
-            (Path(scratch) / "notebook.py").write_text(source)
-            self.run_script(str(Path(scratch) / "notebook.py"))
-        found, todo = set(), ["__main__"]
-        while todo:
-            for name in self.imports.get(todo.pop(), set()) - found:
-                found.add(name)
-                todo.append(name)
-        return found
+def imported_modules(tree: ast.AST, modules, here: str = "", is_package: bool = False) -> set[str]:
+    """The package's ``modules`` that the code ``tree`` (module ``here``) imports anywhere, functions included, with
+    the packages above each (importing ``a.b.c`` runs ``a`` and ``a.b`` first)."""
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = here.split(".") if is_package else here.split(".")[:-1]
+            module = ".".join(base[:len(base) - node.level + 1] + [node.module or ""]).strip(".") if node.level \
+                else node.module or ""
+            names = [module] + [f"{module}.{a.name}" for a in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            found |= {m for m in (".".join(parts[:i]) for i in range(1, len(parts) + 1)) if m in modules}
+    return found
 
 
-def notebook_sources(notebook: Path, graph: ImportGraph | None = None) -> list[str]:
-    """The package's files a notebook's code imports, directly or through others, lazily too (``ImportGraph``): its
+def import_graph() -> dict[str, set[str]]:
+    """Module of the package -> the modules of the package it imports (inside functions too), from its source."""
+    modules = module_files()
+    return {name: imported_modules(ast.parse(f.read_text()), modules, name, f.name == "__init__.py")
+            for name, f in modules.items()}
+
+
+def notebook_sources(notebook: Path, graph: Mapping[str, set[str]] | None = None) -> list[str]:
+    """The package's files a notebook's code imports, directly or through others, lazily too (``import_graph``): its
     job reruns when one changes. Not the workflow's modules: editing a preset reruns only what it changed."""
-    graph = ImportGraph() if graph is None else graph
+    graph = import_graph() if graph is None else graph
     cells = [c for c in json.loads(Path(notebook).read_text())["cells"] if c["cell_type"] == "code"]
     lines = "\n".join("".join(c["source"]) for c in cells).splitlines()
     source = "\n".join("" if line.lstrip().startswith(("!", "%")) else line for line in lines)  # shell, magics
-    return sorted(graph.modules[name].__file__ for name in graph.reached(source)
-                  if name.split(".")[0] == "diffeqformer" and not name.startswith("diffeqformer.workflow"))
+    found, todo = set(), list(imported_modules(ast.parse(source), graph))
+    while todo:
+        if (name := todo.pop()) not in found:
+            found.add(name)
+            todo += graph[name]
+    files = module_files()
+    return sorted(str(files[name]) for name in found if not name.startswith("diffeqformer.workflow"))
 
 
 def book_sources() -> list[Path]:
