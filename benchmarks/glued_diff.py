@@ -49,7 +49,8 @@ def main() -> None:
         for name in sorted(set(a) | set(b)):
             if a.get(name) != b.get(name):
                 differ += 1
-                print(f"{nb}.{name}:\n  base: {a.get(name, '(not glued)')!s:.300}\n  head: {b.get(name, '(not glued)')!s:.300}")
+                shown = (f"{side}: {values.get(name, '(not glued)')!s:.300}" for side, values in (("base", a), ("head", b)))
+                print(f"{nb}.{name}:", *shown, sep="\n  ")
         print(f"{nb}: {len(a)} glued values in the base build, {len(b)} in the head build", file=sys.stderr)
     print(f"{differ} glued value(s) differ")
     sys.exit(1 if differ else 0)

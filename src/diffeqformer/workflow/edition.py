@@ -246,8 +246,8 @@ def glued_notebooks(folder: Path | None = None) -> dict[str, dict[str, str]] | N
 
 def stage(src: Path, folder: Path | None = None, repo: Path = paths.REPO) -> list[str]:
     """Write the committed edition into the staged book ``src``: each notebook in the reader's view, its title marked
-    "(GPU edition)", ``banner`` and its verdicts (Holm-adjusted across the edition's claims) below it, as ``gpu/<notebook>.ipynb``, listed under ``TOC_PAGE`` in
-    ``src/_toc.yml``. Returns the notebooks staged."""
+    "(GPU edition)", ``banner`` and its verdicts (Holm-adjusted across the edition's claims) below it, as
+    ``gpu/<notebook>.ipynb``, listed under ``TOC_PAGE`` in ``src/_toc.yml``. Returns the notebooks staged."""
     import yaml
 
     folder = Path(folder or EDITION)

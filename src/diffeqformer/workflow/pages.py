@@ -33,12 +33,12 @@ from .presets import Run
 def generated_pages(plan: Mapping[str, Any], judged: Mapping[str, tuple | None]) -> dict[str, str]:
     """The pages for ``plan``'s preset, whose verdicts are ``judged`` (``verdicts.holm_verdicts``); only numbers that
     stay the same when nothing is re-run enter them, so that a book with nothing new to show is not rebuilt."""
-    paper = collect_runs(list(registry.preset("paper").values()))
+    paper, preset = collect_runs(list(registry.preset("paper").values())), plan["preset"]
     return {"timings.md": timings_markdown(plan), "presets.md": presets_markdown(), "api.md": api_markdown(),
             "gpu.md": accelerators.gpu_markdown(), "gpu_edition.md": gpu_edition_markdown(),
-            "verdicts.md": verdicts.verdicts_markdown(plan["preset"], judged, edition.glued_notebooks(), edition.STAGED),
+            "verdicts.md": verdicts.verdicts_markdown(preset, judged, edition.glued_notebooks(), edition.STAGED),
             "claims.md": verdicts.claims_markdown(), "cluster.md": accelerators.cost_markdown(paper, "paper"),
-            "bottom_line.md": verdicts.bottom_line_markdown(plan["preset"], judged)}
+            "bottom_line.md": verdicts.bottom_line_markdown(preset, judged)}
 
 
 NO_EDITION = """No GPU edition exists yet: no model of this book has been trained on a GPU, and this part shows no
