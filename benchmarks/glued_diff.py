@@ -49,7 +49,7 @@ def main() -> None:
         for name in sorted(set(a) | set(b)):
             if a.get(name) != b.get(name):
                 differ += 1
-                shown = (f"{side}: {values.get(name, '(not glued)')!s:.300}" for side, values in (("base", a), ("head", b)))
+                shown = (f"{side}: {v.get(name, '(not glued)')!s:.300}" for side, v in (("base", a), ("head", b)))
                 print(f"{nb}.{name}:", *shown, sep="\n  ")
         print(f"{nb}: {len(a)} glued values in the base build, {len(b)} in the head build", file=sys.stderr)
     print(f"{differ} glued value(s) differ")
