@@ -179,7 +179,6 @@ def gpu_corpus(entries: dict[str, dict[str, Any]], corpus: str) -> dict[str, dic
     """``entries`` with every run of ``GPU_LANGUAGE_MODELS`` trained on ``corpus`` and named ``gpu-<corpus>-...``, and
     F11 on the paper's tasks as well; unchanged for ``shakespeare``. F5's synthetic model and F7 stay offline."""
     from ..data.corpora import DATASETS
-    from .plan import map_runs
 
     online = tuple(d for d in DATASETS if d not in ("shakespeare", "synthetic"))
     if corpus == "shakespeare":
@@ -188,14 +187,18 @@ def gpu_corpus(entries: dict[str, dict[str, Any]], corpus: str) -> dict[str, dic
         raise ValueError(f"{GPU_CORPUS_VARIABLE} must be shakespeare (the default) or one of {', '.join(online)}, "
                          f"got {corpus!r}")
 
-    def move(run: Run) -> Run:
-        if run.module != "train" or run.config not in GPU_LANGUAGE_MODELS:
-            return run
-        name = f"gpu-{corpus}-{run.load().name.removeprefix('gpu-')}"
-        overrides = configs.with_override(run.overrides, "name", name)
-        return dataclasses.replace(run, overrides=(*overrides, "--data.dataset", corpus))
+    def move(value):
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(move(v) for v in value)
+        if not isinstance(value, Run) or value.module != "train" or value.config not in GPU_LANGUAGE_MODELS:
+            return value
+        name = f"gpu-{corpus}-{value.load().name.removeprefix('gpu-')}"
+        overrides = configs.with_override(value.overrides, "name", name)
+        return dataclasses.replace(value, overrides=(*overrides, "--data.dataset", corpus))
 
-    moved = map_runs(entries, move)
+    moved = move(entries)
     moved["f11_downstream"] = {**moved["f11_downstream"], "paper_tasks": True}
     return moved
 
