@@ -87,23 +87,23 @@ def parse_overrides(items: list[str]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def map_runs(value, fn):
+def _map_runs(value, fn):
     """``value`` (registry values) with every ``Run`` replaced by ``fn(run)``, visited in order, tuples as lists."""
     from .presets import Run
 
     if isinstance(value, Run):
         return fn(value)
     if isinstance(value, dict):
-        return {k: map_runs(v, fn) for k, v in value.items()}
+        return {k: _map_runs(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [map_runs(v, fn) for v in value]
+        return [_map_runs(v, fn) for v in value]
     return value
 
 
 def collect_runs(value) -> list:
     """Every ``Run`` in ``value`` (registry values), in order."""
     found: list = []
-    map_runs(value, found.append)
+    _map_runs(value, found.append)
     return found
 
 
@@ -114,7 +114,7 @@ def join_populations(entries: Mapping[str, Mapping[str, Any]]) -> dict[str, dict
     for run in collect_runs(list(entries.values())):
         if run.population:
             members.setdefault((run.config, run.overrides, run.module), run)
-    return {nb: map_runs(values, lambda r: members.get((r.config, r.overrides, r.module), r))
+    return {nb: _map_runs(values, lambda r: members.get((r.config, r.overrides, r.module), r))
             for nb, values in entries.items()}
 
 
@@ -220,7 +220,7 @@ def _notebook(preset: str, nb: str, values: Mapping[str, Any], path: Path, in_to
     if "preset" not in declared:
         raise WorkflowError(f"{nb}: its parameters cell must declare 'preset'")
     values = {"preset": preset, **values}
-    check_parameters(nb, map_runs(values, lambda run: str(run.path)), declared)
+    check_parameters(nb, _map_runs(values, lambda run: str(run.path)), declared)
     return {"name": nb, "path": str(path), "parameters": values, "sources": notebook_sources(path, graph)}
 
 
@@ -242,7 +242,7 @@ def make(preset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None, 
     marker = {d: m for job in trainings for d, m in zip(job["runs"], job["outputs"])}
     for job in notebooks:
         job["inputs"] = sorted({marker[dir_of[r.key]] for r in collect_runs(job["parameters"])})
-        job["parameters"] = map_runs(job["parameters"], lambda r: dir_of[r.key])
+        job["parameters"] = _map_runs(job["parameters"], lambda r: dir_of[r.key])
     return {"preset": preset, "tokens": tokens, "trainings": trainings, "notebooks": notebooks}
 
 
