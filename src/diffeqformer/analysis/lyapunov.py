@@ -1,8 +1,6 @@
-"""Lyapunov exponents: of any ODE (the QR / Benettin method), and token-level exponents of DiffEqFormer.
-
-General spectrum (eq. 8 of the paper). For y' = f(t, y) the tangent matrix Phi' = J(t, y) Phi, Phi(0) = I, is
-re-orthonormalised after every step, Q R = Phi, Phi <- Q, and the exponents are the time averages of log|R_ii|
-(Benettin et al. 1980); tangent directions are pushed through f by forward-mode JVPs.
+"""Token-level Lyapunov exponents of DiffEqFormer (eq. 8 of the paper, by the QR / Benettin method): the tangent
+matrix Phi is re-orthonormalised after every step, Q R = Phi, Phi <- Q, and the exponents are the time averages of
+log|R_ii| (Benettin et al. 1980).
 
 Token level (Section 5.2, Appendix B). For an output position `out` and an input token `in`, dPhi/dt = J_{out,in}(t)
 Phi with J_{out,in} = d f_out / d x_in along the model's own trajectory. On the forward pass's Euler grid (step k:
@@ -17,9 +15,8 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple, Sequence
+from typing import NamedTuple, Sequence
 
-import diffrax
 import equinox as eqx
 import haliax as hax
 import jax
@@ -33,71 +30,6 @@ from levanter.utils.tree_utils import inference_mode
 
 from ..model.transformer import DiffEqFormerLMHeadModel, time_grid
 from ..numerics import one_blas_thread
-
-# ---------------------------------------------------------------------------------------------------------------------
-# General ODEs
-
-
-def lyapunov_spectrum(vector_field: Callable, y0, t0: float, t1: float, dt: float, *, args=None,
-                      transient: float = 0.0, solver: diffrax.AbstractSolver | None = None) -> jnp.ndarray:
-    """All Lyapunov exponents of y' = f(t, y, args) (Diffrax's vector-field convention), sorted decreasing.
-
-    y0 may be any array (flattened: n = y0.size exponents). The state and the n tangent directions are advanced
-    together by ``solver`` (default: Tsit5) with fixed step ``dt`` and re-orthonormalised by QR after each step;
-    log|R_ii| is accumulated after ``transient`` time units and averaged over the rest.
-    """
-    if not t1 > t0:
-        raise ValueError(f"t1 must exceed t0, got t0={t0}, t1={t1}")
-    if dt <= 0:
-        raise ValueError(f"dt must be positive, got {dt}")
-    if not 0.0 <= transient < t1 - t0:
-        raise ValueError(f"transient must be in [0, t1 - t0), got {transient}")
-    solver = diffrax.Tsit5() if solver is None else solver
-    shape = jnp.shape(y0)
-    y0 = jnp.ravel(jnp.asarray(y0))
-    n = y0.size
-    steps = int(round((t1 - t0) / dt))
-    skip = int(round(transient / dt))
-
-    def joint(t, state, _):
-        y, Q = state
-        flat_field = lambda v: jnp.ravel(vector_field(t, jnp.reshape(v, shape), args))  # noqa: E731
-        return jax.vmap(lambda q: jax.jvp(flat_field, (y,), (q,)), in_axes=1, out_axes=(None, 1))(Q)
-
-    term = diffrax.ODETerm(joint)
-
-    @jax.jit
-    def run(y0):
-        state0 = (y0, jnp.eye(n, dtype=y0.dtype))
-
-        def step(carry, k):
-            state, solver_state, (logs, comp) = carry
-            ta = t0 + k.astype(y0.dtype) * dt
-            # made_jump: the tangents were replaced by QR since the last step, so an FSAL solver (Tsit5) must not
-            # reuse its stored derivative.
-            state, _, _, solver_state, _ = solver.step(term, ta, ta + dt, state, None, solver_state, made_jump=True)
-            y, Q = state
-            Q, R = jnp.linalg.qr(Q)
-            growth = jnp.log(jnp.abs(jnp.diagonal(R)))
-            growth = jnp.where(k >= skip, growth, jnp.zeros_like(growth))
-            return ((y, Q), solver_state, _kahan_add(logs, comp, growth)), None
-
-        zeros = jnp.zeros(n, y0.dtype)
-        carry = (state0, solver.init(term, t0, t0 + dt, state0, None), (zeros, zeros))
-        (_, _, (logs, _)), _ = jax.lax.scan(step, carry, jnp.arange(steps))
-        return logs / ((steps - skip) * dt)
-
-    with one_blas_thread():  # the per-step QR runs through LAPACK: see _exponents
-        exps = jax.block_until_ready(run(y0))
-    return jnp.sort(exps)[::-1]
-
-
-def _kahan_add(total, comp, x):
-    """(total + x, its compensation): Kahan summation, since tens of thousands of small float32 increments into a
-    large total lose about 1e-3 otherwise."""
-    y = x - comp
-    new = total + y
-    return new, (new - total) - y
 
 
 def kaplan_yorke_dimension(exponents) -> jnp.ndarray:
