@@ -50,6 +50,20 @@ def test_batched_maps_give_the_same_examples(config_name):
     assert asyncio.run(batched.get_batch([])) == []
 
 
+def test_batched_maps_build_no_named_array_of_another_shape(monkeypatch):
+    """Haliax turns its shape checks off while JAX rebuilds a tree, with a process-wide switch that the training
+    loop's thread can turn back on while the loader's thread is midway. The batched maps build only named arrays of
+    their axes' shape, so they give the examples with the checks on throughout."""
+    import contextlib
+
+    import haliax.core
+
+    monkeypatch.setattr(haliax.core, "enable_shape_checks", lambda enabled: contextlib.nullcontext(True))
+    batched = batched_maps(_train_set("diffeqformer.yaml"))
+    got = asyncio.run(batched.get_batch([5, 0, 17]))
+    assert [x.tokens.array.shape for x in got] == [(x.tokens.axes[0].size,) for x in got] and len(got) == 3
+
+
 def test_flat_jit_compiles_once_per_structure():
     calls = []
 

@@ -180,12 +180,26 @@ class BatchedMap(AsyncDataset):
     (Levanter's ``CausalLmDataset`` and ``NamedLmDataset`` each jit their function per example: two Python
     dispatches for every example of every batch, in the loader's thread, which shares the interpreter with the
     training loop). The examples are the same, array for array (integer and 0/1
-    arithmetic); they come back as host (NumPy) arrays, which the loader stacks for the device as it does its own."""
+    arithmetic); they come back as host (NumPy) arrays, which the loader stacks for the device as it does its own.
+    The batch crosses the jitted call as plain arrays (the examples' leaves), never as a named array holding a batch
+    axis it does not name: Haliax builds such an array only with its shape checks off, a process-wide switch that
+    the training loop's thread turns back on at any moment, and the loader's thread would then fail on it."""
 
     def __init__(self, mapped: MappedAsyncDataset):
         super().__init__()
         self.dataset = mapped.dataset
-        self._batched = jax.jit(jax.vmap(mapped.fn))
+        self._fn = mapped.fn
+        self._batched: dict = {}  # the examples' tree structure -> (the jitted map of their leaves, its output's)
+
+    def _compiled(self, example):
+        structure = jax.tree.structure(example)
+        if structure not in self._batched:
+            def leaves(xs):
+                return jax.tree.leaves(self._fn(jax.tree.unflatten(structure, xs)))
+
+            out = jax.tree.structure(jax.eval_shape(self._fn, example))
+            self._batched[structure] = (jax.jit(jax.vmap(leaves)), out)
+        return self._batched[structure]
 
     async def async_len(self) -> int:
         return await self.dataset.async_len()
@@ -203,9 +217,10 @@ class BatchedMap(AsyncDataset):
         items = await self.dataset.get_batch(indices)
         if not items:
             return []
-        stacked = jax.tree.map(lambda *xs: np.stack([np.asarray(x) for x in xs]), *items)
-        host = jax.tree.map(np.asarray, self._batched(stacked))
-        return [jax.tree.map(lambda x: x[i], host) for i in range(len(items))]
+        batched, out = self._compiled(items[0])
+        stacked = [np.stack([np.asarray(x) for x in xs]) for xs in zip(*map(jax.tree.leaves, items))]
+        host = [np.asarray(x) for x in batched(stacked)]
+        return [jax.tree.unflatten(out, [x[i] for x in host]) for i in range(len(items))]
 
     async def getitem_async(self, index: int):
         return (await self.get_batch([index]))[0]
