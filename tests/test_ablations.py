@@ -97,7 +97,7 @@ def test_finetune_verdicts_of_one_seed_are_untested(grid):
     assert "full fine-tuning" in verdicts["f7_full"].note
     # every N against the GPT-2, not the best of them, each as exploration
     secondary = words.finetune_secondary(ablations.finetune_secondary(table))
-    assert list(secondary.N) == [9, 18] and list(secondary.verdict) == [statistics.UNTESTED] * 2
+    assert list(secondary.N) == [9, 18] and list(secondary["exploratory result"]) == [statistics.UNTESTED] * 2
     assert secondary["effect (95% CI)"].iloc[0] == f"{100 * math.expm1(5.0 - 5.5):+.1f}%"
     # the overfitting of each fine-tuning: its final perplexity above its best
     over = table.set_index("model")["final - best"]

@@ -66,6 +66,10 @@ def served_book(smoke_book):  # noqa: F811
 _INSPECT = r"""async () => {
     const mj = window.MathJax && window.MathJax.startup && window.MathJax.startup.promise;
     if (mj) await Promise.race([mj, new Promise(r => setTimeout(r, 20000))]);
+    const column = () => {  // the text column's width: the article's inside its padding
+        const a = document.querySelector('article.bd-article'), style = getComputedStyle(a);
+        return a.clientWidth - parseFloat(style.paddingLeft) - parseFloat(style.paddingRight);
+    };
     const raw_tex = [];  // TeX delimiters in text a reader sees (code blocks and typeset math aside)
     const walk = document.createTreeWalker(document.body, NodeFilter.SHOW_TEXT);
     while (walk.nextNode()) {
@@ -123,15 +127,18 @@ _INSPECT = r"""async () => {
                                 claim: (li.querySelector('em') || {innerText: ''}).innerText,
                                 word: (li.querySelector('strong') || {innerText: ''}).innerText}))} : null,
         outside_opening: outside.innerText,
-        printed: Array.from(document.querySelectorAll('.cell_output .output.stream, .cell_output .output.stderr'))
+        // a log, or the value a cell ended with shown as plain text
+        printed: Array.from(document.querySelectorAll(
+            '.cell_output .output.stream, .cell_output .output.stderr, .cell_output .output.text_plain'))
             .map(e => e.innerText.slice(0, 80)),
         nan_cells: Array.from(document.querySelectorAll('article.bd-article td')).map(td => td.innerText)
             .filter(t => /\bnan\b/i.test(t)),
         // tables wider than the text column (those in a collapsed block aside): cut off or scrolled sideways
+        // (the column: the article's width inside its padding, which a table scrolled in its output box exceeds)
         wide_tables: Array.from(document.querySelectorAll('article.bd-article table'))
             .filter(t => !t.closest('details:not([open])'))
-            .filter(t => t.scrollWidth > document.querySelector('article.bd-article').clientWidth + 2)
-            .map(t => (t.querySelector('th, td') || t).innerText.slice(0, 60) + ` (${t.scrollWidth} px)`),
+            .filter(t => t.getBoundingClientRect().width > column() + 1)
+            .map(t => t.innerText.replace(/\s+/g, ' ').slice(0, 60) + ` (${t.scrollWidth} px of ${column()})`),
         // each table row's cells: the bold word of a cell where it has one, else its text
         verdict_rows: Array.from(document.querySelectorAll('table tbody tr')).map(
             tr => Array.from(tr.querySelectorAll('td')).map(

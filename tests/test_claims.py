@@ -84,9 +84,16 @@ def test_significant_but_negligible_and_equivalence():
     assert same.word == statistics.REPRODUCED and "equivalence shown 80% of the time within" in wording.verdict(same)
     vague = claims.judge("f7_full", statistics.compare([0.2, -0.15, 0.05], [0.0] * 3, paired=True))
     assert vague.word == statistics.INCONCLUSIVE
-    assert verdicts.pointing(vague.of, vague.effect) == "within the margin of +-5.0%"  # +3.4%, yet not shown
+    assert wording.pointing(vague.of, vague.effect) == "within the margin of +-5.0%"  # +3.4%, yet not shown
     far = claims.judge("f7_full", statistics.compare([0.2, 0.05, 0.1], [0.0] * 3, paired=True))
-    assert verdicts.pointing(far.of, far.effect) == "outside the margin of +-5.0%"
+    assert wording.pointing(far.of, far.effect) == "outside the margin of +-5.0%"
+    # an exploratory comparison of the same claim says what it found, and which way, not the headline's word
+    assert wording.exploratory(same) == "equivalent within the margin of +-5.0%"
+    assert wording.exploratory(vague) == "equivalence not shown, within the margin of +-5.0%"
+    assert wording.exploratory(tiny) == "significant, with the paper"
+    against = claims.judge("f6_ours", statistics.compare([5.2, 4.9, 5.3], [5.0, 5.0, 5.1], paired=True))
+    assert against.word == statistics.INCONCLUSIVE
+    assert wording.exploratory(against) == "not significant, pointing against the paper"
 
 
 def test_a_claim_with_parts_shows_each_parts_sign():

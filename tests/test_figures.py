@@ -114,6 +114,9 @@ def test_scale_of_seed_runs_counts_each_model_once():
         "6 runs of 3 models (gpt2, 2 seeds; shared; diffeqformer, 3 seeds)")
     assert figures._models_and_seeds(runs[2:4], scales[2:4]) == "2 models (shared, diffeqformer)"
     assert figures._models_and_seeds(runs[3:], scales[3:]) == "3 runs of 1 model (diffeqformer, 3 seeds)"
+    # two models of one kind (x1's fixed and random step placement) are named by their runs
+    assert figures._models_and_seeds(["runs/cpu-diffeqformer", "runs/cpu-diffeqformer-random-steps"], scales[3:5]) \
+        == "2 models (diffeqformer cpu-diffeqformer, diffeqformer cpu-diffeqformer-random-steps)"
 
 
 def test_scale_of_runs_of_several_scales_names_each_model_once(monkeypatch):

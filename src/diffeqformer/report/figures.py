@@ -90,11 +90,13 @@ def _model_name(run_dir) -> str:
 
 def _models_and_seeds(runs, scales) -> str:
     """``5 runs of 3 models (GPT-2, 2 seeds; weight-shared; DiffEqFormer, 2 seeds)``: a run's seed copies are one
-    model."""
+    model; two models of one kind are told apart by their run names."""
     models: dict[str, list] = {}
     for r, sc in zip(runs, scales):
         models.setdefault(_model_name(r), [sc.split(", ", 1)[0], 0])[1] += 1
-    kinds = "; ".join(kind if n == 1 else f"{kind}, {n} seeds" for kind, n in models.values())
+    shared = Counter(kind for kind, _ in models.values())
+    named = {name: kind if shared[kind] == 1 else f"{kind} {name}" for name, (kind, _) in models.items()}
+    kinds = "; ".join(named[name] if n == 1 else f"{named[name]}, {n} seeds" for name, (_, n) in models.items())
     if len(models) == len(runs):
         return f"{len(runs)} models ({kinds.replace('; ', ', ')})"
     return f"{len(runs)} runs of {len(models)} model{'s' if len(models) > 1 else ''} ({kinds})"
@@ -266,8 +268,7 @@ def _glue_object(name: str, value) -> None:
         pass
 
 
-def glue(name: str, value, fmt: str | None = None):
-    """Publish a number for the book's prose (MyST-NB ``{glue:text}``), formatted with ``fmt``, and return it."""
-    text = fmt.format(value) if fmt else value
-    _glue_object(name, text)
-    return text
+def glue(name: str, value, fmt: str | None = None) -> None:
+    """Publish a number for the book's prose (MyST-NB ``{glue:text}``), formatted with ``fmt``. It returns nothing, so
+    that a cell ending with it shows no output of its own on the page."""
+    _glue_object(name, fmt.format(value) if fmt else value)

@@ -6,7 +6,6 @@ the estimate points against the paper's claim, each part's where a claim has par
 
 from __future__ import annotations
 
-import math
 from typing import Mapping
 
 from ..analysis import claims, multiplicity, statistics
@@ -59,7 +58,8 @@ def bottom_line_markdown(preset: str, judged: Mapping[str, tuple | None]) -> str
         if found is None or found[0].word == statistics.UNTESTED:
             effect = ""
         else:
-            effect = wording.effect(found[0]) + ("" if found[1] is None else f", {pointing(claim, found[0].effect)}")
+            where = "" if found[1] is None else f", {wording.pointing(claim, found[0].effect)}"
+            effect = wording.effect(found[0]) + where
         word = adjusted_word(*found) if found else "not computed by this preset"
         out.append(f"| {claim.figure} ({{doc}}`page </notebooks/{claim.notebook}>`): {claim.paper} | {word} | "
                    f"{effect} |")
@@ -96,22 +96,10 @@ def adjusted_word(verdict: claims.Verdict, adjusted: float | None) -> str:
     return word
 
 
-def pointing(claim: claims.Claim, effect: float) -> str:
-    """Which way an estimate points against the claim: ``with the paper``, ``against the paper`` or, for a claim of
-    equivalence, whether it lies within the margin."""
-    if claim.margin is not None:
-        inside = abs(effect) <= abs(claim.written(claim.margin))
-        margin = claim.format(claim.written(claim.margin), sign=False)
-        return f"{'within' if inside else 'outside'} the margin of +-{margin}"
-    if effect == 0 or math.isnan(effect):
-        return "in neither direction"
-    return "with the paper" if (effect > 0) == (claim.direction > 0) else "against the paper"
-
-
 def _parts_text(verdict: claims.Verdict) -> str:
     c = verdict.of
     return "; ".join(f"{name} {c.format(effect)} (95% CI {c.format(low, unit=False)} to {c.format(high, unit=False)}, "
-                     f"{wording.p_text(p)}, pointing {pointing(c, effect)})"
+                     f"{wording.p_text(p)}, pointing {wording.pointing(c, effect)})"
                      for name, effect, low, high, p in verdict.parts)
 
 
@@ -131,7 +119,7 @@ def claim_sentence(found: tuple | None, tested: int) -> str:
                                                                                  else "") + "."
     margin = c.margin is not None
     out = (f"**{word}**{', negligible' if verdict.negligible else ''}: {wording.effect(verdict)}, "
-           f"{'' if margin else 'pointing '}{pointing(c, verdict.effect)}; {wording.p_text(verdict.p)}, "
+           f"{'' if margin else 'pointing '}{wording.pointing(c, verdict.effect)}; {wording.p_text(verdict.p)}, "
            f"{adjusted:.2g} after Holm's adjustment across {tested} claims; "
            f"{verdict.test} over {verdict.n} {verdict.unit}{'' if verdict.n == 1 else 's'}")
     if word.startswith(statistics.INCONCLUSIVE):
@@ -177,5 +165,5 @@ def _verdict_cell(found: tuple | None, missing: str) -> str:
                                         f" ({verdict.note})" if verdict.note else "")
     negligible = ", negligible" if verdict.negligible else ""
     return (f"**{adjusted_word(verdict, adjusted)}**{negligible}: {wording.effect(verdict)} "
-            f"({pointing(verdict.of, verdict.effect)}); p = {verdict.p:.2g}, Holm {adjusted:.2g}; "
+            f"({wording.pointing(verdict.of, verdict.effect)}); p = {verdict.p:.2g}, Holm {adjusted:.2g}; "
             f"detectable: {wording.detectable(verdict)}")

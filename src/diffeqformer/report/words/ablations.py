@@ -13,10 +13,11 @@ from . import statistics as wording
 
 def finetune_secondary(found) -> pd.DataFrame:
     """F7's exploratory comparisons (``ablations.finetune_secondary``) as the page's table: the ratio in percent with
-    its 95% interval, p, verdict, whether it is negligible and the smallest ratio the design detects 80% of the time."""
+    its 95% interval, p, which way it points against its method's claim (``wording.exploratory``: no headline verdict's
+    word), whether it is negligible and the smallest ratio the design detects 80% of the time."""
     return pd.DataFrame([{"method": r.method, "direction": r.direction, "N": r.N, "effect (95% CI)": wording.effect(v),
-                          "p": v.p, "verdict": v.word, "negligible": "yes" if v.negligible else "",
-                          "detectable at 80%": wording.detectable(v), "pretraining seeds": v.n}
+                          "p": v.p, "exploratory result": wording.exploratory(v),
+                          "negligible": "yes" if v.negligible else "", "detectable at 80%": wording.detectable(v), "pretraining seeds": v.n}
                          for r in found.itertuples() for v in [r.verdict]])
 
 

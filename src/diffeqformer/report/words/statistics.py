@@ -92,3 +92,27 @@ def verdict(v: claims.Verdict) -> str:
         words.append(f"negligible: within the practical threshold of +-{v.of.format(v.of.negligible, sign=False)}")
     label = "equivalence shown 80% of the time within" if v.of.margin else "detectable at 80% power"
     return "; ".join([*words, f"{label}: {detectable(v)}", *note])
+
+
+def pointing(claim: claims.Claim, effect: float) -> str:
+    """Which way an estimate points against the claim: ``with the paper``, ``against the paper`` or, for a claim of
+    equivalence, whether it lies within the margin."""
+    if claim.margin is not None:
+        inside = abs(effect) <= abs(claim.written(claim.margin))
+        margin = claim.format(claim.written(claim.margin), sign=False)
+        return f"{'within' if inside else 'outside'} the margin of +-{margin}"
+    if effect == 0 or math.isnan(effect):
+        return "in neither direction"
+    return "with the paper" if (effect > 0) == (claim.direction > 0) else "against the paper"
+
+
+def exploratory(v: claims.Verdict) -> str:
+    """An exploratory comparison's result in words no headline verdict uses, its direction always shown:
+    ``significant, with the paper``, ``not significant, pointing against the paper``; for a claim of equivalence
+    ``equivalent within the margin of +-5.0%`` or ``equivalence not shown, outside the margin of +-5.0%``."""
+    if v.word == statistics.UNTESTED:
+        return statistics.UNTESTED
+    where = pointing(v.of, v.effect)
+    if v.of.margin is not None:
+        return f"equivalent {where}" if v.word == statistics.REPRODUCED else f"equivalence not shown, {where}"
+    return f"significant, {where}" if v.word != statistics.INCONCLUSIVE else f"not significant, pointing {where}"
