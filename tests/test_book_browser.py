@@ -340,9 +340,9 @@ def verdicts_page(info: dict) -> dict[str, str]:
     return words
 
 
-STRONG = re.compile(r"as the paper reports|\breproduced\b", flags=re.I)
-"""What a page may say of a claim only where the verdicts page calls it reproduced: in its opening, which says what
-the verdicts page says."""
+STRONG = re.compile(r"as the paper reports|\breproduced\b|\bcontradicted\b", flags=re.I)
+"""What a page may say of a claim only in its opening, which says what the verdicts page says: a verdict's word
+(the prose quotes what a test found, before Holm's adjustment, in other words)."""
 
 
 def _verdict_problems(name: str, info: dict, headline: dict[str, str]) -> list[str]:

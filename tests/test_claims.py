@@ -31,7 +31,8 @@ def test_a_verdict_in_the_claims_units():
     assert v.word == statistics.REPRODUCED and v.effect == pytest.approx(100 * math.expm1(c.difference))
     assert (v.low, v.high) == pytest.approx((100 * math.expm1(c.low), 100 * math.expm1(c.high)))
     assert v.detectable == pytest.approx(100 * math.expm1(c.detectable)) and v.n == 3 and v.unit == "seed"
-    assert wording.verdict(v).startswith(f"reproduced: {v.effect:+.1f}% (95% CI {v.low:+.1f}% to {v.high:+.1f}%), p = ")
+    assert wording.verdict(v).startswith(f"significant, with the paper, before Holm's adjustment: {v.effect:+.1f}% "
+                                         f"(95% CI {v.low:+.1f}% to {v.high:+.1f}%), p = ")
     assert claims.Verdict.from_json(v.to_json()) == v
     untested = claims.untested("f6_llama", "no Llama")
     assert wording.verdict(claims.Verdict.from_json(untested.to_json())) == "untested (0 seeds; no Llama)"

@@ -17,7 +17,8 @@ def finetune_secondary(found) -> pd.DataFrame:
     word), whether it is negligible and the smallest ratio the design detects 80% of the time."""
     return pd.DataFrame([{"method": r.method, "direction": r.direction, "N": r.N, "effect (95% CI)": wording.effect(v),
                           "p": v.p, "exploratory result": wording.exploratory(v),
-                          "negligible": "yes" if v.negligible else "", "detectable at 80%": wording.detectable(v), "pretraining seeds": v.n}
+                          "negligible": "yes" if v.negligible else "", "detectable at 80%": wording.detectable(v),
+                          "pretraining seeds": v.n}
                          for r in found.itertuples() for v in [r.verdict]])
 
 

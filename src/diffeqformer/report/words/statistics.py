@@ -79,15 +79,18 @@ def detectable(v: claims.Verdict) -> str:
 
 
 def verdict(v: claims.Verdict) -> str:
-    """``reproduced: -9.2% (95% CI -15.1% to -3.0%), p = 0.011, paired t-test over 5 seeds; detectable at 80%
-    power: 5.5%`` (p before Holm's adjustment across the headline claims)."""
+    """A headline claim's test as a page's prose quotes it: ``significant, with the paper, before Holm's adjustment:
+    -9.2% (95% CI -15.1% to -3.0%), p = 0.011, paired t-test over 5 seeds; detectable at 80% power: 5.5%``. What the
+    test found and which way, not the verdict's word: that is the page's opening's, after Holm's adjustment across
+    the book's claims, which a notebook does not know."""
     units = f"{v.n} {v.unit}{'' if v.n == 1 else 's'}"
     note = [v.note] if v.note else []
     if v.word == statistics.UNTESTED:
         return f"{statistics.UNTESTED} ({'; '.join([units, *note])})"
     if v.of.measured:
         return "; ".join([f"{v.word}: {effect(v)}", *note])
-    words = [f"{v.word}: {effect(v)}, {p_text(v.p)}, {v.test} over {units}"]
+    found = exploratory(v) + (", before Holm's adjustment" if v.word != statistics.INCONCLUSIVE else "")
+    words = [f"{found}: {effect(v)}, {p_text(v.p)}, {v.test} over {units}"]
     if v.negligible:
         words.append(f"negligible: within the practical threshold of +-{v.of.format(v.of.negligible, sign=False)}")
     label = "equivalence shown 80% of the time within" if v.of.margin else "detectable at 80% power"
