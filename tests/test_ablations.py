@@ -241,20 +241,27 @@ def test_time_embedding_table_and_headline(tmp_path):
     assert table.params.iloc[1] > table.params.iloc[0]  # counted on the model built from each config
     growth = ablations.time_embedding_memory(table, batch=16)
     verdicts = ablations.time_embedding_verdicts(table, growth, words.memory_note(growth))
-    text = words.time_embedding_headline(table, verdicts, batch=16)
+    text = words.time_embedding_headline(table, verdicts)
     assert text["range"] == "d_t = 2 to 8" and text["throughput"] == "x0.90" and text["best_dt"] == "8"
     assert text["ppl"].endswith("(3 seeds)")
     ratio = table.params.iloc[1] / table.params.iloc[0]
     assert text["params"].endswith(f"(x{ratio:.2f})") and text["memory"].startswith("x1.50")  # XLA's plan: 60 -> 90
     # memory is judged per added parameter (on XLA's plan: there is no device peak), not by the ratio of the ends
     per_parameter = 30 * 2**20 / (table.params.iloc[1] - table.params.iloc[0])
-    assert text["memory_growth"].startswith(f"{per_parameter:.1f} B per added parameter (16 expected)")
-    assert "XLA's plan of the step at batch 16" in text["memory_growth"]
+    gpu = memory.memory_growth([100e6, 400e6], [2 * 2**30 + 4 * p for p in (100e6, 400e6)], "a GPU")
+    rows = words.memory_table(table, gpu, batch=16)
+    assert list(rows.index) == ["this preset: XLA's plan of the step", "this preset: resident memory above the "
+                                "runtime's", "GPU sweep"], list(rows.index)
+    plan, rss = rows.iloc[0], rows.iloc[1]
+    assert plan["B per added parameter"] == pytest.approx(per_parameter) and plan["memory x"] == pytest.approx(1.5)
+    assert plan["share of their growth"] == pytest.approx(0.5 / (ratio - 1)) and plan["parameters x"] == ratio
+    assert "XLA's plan of the step at batch 16" in plan["measured as"]
+    assert rss["B per added parameter"] == pytest.approx(50 * 2**20 / (table.params.iloc[1] - table.params.iloc[0]))
+    assert rows.loc["GPU sweep", "Fig. 16's claim"] == "holds" and rows.loc["GPU sweep", "not growing"] == "2.00 GiB"
     # judged as the paper words it: the memory's growth (x1.50) over the parameters' growth
     assert verdicts["f9_memory"].word == (statistics.REPRODUCED if 0.5 / (ratio - 1) < 0.5 else statistics.CONTRADICTED)
     assert verdicts["f9_memory"].effect == pytest.approx(0.5 / (ratio - 1)) and math.isnan(verdicts["f9_memory"].p)
     assert f"costs {per_parameter:.1f} B" in verdicts["f9_memory"].note  # the stricter reading, exploratory
-    assert text["memory_rss"].startswith(f"{50 * 2**20 / (table.params.iloc[1] - table.params.iloc[0]):.1f} B")
     assert table[f"{memory.PARAMETER_BYTES} B x params MiB"].tolist() == pytest.approx(
         (table.params * 16 / 2**20).tolist())
     # two d_t, matched seeds: the slope per doubling is the paired difference of log-perplexities over
@@ -313,10 +320,8 @@ def test_memory_growth_is_judged_as_the_paper_words_it_and_per_added_parameter()
         assert g.far_less is saving
         relative = (g.memory_ratio - 1) / (g.params_ratio - 1)
         assert g.growth_ratio == pytest.approx(relative) and g.grows_far_less is (relative < 0.5)
-        verdict = words.memory_verdict(g)
-        holds = "holds" if relative < 0.5 else "does not hold"
-        assert verdict.startswith(f"Fig. 16's claim, as the paper words it, {holds} in this sweep (a line)")
-        assert f"costs {b:.1f} B against the 16 B" in verdict and "2.00 GiB of the memory does not grow" in verdict
+        explained = words.memory_explanation(g)
+        assert f"costs {b:.1f} B against the 16 B" in explained and "2.00 GiB of the memory does not grow" in explained
     with pytest.raises(ValueError, match="two or more parameter counts"):
         memory.memory_growth([5, 5], [1, 2], "x")
 

@@ -187,8 +187,14 @@ def copy_mathjax(dest: Path) -> None:
             shutil.copy2(src / part, dest / part)
 
 
+TABLE_CSS = ("diffeqformer-tables.css", ".cell_output table tbody th { overflow-wrap: anywhere; }\n")
+"""A style sheet of the book's (name, text): a notebook's table breaks a long word of its row labels (an index such
+as ``shakespeare_lastword``) where the table would otherwise be wider than the text column, cut off at its edge;
+column headers and numbers stay whole."""
+
+
 def setup(app):
-    """Sphinx extension: MathJax from ``_static/mathjax`` of the book itself."""
+    """Sphinx extension: MathJax from ``_static/mathjax`` of the book itself; ``TABLE_CSS`` on every page."""
     from sphinx.errors import ExtensionError
 
     try:
@@ -202,10 +208,12 @@ def setup(app):
     def copy(app, exc):
         if exc is None and app.builder.format == "html":
             copy_mathjax(Path(app.outdir) / "_static" / "mathjax")
+            (Path(app.outdir) / "_static" / TABLE_CSS[0]).write_text(TABLE_CSS[1])
 
     # MathJax on every page, not only on those with formulas of their own: the navigation shows the titles of
     # other pages (F3's has a formula), which stayed raw TeX on a page without one.
     app.set_html_assets_policy("always")
+    app.add_css_file(TABLE_CSS[0])
     app.connect("config-inited", use_local)
     app.connect("build-finished", copy)
     return {"parallel_read_safe": True, "parallel_write_safe": True}

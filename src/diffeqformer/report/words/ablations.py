@@ -70,15 +70,14 @@ def beta2_headline(table) -> dict[str, str]:
     return out
 
 
-def time_embedding_headline(table, verdicts, *, batch: int | None = None) -> dict[str, str]:
+def time_embedding_headline(table, verdicts) -> dict[str, str]:
     """F9: how perplexity (mean over seeds), parameters, throughput and measured memory change from the smallest to
-    the largest d_t of a ``time_embedding_table``, the trend over every d_t (``verdicts["f9_dt"]``), what an added
-    parameter costs (``memory_growth``: of ``time_embedding_memory``; ``memory_rss``: of the resident memory, where
-    measured). ``batch``: the sequences of the measured step."""
+    the largest d_t of a ``time_embedding_table`` and the trend over every d_t (``verdicts["f9_dt"]``); how the
+    memory grows against the parameters is ``memory_table``'s."""
     lo, hi = table.iloc[0], table.iloc[-1]
     memory = ablations.memory_column(table)
     speed = "step tokens/s" if "step tokens/s" in table else "tokens/s"
-    out = {
+    return {
         "range": f"d_t = {int(lo.d_t)} to {int(hi.d_t)}",
         "ppl": " to ".join(wording.spread(r.finals) for r in (lo, hi)),
         "best_dt": f"{int(table.loc[table['final ppl'].idxmin(), 'd_t'])}",
@@ -87,13 +86,28 @@ def time_embedding_headline(table, verdicts, *, batch: int | None = None) -> dic
         "memory": (f"x{hi[memory] / lo[memory]:.2f} ({lo[memory]:.0f} to {hi[memory]:.0f} MiB, "
                    f"{ablations.MEMORY_SOURCES[memory]})" if memory else "not measured"),
         "trend": wording.verdict(verdicts["f9_dt"]),
-        "memory_growth": "not measured", "memory_rss": "not measured",
     }
-    if memory is not None:
-        out["memory_growth"] = memory_growth_text(ablations.time_embedding_memory(table, memory, batch=batch))
-        if memory != "training MiB" and "training MiB" in table:
-            out["memory_rss"] = memory_growth_text(ablations.time_embedding_memory(table, "training MiB", batch=batch))
-    return out
+
+
+def memory_table(table, gpu, *, batch: int | None = None) -> pd.DataFrame:
+    """F9's memory against the parameters over the d_t sweep, a row per measurement: this preset's (the verdict's,
+    ``ablations.memory_column``; then its resident memory where that is another) and the GPU sweep's (``gpu``, a
+    ``MemoryGrowth``). How much the memory and the parameters grew from the fewest parameters to the most, the
+    memory's share of the parameters' growth and whether Fig. 16's claim as the paper words it holds there (a share
+    below one half); then the fitted line, exploratory: bytes per added parameter (``PARAMETER_BYTES`` is what its
+    own training state takes) and the memory that does not grow with them. ``batch``: the measured step's."""
+    found = {}
+    column = ablations.memory_column(table)
+    for name in dict.fromkeys((column, "training MiB")) if column is not None else ():
+        if name in table:
+            found[f"this preset: {ablations.MEMORY_SOURCES[name]}"] = ablations.time_embedding_memory(table, name,
+                                                                                                     batch=batch)
+    found["GPU sweep"] = gpu
+    return pd.DataFrame([{"memory": name, "memory x": g.memory_ratio, "parameters x": g.params_ratio,
+                          "share of their growth": g.growth_ratio,
+                          "Fig. 16's claim": "holds" if g.grows_far_less else "does not hold",
+                          "B per added parameter": g.per_parameter, "not growing": size(g.fixed),
+                          "measured as": g.source} for name, g in found.items()]).set_index("memory")
 
 
 def hypernetwork_headline(table) -> dict[str, str]:
@@ -111,14 +125,6 @@ def size(n: float) -> str:
     return f"{n / 2**30:.2f} GiB" if abs(n) >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
-def memory_growth_text(growth) -> str:
-    """A ``MemoryGrowth``: ``14.0 B per added parameter (16 expected), 2.80 GiB that does not grow with them; memory
-    x3.18 for parameters x5.67 (H100 ...)``."""
-    return (f"{growth.per_parameter:.1f} B per added parameter ({PARAMETER_BYTES} expected), "
-            f"{size(growth.fixed)} that does not grow with them; memory x{growth.memory_ratio:.2f} for parameters "
-            f"x{growth.params_ratio:.2f} ({growth.source})")
-
-
 def memory_explanation(growth) -> str:
     """How much the memory grew for what the parameters grew, then, exploratory, what an added parameter costs
     against its training state and why the memory grows less than the parameters all the same."""
@@ -134,11 +140,3 @@ def memory_explanation(growth) -> str:
 def memory_note(growth) -> str:
     """The note of F9's memory verdict (``ablations.time_embedding_verdicts``)."""
     return f"{memory_explanation(growth)} ({growth.source})"
-
-
-def memory_verdict(growth) -> str:
-    """Whether Fig. 16's claim, as the paper words it (``MemoryGrowth.grows_far_less``), holds in a sweep that is
-    not the book's headline measurement (the GPU benchmark's), then ``memory_explanation``."""
-    word = "holds" if growth.grows_far_less else "does not hold"
-    return f"Fig. 16's claim, as the paper words it, {word} in this sweep ({growth.source}): " \
-           f"{memory_explanation(growth)}"
