@@ -93,7 +93,6 @@ def test_every_gpu_config_validates_and_mirrors_the_cpu_presets():
             assert config.trainer.mp.param_dtype == jnp.float32, name
 
 
-@pytest.mark.skipif(presets.GPU_CORPUS_VARIABLE in os.environ, reason="the default: DIFFEQFORMER_GPU_CORPUS unset")
 def test_every_gpu_run_is_offline_by_default(gpu_plan):
     runs = _runs_of(presets.presets()["gpu"])
     for run_dir in (r for u in gpu_plan["trainings"] for r in u["runs"]):
@@ -150,26 +149,6 @@ def test_width_and_tokens_per_model_against_the_cpu_preset(name):
         cpu, gpu = pretraining_of(cpu)[0], pretraining_of(gpu)[0]
     assert gpu.model.hidden_dim >= WIDTH * cpu.model.hidden_dim, name
     assert (gpu.model.num_layers, gpu.data.domain) == (cpu.model.num_layers, cpu.data.domain), name
-
-
-def test_the_wikitext_switch_moves_the_language_models_alone(gpu_plan):
-    moved = presets.gpu_corpus(presets.presets()["gpu"], "wikitext103")
-    result = plan.make("gpu", registry={"gpu": moved})
-    assert len(result["trainings"]) == len(gpu_plan["trainings"])
-    runs = _runs_of(moved)
-    for run_dir in (r for u in result["trainings"] for r in u["runs"]):
-        run = runs[run_dir]
-        config = run.load()
-        if run.config in presets.GPU_LANGUAGE_MODELS:  # accepted by validation, named apart from the offline runs
-            validate(config)
-            assert config.data.dataset == "wikitext103" and config.name.startswith("gpu-wikitext103-"), run_dir
-        else:  # F5's synthetic model, F7's grid
-            assert config.data.dataset in OFFLINE and not config.name.startswith("gpu-wikitext103-"), run_dir
-    assert moved["f11_downstream"]["paper_tasks"] is True  # online, F11 adds the paper's tasks
-    assert result["notebooks"][-1]["parameters"]["paper_tasks"] is True
-    assert presets.gpu_corpus(presets.presets()["gpu"], "shakespeare") is presets.presets()["gpu"]
-    with pytest.raises(ValueError, match="DIFFEQFORMER_GPU_CORPUS must be shakespeare"):
-        presets.gpu_corpus(presets.presets()["gpu"], "wikitext")
 
 
 def test_wikitext_fails_offline_with_the_projects_message(monkeypatch):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
@@ -138,14 +137,6 @@ SIMULATION_SEEDS = 12
 """Simulations of each F3 system: ``analysis.clustering.simulations_needed()``, the fewest whose one-sample t-test
 detects the slope the paper implies (-0.2 per unit p) 80% of the time at p < 0.05 whatever their spread (the
 workflow's plan does not import the analysis; a test holds the two equal)."""
-GPU_SEEDS = CPU_SEEDS
-GPU_CORPUS_VARIABLE = "DIFFEQFORMER_GPU_CORPUS"
-GPU_CORPUS = os.environ.get(GPU_CORPUS_VARIABLE, "shakespeare")
-"""The corpus of the gpu preset's language models (``gpu_corpus``): offline Shakespeare, or an online one."""
-GPU_LANGUAGE_MODELS = ("gpu/diffeqformer", "gpu/diffeqformer_llama", "gpu/gpt2", "gpu/llama", "gpu/shared")
-"""The configs ``gpu_corpus`` moves."""
-
-
 def single_gpu_or_cpu(preset: str, seeds: int, *, base_dt: int, dts: tuple[int, ...], measure_batch: int,
                       shots: list[int]) -> dict[str, dict[str, Any]]:
     """The entries of the cpu preset, and of the gpu preset at a larger scale: F2, F3, F6 and F11 read F6's models
@@ -173,34 +164,6 @@ def single_gpu_or_cpu(preset: str, seeds: int, *, base_dt: int, dts: tuple[int, 
                            seeds=seeds, population=True, base_seeds=PRIMARY_SEEDS),
         "f11_downstream": dict(runs={k: s(c) for k, c in models}, num_examples=100, shots=shots),
     }
-
-
-def gpu_corpus(entries: dict[str, dict[str, Any]], corpus: str) -> dict[str, dict[str, Any]]:
-    """``entries`` with every run of ``GPU_LANGUAGE_MODELS`` trained on ``corpus`` and named ``gpu-<corpus>-...``, and
-    F11 on the paper's tasks as well; unchanged for ``shakespeare``. F5's synthetic model and F7 stay offline."""
-    from ..data.corpora import DATASETS
-
-    online = tuple(d for d in DATASETS if d not in ("shakespeare", "synthetic"))
-    if corpus == "shakespeare":
-        return entries
-    if corpus not in online:
-        raise ValueError(f"{GPU_CORPUS_VARIABLE} must be shakespeare (the default) or one of {', '.join(online)}, "
-                         f"got {corpus!r}")
-
-    def move(value):
-        if isinstance(value, dict):
-            return {k: move(v) for k, v in value.items()}
-        if isinstance(value, (list, tuple)):
-            return type(value)(move(v) for v in value)
-        if not isinstance(value, Run) or value.module != "train" or value.config not in GPU_LANGUAGE_MODELS:
-            return value
-        name = f"gpu-{corpus}-{value.load().name.removeprefix('gpu-')}"
-        overrides = configs.with_override(value.overrides, "name", name)
-        return dataclasses.replace(value, overrides=(*overrides, "--data.dataset", corpus))
-
-    moved = move(entries)
-    moved["f11_downstream"] = {**moved["f11_downstream"], "paper_tasks": True}
-    return moved
 
 
 def _smoke() -> dict[str, dict[str, Any]]:
@@ -270,8 +233,7 @@ BUILDERS = {
     "smoke": lambda: _smoke(),  # CI: every notebook executes and the book builds
     "cpu": lambda: single_gpu_or_cpu("cpu", CPU_SEEDS, base_dt=8, dts=(2, 8, 32), measure_batch=16, shots=[0, 1]),
     # one GPU: the cpu preset at 8 times its width and 10 times its tokens, in bfloat16 (config/gpu/)
-    "gpu": lambda: gpu_corpus(single_gpu_or_cpu("gpu", GPU_SEEDS, base_dt=20, dts=(5, 20, 80), measure_batch=32,
-                                                shots=[0, 5]), GPU_CORPUS),
+    "gpu": lambda: single_gpu_or_cpu("gpu", CPU_SEEDS, base_dt=20, dts=(5, 20, 80), measure_batch=32, shots=[0, 5]),
     "paper": lambda: _paper(),  # the paper's configurations: multi-GPU/TPU
 }
 """preset -> what builds its entries."""
