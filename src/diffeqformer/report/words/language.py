@@ -164,6 +164,6 @@ def x1_against_f6(run_dir, num_sequences: int) -> str:
     examples = evaluated_examples(trainer)
     read = "the whole validation split" if examples is None else f"the first {examples} validation sequences"
     return (f"Its own-steps perplexity is not F6's for the same model: F6 reports the training's last evaluation, "
-            f"over {read} (as far as the split holds them), as the mean over the seeds' models (their number is in F6's table); this page evaluates the first {num_sequences} "
-            "sequences with the seed-0 model alone. The model and its steps are the same; the sequences and seeds "
-            "are not.")
+            f"over {read} (as far as the split holds them), as the mean over the seeds' models (their number is in "
+            f"F6's table); this page evaluates the first {num_sequences} sequences with the seed-0 model alone. The "
+            "model and its steps are the same; the sequences and seeds are not.")
