@@ -14,7 +14,6 @@ from matplotlib.ticker import FuncFormatter
 from ...analysis.spectra import MATRICES, depth_dim, log_radius
 
 TITLES = {"qk": r"QK: $W_Q^h W_K^{h\top}$", "ov": r"OV: $W_V^h W_O^h$", "ffn": r"FFN: $W_1 W_2$"}
-"""Plot titles naming each matrix."""
 
 
 def _euler_times(ds: xr.Dataset) -> np.ndarray:

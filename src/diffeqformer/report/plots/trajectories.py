@@ -26,12 +26,10 @@ def _panel_title(ds: xr.Dataset, dim: str | None, i: int) -> str:
     return ""
 
 
-_WEIGHT_LABELS = {
-    "identity": "$Q = K = V = I$ (must cluster at $g = 1$)",
-    "gaussian": "Gaussian $Q(0), K(0), V(0)$ (the paper's)",
-    "gaussian_qk": "Gaussian $Q(0), K(0)$, $V = I$",
-    "redrawn": "Gaussian, redrawn on {redraws} intervals (time-varying control)",
-}
+_WEIGHT_LABELS = {"identity": "$Q = K = V = I$ (must cluster at $g = 1$)",
+                  "gaussian": "Gaussian $Q(0), K(0), V(0)$ (the paper's)",
+                  "gaussian_qk": "Gaussian $Q(0), K(0)$, $V = I$",
+                  "redrawn": "Gaussian, redrawn on {redraws} intervals (time-varying control)"}
 
 
 def _control_label(attrs: dict) -> str:
@@ -173,11 +171,9 @@ def metrics(metrics: xr.Dataset) -> Figure:
     axes = fig.subplots(1, 3)
     thr = metrics.attrs.get("threshold", 0.999)
     cos = r"\langle x_i, x_j\rangle" if metrics.attrs.get("geometry") == "sphere" else r"\cos(x_i, x_j)"
-    labels = {
-        "fraction": f"fraction of pairs with ${cos} > {thr:g}$",
-        "clusters": f"clusters: rank of $1[{cos} > {thr:g}]$",
-        "distance": r"mean pairwise distance $|\hat x_i - \hat x_j|$",
-    }
+    labels = {"fraction": f"fraction of pairs with ${cos} > {thr:g}$",
+              "clusters": f"clusters: rank of $1[{cos} > {thr:g}]$",
+              "distance": r"mean pairwise distance $|\hat x_i - \hat x_j|$"}
     t = metrics["time"].values
     extrapolated = metrics.attrs.get("kind") == "model" and t[-1] > 1.0
     for ax, name in zip(axes, ("fraction", "clusters", "distance")):
