@@ -250,12 +250,9 @@ def log_perplexity_axis(ax, label: str = "validation perplexity") -> None:
 
 
 def _glue_object(name: str, value) -> None:
-    try:
-        from myst_nb import glue as nb_glue
+    from myst_nb import glue as nb_glue  # Jupyter Book's, a dependency of the project
 
-        nb_glue(name, value, display=False)
-    except ImportError:
-        pass
+    nb_glue(name, value, display=False)
 
 
 def glue(name: str, value, fmt: str | None = None) -> None:
