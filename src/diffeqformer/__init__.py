@@ -8,16 +8,12 @@ _os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 
 ONEDNN_FLAG = "--xla_cpu_experimental_onednn_custom_call=true"
 """XLA's CPU backend runs matrix products through oneDNN with this flag: faster training steps of the cpu preset's
-models (``benchmarks/cpu_kernels.py`` prints the ratio; measurements page), the same losses up to float32 rounding,
-other bits; slower for the analyses' many tiny products (F3's trajectories), so only training processes use it
-(``use_onednn``). It changes nothing on a GPU."""
-
+models, the same losses up to float32 rounding; slower for the analyses' many tiny products, so only training
+processes use it (``use_onednn``). It changes nothing on a GPU."""
 
 ONEDNN_CACHEABLE_FLAG = "--xla_cpu_use_onednn=true"
-"""oneDNN as XLA's CPU library rather than through custom calls: a compiled program that uses it can be kept in JAX's
-persistent compilation cache, which one with ``ONEDNN_FLAG``'s custom calls cannot ("Error writing persistent
-compilation cache entry"); its steps are slower than the custom calls' and faster than XLA's own kernels
-(``benchmarks/cpu_kernels.py``). F9's measured steps use it (``use_onednn(cacheable=True)``)."""
+"""oneDNN as XLA's CPU library rather than through custom calls: unlike ``ONEDNN_FLAG``'s, a program compiled with it
+can be kept in JAX's persistent compilation cache. F9's measured steps use it (``use_onednn(cacheable=True)``)."""
 
 
 def use_onednn(env=None, *, cacheable: bool = False) -> None:
@@ -50,7 +46,7 @@ __all__ = [
 
 def __getattr__(name: str):
     """The model's public names, imported on first use (PEP 562): importing ``diffeqformer.paths`` or the workflow's
-    Papermill child does not wait for JAX, Levanter and the model to load (measurements page)."""
+    Papermill child does not wait for JAX, Levanter and the model to load."""
     if name in __all__:
         from . import model
 

@@ -83,12 +83,10 @@ def _attribute_documenter():
     class ClassPreservingAttributeDocumenter(AttributeDocumenter):
         """Sphinx's attribute documenter, except that it leaves the documented class's ``__annotations__`` alone.
 
-        Sphinx's ``update_annotations`` copies the annotations of every base class, as source strings, into the class's
-        own ``__annotations__``: after the API page documents ``DiffEqFormerConfig``, it holds draccus's
-        ``'ClassVar[Dict[str, Any]]'``, which ``typing.get_type_hints`` cannot resolve in
-        ``diffeqformer.model.config``, so decoding any config later in the same build fails (``NameError: name 'ClassVar' is not defined``) and with it
-        the import of ``diffeqformer.workflow.presets``, which reads configs. The copies only serve type hints, which
-        the book does not show (``autodoc_typehints: none``)."""
+        Sphinx's ``update_annotations`` copies the base classes' annotations, as source strings, into the class's own:
+        draccus's ``'ClassVar[Dict[str, Any]]'`` in ``DiffEqFormerConfig`` then breaks decoding any config later in
+        the same build (``NameError: name 'ClassVar' is not defined``). The copies only serve type hints, which the
+        book does not show (``autodoc_typehints: none``)."""
 
         def update_annotations(self, parent) -> None:
             pass

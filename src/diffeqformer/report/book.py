@@ -1,23 +1,12 @@
 """The book as its readers see it: notebook pages that open with their verdict, then their figure and table;
 the Colab cell's clone URL; formulas typeset offline.
 
-**Reader-first pages.** ``reader_view`` is what the book job does to every executed notebook before Jupyter Book
-renders it: every code cell's source goes behind a "Show code cell source" toggle (MyST-NB's ``hide-input`` tag;
-its outputs stay), and the page's verdicts (``report.verdicts.opening_markdown``) follow its title, so that a page
-reads as its answer, then its figure and a small table, then its question and method (a paragraph opening with
-"**The question.**"), its other figures with their captions and what they show.
-Only the copy the book is built from changes: the notebooks keep their code open.
-
-**The Colab cell.** Every notebook's first code cell, on Colab only, clones the repository and installs it. Colab
-opens the notebook file alone, so the clone URL is written in the cell; it must be ``_config.yml``'s
-``repository.url`` (which also makes the book's Colab buttons): ``check_colab_cell`` holds every notebook to it (the
-workflow's plan calls it before anything runs) and ``python -m diffeqformer.report.book`` writes it into every notebook
-after a change of that URL. The cell is tagged ``remove-cell``: it stays in the notebook, where Colab needs it, and is
-not on the page.
-
-**Offline formulas.** As a Sphinx extension (``_config.yml`` lists it) this module points Sphinx's MathJax at a copy
-inside the book (``_static/mathjax/tex-chtml.js``) instead of a CDN, and copies it there from the PyPI package
-``sphinx-mathjax-offline`` (MathJax 3.2.2), which the project installs: the book typesets the same without internet.
+``reader_view`` is what the book job does to every executed notebook before Jupyter Book renders it: code behind a
+toggle, the page's verdicts (``report.verdicts.opening_markdown``) after its title. Only the copy the book is built
+from changes. Every notebook's first code cell, on Colab only, clones the repository: Colab opens the notebook file
+alone, so the cell holds ``_config.yml``'s ``repository.url``, which ``check_colab_cell`` checks and
+``python -m diffeqformer.report.book`` writes. As a Sphinx extension this module serves MathJax from the book itself
+(a copy from the PyPI package ``sphinx-mathjax-offline``), not from a CDN: the book typesets the same offline.
 """
 
 from __future__ import annotations
@@ -158,21 +147,15 @@ def glued(nb: dict) -> dict[str, str]:
 MATHJAX_PATH = "mathjax/tex-chtml.js"
 """Sphinx's ``mathjax_path``: relative to the book's ``_static/``."""
 MATHJAX_PARTS = ("tex-chtml.js", "input/tex/extensions", "output/chtml/fonts/woff-v2", "ui", "a11y", "sre")
-"""What the book copies of the package's MathJax (most of the package is combined builds for other inputs and
-outputs): the TeX-to-HTML build (a page loads it and four of its fonts), the TeX extensions it loads when a formula
-needs one (``\\boldsymbol``, ...), its fonts, and what its menu loads on request: the accessibility components and
-their speech rules. Sizes: measurements page."""
+"""What the book copies of the package's MathJax, which is mostly builds for other inputs and outputs: the TeX-to-HTML
+build, the TeX extensions a formula may load (``\\boldsymbol``, ...), its fonts, and what its menu loads on request."""
 
 
 def mathjax_source() -> Path:
-    """The MathJax folder of the installed ``sphinx-mathjax-offline`` package."""
+    """The MathJax folder of the installed ``sphinx-mathjax-offline`` package (a dependency of the project)."""
     import importlib.metadata
 
-    try:
-        dist = importlib.metadata.distribution("sphinx-mathjax-offline")
-    except importlib.metadata.PackageNotFoundError:
-        raise RuntimeError("the book's MathJax comes from the package sphinx-mathjax-offline, which is not "
-                           "installed: `make setup` installs it (pip install sphinx-mathjax-offline)") from None
+    dist = importlib.metadata.distribution("sphinx-mathjax-offline")
     return Path(dist.locate_file("sphinx-mathjax-offline/static/mathjax"))
 
 
@@ -195,12 +178,7 @@ column headers and numbers stay whole."""
 
 def setup(app):
     """Sphinx extension: MathJax from ``_static/mathjax`` of the book itself; ``TABLE_CSS`` on every page."""
-    from sphinx.errors import ExtensionError
-
-    try:
-        mathjax_source()
-    except RuntimeError as err:
-        raise ExtensionError(str(err)) from None
+    mathjax_source()  # a missing package fails the build at its start, not after every page
 
     def use_local(app, config):
         config.mathjax_path = MATHJAX_PATH

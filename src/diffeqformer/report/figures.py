@@ -52,24 +52,14 @@ def git_commit() -> str:
         return "unknown"
 
 
-def run_summary(run_dir) -> dict:
-    """Name, configuration hash, model configuration (a fine-tuning's pretraining's), data configuration and training
-    steps of a finished run: what a caption needs."""
-    record = finished_summary(run_dir)
-    config = run_config(run_dir)
-    path = run_path(run_dir)
-    return {"run": str(path), "name": record.get("name", path.name), "config_hash": record.get("config_hash"),
-            "model": model_config(run_dir), "data": config.data,
-            "train_steps": config.trainer.num_train_steps, "complete": record}
-
-
 def scale_of(run_dir) -> str:
-    """The scale of a run, e.g. ``DiffEqFormer, 6 steps, 128-d, seq 128; shakespeare (all), 300 training steps``."""
-    s = run_summary(run_dir)
-    m, d = s["model"], s["data"]
+    """The scale of a finished run, e.g. ``DiffEqFormer, 6 steps, 128-d, seq 128; shakespeare (all), 300 training
+    steps`` (a fine-tuning's model is its pretraining's)."""
+    finished_summary(run_dir)  # refuses a run that did not finish
+    m, config = model_config(run_dir), run_config(run_dir)
     depth = f"{m.num_layers} {'steps' if model_type(m) == 'diffeqformer' else 'layers'}"
     return (f"{model_label(m)}, {depth}, {m.hidden_dim}-d, seq {m.max_seq_len}; "
-            f"{d.dataset} ({d.domain}), {s['train_steps']} training steps")
+            f"{config.data.dataset} ({config.data.domain}), {config.trainer.num_train_steps} training steps")
 
 
 def _common_scale(runs) -> str:
@@ -124,7 +114,7 @@ def start(notebook: str, parameters: dict, *, runs=(), scale: str | None = None)
     global _current
     if not _NAME.match(notebook):
         raise ValueError(f"notebook must be a lowercase name like 'f2_spectra', got {notebook!r}")
-    hashes = {paths.home_relative(run_path(r)): run_summary(r)["config_hash"] for r in runs}
+    hashes = {paths.home_relative(run_path(r)): finished_summary(r).get("config_hash") for r in runs}
     if scale is None:
         preset = parameters.get("preset")
         parts = ([f"{preset} preset"] if preset else []) + (
@@ -260,12 +250,9 @@ def log_perplexity_axis(ax, label: str = "validation perplexity") -> None:
 
 
 def _glue_object(name: str, value) -> None:
-    try:
-        from myst_nb import glue as nb_glue
+    from myst_nb import glue as nb_glue  # Jupyter Book's, a dependency of the project
 
-        nb_glue(name, value, display=False)
-    except ImportError:
-        pass
+    nb_glue(name, value, display=False)
 
 
 def glue(name: str, value, fmt: str | None = None) -> None:

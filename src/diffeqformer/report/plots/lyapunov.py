@@ -57,28 +57,28 @@ def lyapunov_map(ds: xr.Dataset, score: str = "max_exponent") -> Figure:
     return fig
 
 
-def _earlier_only(scores: pd.DataFrame) -> tuple[list[str], np.ndarray]:
-    """Methods and their scores [method, token] with the output position itself set to NaN: its own score (the
-    token's influence on itself) dwarfs every other, and the question is which earlier token matters. Scores that
-    are not finite are NaN too (left uncoloured): one -inf would make a row's min-max scale infinite, the row blank."""
+def _earlier_only(scores: pd.DataFrame) -> tuple[list[str], list[str], np.ndarray]:
+    """The tokens, the methods and their scores [method, token] with the output position itself set to NaN: its own
+    score (the token's influence on itself) dwarfs every other, and the question is which earlier token matters.
+    Scores that are not finite are NaN too (uncoloured): one -inf would make a row's min-max scale infinite."""
+    tokens = list(scores["text"]) if "text" in scores else [str(i) for i in scores.index]
     methods = [c for c in scores.columns if c != "text"]
     values = scores[methods].to_numpy(dtype=float).T.copy()
     values[~np.isfinite(values)] = np.nan
     out = scores.attrs.get("output_position")
     if out is not None:
         values[:, out] = np.nan
-    return methods, values
+    return tokens, methods, values
 
 
 def scores_html(scores: pd.DataFrame, *, cmap: str = "Reds") -> str:
     """An HTML table: one line of coloured tokens (``tokens_html``) per method of ``attribution.attribution_scores``,
     each on its own scale over the earlier tokens; the output position is outlined and left uncoloured."""
-    tokens = scores["text"] if "text" in scores else [str(i) for i in scores.index]
     out = scores.attrs.get("output_position")
     rows = []
-    methods, values = _earlier_only(scores)
+    tokens, methods, values = _earlier_only(scores)
     for method, row in zip(methods, values):
-        line = tokens_html(list(tokens), row, output_position=out, cmap=cmap)
+        line = tokens_html(tokens, row, output_position=out, cmap=cmap)
         rows.append(f'<tr><td style="padding-right:8px;white-space:nowrap;vertical-align:top">{html.escape(method)}'
                     f"</td><td>{line}</td></tr>")
     return "<table>" + "".join(rows) + "</table>"
@@ -88,7 +88,7 @@ def token_scores(scores: pd.DataFrame, *, cmap: str = "Reds") -> Figure:
     """``scores_html`` as a figure: rows are methods, columns input tokens, each row min-max scaled to [0, 1] over the
     earlier tokens' finite scores (scores that are not finite, later tokens and the outlined output position itself:
     white); token labels as x ticks."""
-    methods, values = _earlier_only(scores)  # [method, token]
+    tokens, methods, values = _earlier_only(scores)  # values: [method, token]
     finite = np.isfinite(values)  # a row without any finite score stays blank (lo = inf, hi = -inf)
     lo = np.min(np.where(finite, values, np.inf), axis=1, keepdims=True)
     hi = np.max(np.where(finite, values, -np.inf), axis=1, keepdims=True)
@@ -98,8 +98,7 @@ def token_scores(scores: pd.DataFrame, *, cmap: str = "Reds") -> Figure:
     ax = fig.subplots()
     im = ax.imshow(np.ma.masked_invalid(scaled), cmap=cmap, vmin=0, vmax=1, aspect="auto", interpolation="nearest")
     ax.set_yticks(range(len(methods)), methods, fontsize=8)
-    labels = scores["text"] if "text" in scores else [str(i) for i in scores.index]
-    ax.set_xticks(range(n), list(labels), rotation=90, fontsize=7)
+    ax.set_xticks(range(n), tokens, rotation=90, fontsize=7)
     out = scores.attrs.get("output_position")
     if out is not None:
         ax.add_patch(Rectangle((out - 0.5, -0.5), 1, len(methods), fill=False, edgecolor="#1f4e9c", lw=2))

@@ -15,10 +15,8 @@ def _box(ax, x, y, text, color, w=0.22, h=0.085, fontsize=9):
     ax.text(x, y, text, ha="center", va="center", fontsize=fontsize)
 
 
-def _arrow(ax, start, end, text=None, rad=0.0):
-    ax.annotate("", xy=end, xytext=start,
-                arrowprops=dict(arrowstyle="-|>", color="0.25", lw=0.9, shrinkA=2, shrinkB=2,
-                                connectionstyle=f"arc3,rad={rad}"))
+def _arrow(ax, start, end, text=None):
+    ax.annotate("", xy=end, xytext=start, arrowprops=dict(arrowstyle="-|>", color="0.25", lw=0.9, shrinkA=2, shrinkB=2))
     if text:
         ax.text((start[0] + end[0]) / 2 + 0.01, (start[1] + end[1]) / 2, text, fontsize=7.5, color="0.3",
                 va="center")

@@ -14,7 +14,6 @@ from matplotlib.ticker import FuncFormatter
 from ...analysis.spectra import MATRICES, depth_dim, log_radius
 
 TITLES = {"qk": r"QK: $W_Q^h W_K^{h\top}$", "ov": r"OV: $W_V^h W_O^h$", "ffn": r"FFN: $W_1 W_2$"}
-"""Plot titles naming each matrix."""
 
 
 def _euler_times(ds: xr.Dataset) -> np.ndarray:
@@ -79,7 +78,7 @@ def _mark_layers(ax, ds: xr.Dataset, x: str) -> None:
 
 
 def vs_depth(ds: xr.Dataset, matrix: str = "qk", part: str = "real", *, x: str | None = None,
-             logy: bool = False, axes_row=None, colorbar: bool = True) -> Figure:
+             logy: bool = False, axes_row=None) -> Figure:
     r"""Eigenvalues of ``matrix`` against depth, one panel per head (Fig. 2a: ``part="real"``; 2b: ``part="abs"``).
 
     Each dot is one eigenvalue at one t (or layer). ``part="real"``: Re lambda, coloured by |lambda|;
@@ -95,10 +94,8 @@ def vs_depth(ds: xr.Dataset, matrix: str = "qk", part: str = "real", *, x: str |
     panels = _points(ds, matrix, x)
     standalone = axes_row is None
     if standalone:
-        fig, axes = _panels(len(panels))
-        axes_row = axes[0]
-    else:
-        fig = axes_row[0].figure
+        axes_row = _panels(len(panels))[1][0]
+    fig = axes_row[0].figure
     mags = np.abs(ds[matrix].values)
     if part == "real":
         norm, cmap, clabel = Normalize(0.0, float(mags.max()) or 1.0), "viridis", r"$|\lambda|$"
@@ -123,8 +120,7 @@ def vs_depth(ds: xr.Dataset, matrix: str = "qk", part: str = "real", *, x: str |
     if standalone:
         fig.supxlabel(_depth_label(ds, x), fontsize=10)
     axes_row[0].set_ylabel(r"Re $\lambda$" if part == "real" else r"$|\lambda|$")
-    if colorbar:
-        fig.colorbar(sc, ax=list(axes_row), label=clabel, shrink=0.9)
+    fig.colorbar(sc, ax=list(axes_row), label=clabel, shrink=0.9)
     what = "real part" if part == "real" else "magnitude"
     where = " (interpolation in t)" if _interpolated(ds) else ""
     fig.suptitle(f"{_model_label(ds)}: {what} of the eigenvalues of {TITLES[matrix]} against depth{where}")
@@ -165,7 +161,7 @@ def comparison(datasets: Mapping[str, xr.Dataset], matrix: str = "qk", part: str
     fig, axes = _panels(n_panels, nrows=len(names))
     for row, name in enumerate(names):
         ds = datasets[name]
-        vs_depth(ds, matrix, part, x="time", logy=logy, axes_row=axes[row], colorbar=True)
+        vs_depth(ds, matrix, part, x="time", logy=logy, axes_row=axes[row])
         axes[row, 0].set_ylabel(f"{name}\n" + (r"Re $\lambda$" if part == "real" else r"$|\lambda|$"))
     ode = ("t, interpolated between the ODE's Euler steps" if any(_interpolated(ds) for ds in datasets.values())
            else "Euler step $t_k$ (ODE)")

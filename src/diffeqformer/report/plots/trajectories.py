@@ -26,12 +26,10 @@ def _panel_title(ds: xr.Dataset, dim: str | None, i: int) -> str:
     return ""
 
 
-_WEIGHT_LABELS = {
-    "identity": "$Q = K = V = I$ (must cluster at $g = 1$)",
-    "gaussian": "Gaussian $Q(0), K(0), V(0)$ (the paper's)",
-    "gaussian_qk": "Gaussian $Q(0), K(0)$, $V = I$",
-    "redrawn": "Gaussian, redrawn on {redraws} intervals (time-varying control)",
-}
+_WEIGHT_LABELS = {"identity": "$Q = K = V = I$ (must cluster at $g = 1$)",
+                  "gaussian": "Gaussian $Q(0), K(0), V(0)$ (the paper's)",
+                  "gaussian_qk": "Gaussian $Q(0), K(0)$, $V = I$",
+                  "redrawn": "Gaussian, redrawn on {redraws} intervals (time-varying control)"}
 
 
 def _control_label(attrs: dict) -> str:
@@ -70,15 +68,14 @@ def _growth_colour(i: int, n: int):
     return matplotlib.colormaps["viridis"](0.9 * i / max(n - 1, 1)) if n > 1 else "C0"
 
 
-def paths(ds: xr.Dataset, *, seed: int | None = None, directions: bool | None = None, max_tokens: int | None = None,
-          threshold: float = 0.999, max_jump: float = 0.1) -> Figure:
+def paths(ds: xr.Dataset, *, seed: int | None = None, threshold: float = 0.999, max_jump: float = 0.1) -> Figure:
     """A row of 3-D panels, one per growth law (or head): every token's path coloured by token, start points open,
     end points filled, on the sphere a faint wireframe; each title gives the final fraction of clustered pairs.
 
-    ``seed``: which seed (default: the first). ``directions``: draw x/|x| (default: in free space). Model-driven
-    Datasets are drawn in their top-3 principal components (``x_pca``). A segment between two saved times longer than
-    ``max_jump`` times the picture (fast growth spins clusters faster than the saves resolve) is left out rather than
-    drawn as a chord through the sphere, and the figure says so.
+    ``seed``: which seed (default: the first). In free space the directions x/|x| are drawn; model-driven Datasets
+    in their top-3 principal components (``x_pca``). A segment between two saved times longer than ``max_jump``
+    times the picture (fast growth spins clusters faster than the saves resolve) is left out rather than drawn as a
+    chord through the sphere, and the figure says so.
     """
     dim = _panel_dim(ds)
     use_pca = "x_pca" in ds
@@ -88,8 +85,7 @@ def paths(ds: xr.Dataset, *, seed: int | None = None, directions: bool | None = 
     if x.sizes["dim"] != 3:
         raise ValueError(f"3-D trajectories need dim = 3 (got {x.sizes['dim']}); use a model-driven Dataset's x_pca")
     geometry = ds.attrs.get("geometry", "sphere")
-    if directions is None:
-        directions = geometry == "free" and not use_pca
+    directions = geometry == "free" and not use_pca
     if directions:
         x = x / np.sqrt((x**2).sum("dim", skipna=False))
     on_sphere = (geometry == "sphere" or directions) and not use_pca
@@ -102,7 +98,7 @@ def paths(ds: xr.Dataset, *, seed: int | None = None, directions: bool | None = 
     for i in range(panels):
         ax = fig.add_subplot(1, panels, i + 1, projection="3d")
         arr = (x.isel({dim: i}) if dim else x).transpose("time", "token", "dim").values
-        gaps += _draw_paths(ax, arr, max_tokens, on_sphere, max_jump)
+        gaps += _draw_paths(ax, arr, on_sphere, max_jump)
         if not on_sphere:
             explained = ds["pca_explained"].isel({dim: i}).values if use_pca and dim else None
             _label_axes(ax, use_pca, explained)
@@ -117,32 +113,30 @@ def paths(ds: xr.Dataset, *, seed: int | None = None, directions: bool | None = 
     return fig
 
 
-def _draw_paths(ax, arr: np.ndarray, max_tokens: int | None, on_sphere: bool, max_jump: float) -> int:
+def _draw_paths(ax, arr: np.ndarray, on_sphere: bool, max_jump: float) -> int:
     """One panel's paths, arr [time, token, 3]; returns the number of segments left out (``paths``)."""
     cmap = matplotlib.colormaps["turbo"]
-    n = arr.shape[1] if max_tokens is None else min(max_tokens, arr.shape[1])
+    n = arr.shape[1]
     colours = [cmap(0.05 + 0.9 * j / max(n - 1, 1)) for j in range(n)]
     if on_sphere:
         u, v = np.meshgrid(np.linspace(0, 2 * np.pi, 25), np.linspace(0, np.pi, 13))
         ax.plot_wireframe(np.cos(u) * np.sin(v), np.sin(u) * np.sin(v), np.cos(v), color="0.55", alpha=0.2,
                           linewidth=0.4)
+        ax.set(xlim=(-1.0, 1.0), ylim=(-1.0, 1.0), zlim=(-1.0, 1.0))
+        ax.set_box_aspect((1, 1, 1), zoom=1.25)
+        ax.set_axis_off()
     size = 2.0 if on_sphere else float(np.nanmax(np.nanmax(arr, axis=(0, 1)) - np.nanmin(arr, axis=(0, 1))))
     gaps = 0
     for j in range(n):
         path, jumps = _break_long_segments(arr[:, j], max_jump * size)
         gaps += jumps
         ax.plot(path[:, 0], path[:, 1], path[:, 2], color=colours[j], linewidth=0.8, alpha=0.8)
-    ax.scatter(*arr[0, :n].T, s=12, facecolors="none", edgecolors=colours, linewidths=0.8, depthshade=False)
-    end = arr[-1, :n]
+    ax.scatter(*arr[0].T, s=12, facecolors="none", edgecolors=colours, linewidths=0.8, depthshade=False)
+    end = arr[-1]
     ok = np.all(np.isfinite(end), axis=-1)
     ax.scatter(*end[ok].T, s=28, c=[c for c, k in zip(colours, ok) if k], edgecolors="k", linewidths=0.6,
                depthshade=False)
     ax.view_init(elev=22, azim=35)
-    if on_sphere:
-        lim = 1.0
-        ax.set(xlim=(-lim, lim), ylim=(-lim, lim), zlim=(-lim, lim))
-        ax.set_box_aspect((1, 1, 1), zoom=1.25)
-        ax.set_axis_off()
     return gaps
 
 
@@ -177,11 +171,9 @@ def metrics(metrics: xr.Dataset) -> Figure:
     axes = fig.subplots(1, 3)
     thr = metrics.attrs.get("threshold", 0.999)
     cos = r"\langle x_i, x_j\rangle" if metrics.attrs.get("geometry") == "sphere" else r"\cos(x_i, x_j)"
-    labels = {
-        "fraction": f"fraction of pairs with ${cos} > {thr:g}$",
-        "clusters": f"clusters: rank of $1[{cos} > {thr:g}]$",
-        "distance": r"mean pairwise distance $|\hat x_i - \hat x_j|$",
-    }
+    labels = {"fraction": f"fraction of pairs with ${cos} > {thr:g}$",
+              "clusters": f"clusters: rank of $1[{cos} > {thr:g}]$",
+              "distance": r"mean pairwise distance $|\hat x_i - \hat x_j|$"}
     t = metrics["time"].values
     extrapolated = metrics.attrs.get("kind") == "model" and t[-1] > 1.0
     for ax, name in zip(axes, ("fraction", "clusters", "distance")):

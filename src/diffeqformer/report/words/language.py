@@ -19,7 +19,6 @@ def f6_headline(table) -> dict[str, str]:
     """The numbers F6's prose quotes from ``perplexity.final_table``: GPT-2's and DiffEqFormer's final validation
     perplexity (mean ± sd over seeds), the change between them, their parameters, the steps and the seeds. Needs the
     rows ``gpt`` and ``ours``."""
-
     missing = [k for k in ("gpt", "ours") if k not in table.index]
     if missing:
         raise ValueError(f"F6 needs runs for the rows {missing} (runs={{'gpt': ..., 'ours': ...}})")
@@ -48,7 +47,6 @@ def _digits(metric: str) -> int:
 def f11_table(means, found):
     """F11's table from ``downstream.summary`` and ``downstream.comparisons``: one row per task, shots and metric;
     per model its mean ± sd over seeds; per comparison the difference, p and verdict."""
-
     index = ["task", "shots", "metric"]
 
     def cell(row) -> str:
@@ -69,7 +67,6 @@ def f11_table(means, found):
 
 def f11_tasks(task_files) -> str:
     """One sentence per held-out task (``data.tasks.TaskFiles``): its examples and how they were built."""
-
     m = task_files.manifest
     c = m["counts"]
     docs = ", ".join(m["documents"])
@@ -89,7 +86,6 @@ def f11_sentences(means, found, exploratory) -> dict[str, str]:
     held-out task, metric and shots, DiffEqFormer's mean against GPT-2's with their comparison; ``seeds`` (how many
     per model); ``verdicts``, how many of the exploratory comparisons came out significant, beside the count
     expected by chance."""
-
     out = {"seeds": ", ".join(f"{MODEL_LABELS.get(m, m)} {n}" for m, n in
                               means.groupby("model", sort=False).seeds.max().items())}
     means = means.set_index(["task", "shots", "metric", "model"])
@@ -125,7 +121,6 @@ def x1_headline(sweep, by_steps=None) -> dict[str, str]:
     model name): ``own`` (the model's own L Euler steps), ``best_fixed`` (the best fixed-step setting),
     ``adaptive`` (each adaptive solver at its loosest and tightest tolerance) and ``spread`` (per model, the range
     of perplexity over the step counts)."""
-
     out = {}
     L = (sweep.attrs.get("model") or {}).get("num_layers")
     own = sweep[(sweep["solver"] == "euler") & (sweep["steps"] == L)]
@@ -164,6 +159,6 @@ def x1_against_f6(run_dir, num_sequences: int) -> str:
     examples = evaluated_examples(trainer)
     read = "the whole validation split" if examples is None else f"the first {examples} validation sequences"
     return (f"Its own-steps perplexity is not F6's for the same model: F6 reports the training's last evaluation, "
-            f"over {read} (as far as the split holds them), as the mean over the seeds' models (their number is in F6's table); this page evaluates the first {num_sequences} "
-            "sequences with the seed-0 model alone. The model and its steps are the same; the sequences and seeds "
-            "are not.")
+            f"over {read} (as far as the split holds them), as the mean over the seeds' models (their number is in "
+            f"F6's table); this page evaluates the first {num_sequences} sequences with the seed-0 model alone. The "
+            "model and its steps are the same; the sequences and seeds are not.")

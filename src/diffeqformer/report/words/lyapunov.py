@@ -9,14 +9,13 @@ from ...analysis import attribution, lyapunov
 from . import statistics as wording
 
 
-def lyapunov_headline(scores: pd.DataFrame, timing: pd.DataFrame | None = None, *, tokenizer=None,
-                      top: int = 3) -> dict[str, str]:
+def lyapunov_headline(scores: pd.DataFrame, timing: pd.DataFrame | None = None, *, tokenizer=None) -> dict[str, str]:
     """The numbers and tokens (as text) F5's prose quotes about one example, keyed for ``figures.glue``.
 
     ``scores``: ``attribution.attribution_scores`` (with ``text``); ``timing``: ``lyapunov.timings``. Keys: ``tokens``,
     ``output_token`` (the token at the output position), ``top_<key>`` per method (``attribution.METHOD_KEYS``): its
-    ``top`` highest-scoring earlier tokens, quoted, best first (the output position itself is left out, as in the
-    attribution benchmark; only finite scores are ranked, so fewer than ``top`` when fewer are finite);
+    three highest-scoring earlier tokens, quoted, best first (the output position itself is left out, as in the
+    attribution benchmark; only finite scores are ranked, so fewer than three when fewer are finite);
     ``nonfinite_example``, how many earlier tokens' scores are not finite, summed over the methods; with ``timing``:
     ``time_fast``, ``time_direct`` (median seconds), ``speedup``, ``max_difference`` (over the exponents finite in
     both methods), ``finite_exponents`` (their number) and ``nonfinite_exponents`` (the others, non-finite in both);
@@ -38,7 +37,7 @@ def lyapunov_headline(scores: pd.DataFrame, timing: pd.DataFrame | None = None, 
         values = earlier[method].astype(float)
         finite = np.isfinite(values)
         nonfinite += int((~finite).sum())
-        best = values[finite].nlargest(top).index  # nlargest keeps +-inf: +inf would come first
+        best = values[finite].nlargest(3).index  # nlargest keeps +-inf: +inf would come first
         result[f"top_{key}"] = ", ".join(quoted(i) for i in best)
     result["nonfinite_example"] = f"{nonfinite}"
     if timing is not None:
@@ -72,9 +71,8 @@ def attribution_headline(results: pd.DataFrame) -> dict[str, str]:
             out[f"hit3_{task}_{key}"] = f"{row.hit_at_3:.2f}"
             correct = row.hit_at_1_correct
             out[f"hit1_correct_{task}_{key}"] = "n/a" if pd.isna(correct) else f"{correct:.2f}"
-        out[f"accuracy_{task}"] = f"{sub['model_accuracy'].iloc[0]:.2f}"
-        out[f"chance1_{task}"] = f"{sub['chance_at_1'].iloc[0]:.2f}"
-        out[f"chance3_{task}"] = f"{sub['chance_at_3'].iloc[0]:.2f}"
+        for key, column in (("accuracy", "model_accuracy"), ("chance1", "chance_at_1"), ("chance3", "chance_at_3")):
+            out[f"{key}_{task}"] = f"{sub[column].iloc[0]:.2f}"
         out[f"prompts_{task}"] = f"{int(sub['prompts'].iloc[0])}"
         seeds = int(sub["seeds"].max())
         out[f"seeds_{task}"] = f"{seeds} seed" + ("s" if seeds > 1 else "")

@@ -10,6 +10,7 @@ import pandas as pd
 import xarray as xr
 
 from ...analysis import clustering
+from . import statistics as wording
 
 
 def trajectories_verdict_texts(table: pd.DataFrame, digits: int = 2) -> dict[str, str]:
@@ -24,9 +25,9 @@ def trajectories_verdict_texts(table: pd.DataFrame, digits: int = 2) -> dict[str
         if row["verdict"].startswith("untested"):
             out[slug] = row["verdict"]
             continue
-        p = f"p = {row['p']:.2g}" if row["p"] >= 1e-3 else "p < 0.001"
         interval = "" if math.isnan(row["low"]) else f" [{row['low']:+.{digits}f}, {row['high']:+.{digits}f}]"
-        out[slug] = f"{row['difference']:+.{digits}f}{interval}, {p}, {row['test']}: {row['verdict']}"
+        out[slug] = (f"{row['difference']:+.{digits}f}{interval}, {wording.p_text(row['p'])}, {row['test']}: "
+                     f"{row['verdict']}")
     return out
 
 
