@@ -333,8 +333,7 @@ def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
             b = group[group.model == baseline].sort_values("seed").value.tolist()
             if not a or not b:
                 continue
-            n = min(len(a), len(b))  # seed k of both models shares its data order: the seeds both have
-            c = statistics.compare(a[:n], b[:n], paired=True)
+            c = statistics.compare_seeds(a, b)
             rows.append({"task": task, "shots": int(shots), "metric": metric, "model": model, "baseline": baseline,
                          "difference": c.difference, "low": c.low, "high": c.high, "p": c.p, "test": c.test,
                          "verdict": c.verdict, "comparison": c})
