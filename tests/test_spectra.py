@@ -452,7 +452,9 @@ def test_depth_growth_is_judged_over_seeds():
     assert "95% CI" in shown and "slope per seed" in shown
     assert list(shown.columns[5:10]) == ["95% CI", "p", "verdict", "trend", "change"]
     assert shown.set_index(["model", "matrix"]).loc[("down", "ov"), "trend"] == "shrinks with depth"
-    verdict = lambda label: S.verdicts(models, ode=label)["f2_growth"]  # noqa: E731
+    def verdict(label):
+        return S.verdicts(models, ode=label)["f2_growth"]
+
     up_verdict = verdict("up")
     assert up_verdict.claim == "f2_growth" and up_verdict.word == statistics.REPRODUCED and up_verdict.n == 3
     # the intersection-union test: its p is the larger of the two matrices' p
