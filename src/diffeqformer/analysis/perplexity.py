@@ -108,11 +108,6 @@ def curves(runs: Mapping[str, str | Sequence[str]]):
     return pd.concat(frames, ignore_index=True)
 
 
-def final_perplexities(frame) -> dict[str, list[float]]:
-    """Row key -> the final validation perplexity of each of its seeds, from ``curves``."""
-    return {key: [math.exp(v) for v in losses] for key, losses in final_losses(frame).items()}
-
-
 def final_losses(frame) -> dict[str, list[float]]:
     """Row key -> the final validation loss (the log of the perplexity) of each of its seeds, from ``curves``."""
     out: dict[str, list[float]] = {}
@@ -210,12 +205,12 @@ def final_table(runs: Mapping[str, str | Sequence[str]]):
     import pandas as pd
 
     frame = curves(runs)
-    finals, versus, overfit = final_perplexities(frame), comparisons(frame), overfitting(frame)
+    losses, versus, overfit = final_losses(frame), comparisons(frame), overfitting(frame)
     records = []
     for key in [k for k in ROWS if k in runs]:
         c = frame[frame.row == key]
         done = [summary(r) for r in as_list(runs[key])]
-        final = spread(finals[key])
+        final = spread(math.exp(v) for v in losses[key])
         vs = versus.get(key)
         records.append({
             "key": key, "model": ROWS[key].label, "params": _params(as_list(runs[key])[0]),

@@ -142,15 +142,10 @@ def product_eigvals(a: np.ndarray, b: np.ndarray, method: str = "fast") -> np.nd
     if b.shape[-2:] != (r, n):
         raise ValueError(f"shapes {a.shape} and {b.shape} do not make a square product")
     m = a @ b if method == "full" or n <= r else b @ a
-    return _sorted(_eigvals_f64(m))
-
-
-def _eigvals_f64(m: np.ndarray) -> np.ndarray:
-    """Eigenvalues of a batch of real float64 matrices (LAPACK geev through NumPy), with one OpenBLAS thread."""
     if m.size == 0:
-        return np.zeros(m.shape[:-1], dtype=np.complex128)
-    with one_blas_thread():
-        return np.linalg.eigvals(m).astype(np.complex128)
+        return _sorted(np.zeros(m.shape[:-1], dtype=np.complex128))
+    with one_blas_thread():  # LAPACK's geev through NumPy
+        return _sorted(np.linalg.eigvals(m).astype(np.complex128))
 
 
 def _eigvals(w: _Weights, method: str) -> dict[str, np.ndarray]:
