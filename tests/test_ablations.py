@@ -297,7 +297,7 @@ def test_time_embedding_trend_over_every_d_t():
     assert ablations.time_embedding_verdicts(known)["f9_dt"].word == statistics.REPRODUCED
     # ends 0.01 apart (significant by the paired test of the ends alone), the middle settings up and down: no trend
     bumpy = _dt_table(d_ts, [[6.00, 6.01, 5.99], [6.04, 5.96, 6.06], [5.94, 6.06, 5.97], [5.99, 6.00, 5.98]])
-    ends = ablations._settings(bumpy.losses.iloc[-1], bumpy.losses.iloc[0])
+    ends = statistics.compare_seeds(bumpy.losses.iloc[-1], bumpy.losses.iloc[0])
     assert ends.test == statistics.EXACT_SIGNS and ends.difference < 0  # the same 0.01 in every seed
     assert ablations.time_embedding_trend(bumpy).verdict == statistics.INCONCLUSIVE
     assert ablations.time_embedding_verdicts(bumpy)["f9_dt"].word == statistics.INCONCLUSIVE

@@ -17,6 +17,7 @@ from matplotlib.figure import Figure
 from scipy.optimize import linear_sum_assignment
 
 from diffeqformer.analysis import statistics
+from diffeqformer.cache import save_netcdf
 from diffeqformer.analysis import spectra as S
 from diffeqformer.report.words import spectra as words
 from diffeqformer.report.plots import spectra as P
@@ -276,7 +277,7 @@ def test_summary_is_tidy_and_correct(ds, model):
 
 
 def test_save_load_round_trip(ds, tmp_path):
-    path = S.save_spectra(ds, tmp_path / "spectra.nc")
+    path = save_netcdf(ds, tmp_path / "spectra.nc")
     back = S.load_spectra(path)
     assert back.identical(ds)
     assert back.qk.dtype == np.complex128 and back["head"].dtype == np.int64
@@ -341,8 +342,8 @@ def test_trends_and_changes_of_a_weight_shared_model():
     assert S.mean_change(ode)["qk"] == pytest.approx(change[change.matrix == "qk"].change.mean())
 
 
-def test_runs_spectra_reads_trained_runs(tmp_path):
-    """A continuous model at the given times, a GPT-2 per layer, both through the cache."""
+def test_seed_spectra_reads_trained_runs(tmp_path):
+    """A continuous model at its Euler steps, a GPT-2 per layer, both through the cache."""
     import json
 
     from diffeqformer.runs import MODEL as RUN_MODEL
@@ -356,11 +357,11 @@ def test_runs_spectra_reads_trained_runs(tmp_path):
         (run / "complete.json").write_text(json.dumps({"vocab_size": VOCAB.size}))
         eqx.tree_serialise_leaves(run / RUN_MODEL, random_model(config, seed))
         runs[name] = run
-    got = S.runs_spectra(runs, TIMES, cache_dir=tmp_path / "cache")
+    got = {label: seeds[0] for label, seeds in S.seed_spectra(runs, cache_dir=tmp_path / "cache").items()}
     assert list(got) == ["ode", "gpt"]
-    assert S.depth_dim(got["ode"]) == "time" and np.allclose(got["ode"].time, TIMES)
+    assert S.depth_dim(got["ode"]) == "layer" and got["ode"].sizes["layer"] == tiny().num_layers
     assert S.depth_dim(got["gpt"]) == "layer" and got["gpt"].sizes["layer"] == tiny().num_layers
-    xr.testing.assert_equal(got["ode"], S.spectra(random_model(tiny(), 0), TIMES))  # the saved weights were read
+    xr.testing.assert_equal(got["ode"], S.spectra(random_model(tiny(), 0)))  # the saved weights were read
     assert len(list((tmp_path / "cache").glob("spectra-*.nc"))) == 2
 
 
@@ -451,15 +452,17 @@ def test_depth_growth_is_judged_over_seeds():
     assert "95% CI" in shown and "slope per seed" in shown
     assert list(shown.columns[5:10]) == ["95% CI", "p", "verdict", "trend", "change"]
     assert shown.set_index(["model", "matrix"]).loc[("down", "ov"), "trend"] == "shrinks with depth"
-    reset = g.reset_index()
-    up_verdict = S.growth_verdict(reset, "up")
+    def verdict(label):
+        return S.verdicts(models, ode=label)["f2_growth"]
+
+    up_verdict = verdict("up")
     assert up_verdict.claim == "f2_growth" and up_verdict.word == statistics.REPRODUCED and up_verdict.n == 3
     # the intersection-union test: its p is the larger of the two matrices' p
     assert up_verdict.p == pytest.approx(max(g.loc[("up", m)].comparison.p for m in ("qk", "ov")))
-    down = S.growth_verdict(reset, "down")
+    down = verdict("down")
     assert down.word == statistics.CONTRADICTED and down.effect < 0 and "decided by the QK radius" in down.note
-    assert S.growth_verdict(reset, "one").word == statistics.UNTESTED
-    assert S.growth_verdict(reset, "mixed").word == statistics.INCONCLUSIVE
+    assert verdict("one").word == statistics.UNTESTED
+    assert verdict("mixed").word == statistics.INCONCLUSIVE
 
 
 def test_headline_quotes_the_growth_over_seeds(model):

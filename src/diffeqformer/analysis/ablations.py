@@ -23,7 +23,7 @@ from ..runs import (
 )
 from . import claims
 from .memory import PARAMETER_BYTES, MemoryGrowth, memory_growth
-from .statistics import Comparison, Trend, as_list, compare, one_sample, percent, spread, trend
+from .statistics import Comparison, Trend, as_list, compare_seeds, one_sample, percent, spread, trend
 
 # --------------------------------------------------------------------------------------------------- one run
 
@@ -291,19 +291,11 @@ def shown(table):
     return table.drop(columns=[c for c in HIDDEN_COLUMNS if c in table])
 
 
-def _settings(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Final validation log-perplexities of two settings over seeds compared by the book's rule (the difference: the
-    log of the ratio of perplexities), the first n seeds of both (n the fewer) paired: the workflow trains every
-    setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training sequences."""
-    n = min(len(a), len(b))
-    return compare(a[:n], b[:n], paired=True)
-
-
 def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
     """F8 (Fig. 7): an ``ablation_table`` row per setting of ``runs`` (model key, e.g. ``ours``, -> its settings,
-    differing in Adam's beta2) with its ``key``, the ``_settings`` comparison of its final perplexity with the same
-    model's at beta2 = 0.999 (``change``; None at 0.999), as a percent ratio (``vs 0.999 %``, negative: better) and
-    its ``verdict``."""
+    differing in Adam's beta2) with its ``key``, ``statistics.compare_seeds`` of its final log-perplexities with the
+    same model's at beta2 = 0.999 (``change``; None at 0.999), as a percent ratio (``vs 0.999 %``, negative: better)
+    and its ``verdict``."""
     import pandas as pd
 
     parts = []
@@ -312,7 +304,7 @@ def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
         t.insert(0, "key", key)
         base = t[t.beta2 == 0.999]
         ref = base.losses.iloc[0] if len(base) else None
-        changes = [None if (ref is None or b == 0.999) else _settings(f, ref) for f, b in zip(t.losses, t.beta2)]
+        changes = [None if (ref is None or b == 0.999) else compare_seeds(f, ref) for f, b in zip(t.losses, t.beta2)]
         t["vs 0.999 %"] = [percent(c.difference) if c else math.nan for c in changes]
         t["verdict"] = [c.verdict if c else "" for c in changes]
         t["change"] = changes
@@ -407,9 +399,10 @@ def time_embedding_verdicts(table, memory: MemoryGrowth | None = None,
 
 
 def hypernetwork_verdicts(table) -> dict[str, claims.Verdict]:
-    """The verdict on F10's claim: per-weight MLPs against one shared MLP by ``_settings``."""
+    """The verdict on F10's claim: per-weight MLPs against one shared MLP (``statistics.compare_seeds`` of the final
+    log-perplexities)."""
     rows = table.set_index("hypernet")
     if not {"per_weight", "shared_mlp"} <= set(rows.index):
         return {"f10_hypernet": claims.untested("f10_hypernet", "the preset did not train both designs")}
     return {"f10_hypernet": claims.judge("f10_hypernet",
-                                         _settings(rows.loc["per_weight"].losses, rows.loc["shared_mlp"].losses))}
+                                         compare_seeds(rows.loc["per_weight"].losses, rows.loc["shared_mlp"].losses))}

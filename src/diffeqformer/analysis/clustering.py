@@ -127,6 +127,12 @@ def _verdict_row(what: str, judged: Judged | None, n: int, *, trend: bool = Fals
                 p=judged.p, test=judged.test, seeds=n, detectable=judged.detectable, verdict=judged.verdict)
 
 
+def _paired_row(what: str, a: np.ndarray, b: np.ndarray) -> dict:
+    """The paired test of ``a`` against ``b`` (per seed) over the seeds finite on both sides."""
+    ok = np.isfinite(a) & np.isfinite(b)
+    return _verdict_row(what, compare(a[ok], b[ok], paired=True) if ok.any() else None, int(ok.sum()))
+
+
 def final_fraction(ds: xr.Dataset, threshold: float = 0.999) -> xr.DataArray:
     """Fraction of clustered pairs at T, (growth, seed)."""
     return clustering_metrics(ds.isel(time=[-1]), threshold)["fraction"].isel(time=0, drop=True)
@@ -147,14 +153,8 @@ def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
     if 0.0 not in powers:
         raise ValueError(f"growth_verdicts compares against weight sharing (p = 0), not among {powers}")
     base = final.sel(growth=0.0).values
-    rows = []
-    for p in powers:
-        if p == 0.0:
-            continue
-        other = final.sel(growth=p).values
-        ok = np.isfinite(base) & np.isfinite(other)
-        judged = compare(base[ok], other[ok], paired=True) if ok.any() else None
-        rows.append(_verdict_row(f"g = 1 vs g = {growth_label(p)}", judged, int(ok.sum())))
+    rows = [_paired_row(f"g = 1 vs g = {growth_label(p)}", base, final.sel(growth=p).values)
+            for p in powers if p != 0.0]
     slopes = dispersion_slopes(ds, threshold)
     rows.append(_verdict_row("trend over p", one_sample(slopes) if slopes else None, len(slopes), trend=True))
     return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
@@ -199,23 +199,16 @@ def paired_verdicts(a: xr.Dataset, b: xr.Dataset, threshold: float = 0.999) -> p
     fa, fb = final_fraction(a, threshold), final_fraction(b, threshold)
     if list(fa["seed"].values) != list(fb["seed"].values) or list(fa["growth"].values) != list(fb["growth"].values):
         raise ValueError("paired_verdicts needs the same seeds and growth laws on both sides")
-    rows = []
-    for p in fa["growth"].values:
-        va, vb = fa.sel(growth=p).values, fb.sel(growth=p).values
-        ok = np.isfinite(va) & np.isfinite(vb)
-        judged = compare(va[ok], vb[ok], paired=True) if ok.any() else None
-        rows.append(_verdict_row(f"g = {growth_label(float(p))}", judged, int(ok.sum())))
+    rows = [_paired_row(f"g = {growth_label(float(p))}", fa.sel(growth=p).values, fb.sel(growth=p).values)
+            for p in fa["growth"].values]
     return pd.DataFrame(rows, columns=list(VERDICT_COLUMNS))
 
 
 def model_final(datasets, at: float, metric: str = "fraction", threshold: float = 0.999) -> np.ndarray:
     """``metric`` of ``clustering_metrics`` at the saved time nearest ``at``, mean over heads, of each
     ``simulate_model`` Dataset in ``datasets`` (one per trained seed): [runs]."""
-    out = []
-    for ds in datasets:
-        m = clustering_metrics(ds.sel(time=[at], method="nearest"), threshold)[metric]
-        out.append(float(m.mean()))
-    return np.asarray(out)
+    return np.asarray([float(clustering_metrics(ds.sel(time=[at], method="nearest"), threshold)[metric].mean())
+                       for ds in datasets])
 
 
 def model_verdicts(ours, reference, at: float = 1.0, threshold: float = 0.999) -> pd.DataFrame:

@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
+from unittest import mock
 
 import equinox as eqx
 import haliax as hax
@@ -69,29 +70,15 @@ def positions_in_segments(segment_ids: NamedArray, Pos: Axis) -> NamedArray:
 
 class SegmentPositions(eqx.Module):
     """A language model as Levanter's harness calls it, with each packed request's positions counted from its own
-    first token (``positions_in_segments``), so that a request is scored as it would be alone. The harness reads
-    ``activations``, ``get_lm_head``, ``Embed``, ``Vocab`` and ``Pos``; the rest is the model's."""
+    first token (``positions_in_segments``), so that a request is scored as it would be alone. Every other attribute
+    the harness reads (``get_lm_head``, ``Embed``, ``Vocab``, ``Pos``, ``config``) is the model's."""
 
     model: eqx.Module
 
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def Vocab(self) -> Axis:
-        return self.model.Vocab
-
-    @property
-    def Embed(self) -> Axis:
-        return self.model.Embed
-
-    @property
-    def Pos(self) -> Axis:
-        return self.model.Pos
-
-    def get_lm_head(self) -> NamedArray:
-        return self.model.get_lm_head()
+    def __getattr__(self, name: str):
+        if name == "model":  # not set yet (during construction): no model to delegate to
+            raise AttributeError(name)
+        return getattr(self.model, name)
 
     def activations(self, input_ids: NamedArray, attn_mask: AttentionMask | NamedArray | None = None, *, key=None,
                     pos_ids: NamedArray | None = None) -> NamedArray:
@@ -200,7 +187,6 @@ def load(run):
     return inference_mode(load_model(path), True), load_tokenizer(config.data.levanter_config().tokenizer)
 
 
-@contextlib.contextmanager
 def one_process_broadcast():
     """Levanter's ``broadcast_shard`` as the identity while this context lasts, in one process (several keep
     Levanter's own). It hands each batch from process 0 to the others as an array of one row per device of
@@ -209,14 +195,8 @@ def one_process_broadcast():
     import levanter.eval_harness as harness
 
     if jax.process_count() > 1:
-        yield
-        return
-    original = harness.broadcast_shard
-    harness.broadcast_shard = lambda x, out_axis_specs, source=0: x
-    try:
-        yield
-    finally:
-        harness.broadcast_shard = original
+        return contextlib.nullcontext()
+    return mock.patch.object(harness, "broadcast_shard", lambda x, out_axis_specs, source=0: x)
 
 
 def evaluate(model, tokenizer, tasks: Sequence[str], shots: Sequence[int], *, include_path: str | Path | None = None,
@@ -333,8 +313,7 @@ def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
             b = group[group.model == baseline].sort_values("seed").value.tolist()
             if not a or not b:
                 continue
-            n = min(len(a), len(b))  # seed k of both models shares its data order: the seeds both have
-            c = statistics.compare(a[:n], b[:n], paired=True)
+            c = statistics.compare_seeds(a, b)
             rows.append({"task": task, "shots": int(shots), "metric": metric, "model": model, "baseline": baseline,
                          "difference": c.difference, "low": c.low, "high": c.high, "p": c.p, "test": c.test,
                          "verdict": c.verdict, "comparison": c})

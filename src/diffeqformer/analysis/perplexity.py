@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 
 from ..runs import require_complete, summary
 from . import claims
-from .statistics import Comparison, as_list, compare, percent, spread
+from .statistics import Comparison, as_list, compare_seeds, percent, spread
 
 
 @dataclass(frozen=True)
@@ -108,11 +108,6 @@ def curves(runs: Mapping[str, str | Sequence[str]]):
     return pd.concat(frames, ignore_index=True)
 
 
-def final_perplexities(frame) -> dict[str, list[float]]:
-    """Row key -> the final validation perplexity of each of its seeds, from ``curves``."""
-    return {key: [math.exp(v) for v in losses] for key, losses in final_losses(frame).items()}
-
-
 def final_losses(frame) -> dict[str, list[float]]:
     """Row key -> the final validation loss (the log of the perplexity) of each of its seeds, from ``curves``."""
     out: dict[str, list[float]] = {}
@@ -134,24 +129,19 @@ def overfitting(frame) -> dict[str, dict[str, list[float]]]:
     return out
 
 
-def _pair(values: Mapping[str, Sequence[float]], a: str, b: str) -> Comparison:
-    """Row ``a``'s seed values against row ``b``'s by the paired t-test (the book's rule) on the first n seeds of
-    both (n the fewer): seed k of every row reads the training sequences in the same order."""
-    n = min(len(values[a]), len(values[b]))
-    return compare(values[a][:n], values[b][:n], paired=True)
-
-
 def comparisons(frame) -> dict[str, Comparison]:
     """Row key -> its final log-perplexities compared with its baseline's (``BASELINE_OF``) over the seeds they share
-    (``_pair``): the difference is the log of the ratio of perplexities, for the rows whose baseline is there."""
+    (``statistics.compare_seeds``): the difference is the log of the ratio of perplexities, for the rows whose
+    baseline is there."""
     losses = final_losses(frame)
-    return {key: _pair(losses, key, base) for key, base in BASELINE_OF.items() if key in losses and base in losses}
+    return {key: compare_seeds(losses[key], losses[base]) for key, base in BASELINE_OF.items()
+            if key in losses and base in losses}
 
 
 def worst_comparisons(losses: Mapping[str, Sequence[float]]) -> dict[str, dict[str, Comparison]]:
-    """Row key of ``WORST_OF`` -> each row it must be worse than -> their final log-perplexities compared (``_pair``),
-    for the rows that are there; ``losses``: ``final_losses``."""
-    return {key: {other: _pair(losses, key, other) for other in others if other in losses}
+    """Row key of ``WORST_OF`` -> each row it must be worse than -> their final log-perplexities compared
+    (``statistics.compare_seeds``), for the rows that are there; ``losses``: ``final_losses``."""
+    return {key: {other: compare_seeds(losses[key], losses[other]) for other in others if other in losses}
             for key, others in WORST_OF.items() if key in losses}
 
 
@@ -161,7 +151,7 @@ def overfit_comparisons(measures: Mapping[str, Mapping[str, Sequence[float]]]) -
     out: dict[str, dict[str, Comparison]] = {}
     for key, base in BASELINE_OF.items():
         if key in measures and base in measures:
-            out[key] = {m: _pair({key: measures[key][m], base: measures[base][m]}, key, base)
+            out[key] = {m: compare_seeds(measures[key][m], measures[base][m])
                         for m in OVERFIT_MEASURES
                         if all(math.isfinite(v) for v in (*measures[key][m], *measures[base][m]))}
     return out
@@ -215,12 +205,12 @@ def final_table(runs: Mapping[str, str | Sequence[str]]):
     import pandas as pd
 
     frame = curves(runs)
-    finals, versus, overfit = final_perplexities(frame), comparisons(frame), overfitting(frame)
+    losses, versus, overfit = final_losses(frame), comparisons(frame), overfitting(frame)
     records = []
     for key in [k for k in ROWS if k in runs]:
         c = frame[frame.row == key]
         done = [summary(r) for r in as_list(runs[key])]
-        final = spread(finals[key])
+        final = spread(math.exp(v) for v in losses[key])
         vs = versus.get(key)
         records.append({
             "key": key, "model": ROWS[key].label, "params": _params(as_list(runs[key])[0]),

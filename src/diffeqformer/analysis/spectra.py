@@ -142,15 +142,10 @@ def product_eigvals(a: np.ndarray, b: np.ndarray, method: str = "fast") -> np.nd
     if b.shape[-2:] != (r, n):
         raise ValueError(f"shapes {a.shape} and {b.shape} do not make a square product")
     m = a @ b if method == "full" or n <= r else b @ a
-    return _sorted(_eigvals_f64(m))
-
-
-def _eigvals_f64(m: np.ndarray) -> np.ndarray:
-    """Eigenvalues of a batch of real float64 matrices (LAPACK geev through NumPy), with one OpenBLAS thread."""
     if m.size == 0:
-        return np.zeros(m.shape[:-1], dtype=np.complex128)
-    with one_blas_thread():
-        return np.linalg.eigvals(m).astype(np.complex128)
+        return _sorted(np.zeros(m.shape[:-1], dtype=np.complex128))
+    with one_blas_thread():  # LAPACK's geev through NumPy
+        return _sorted(np.linalg.eigvals(m).astype(np.complex128))
 
 
 def _eigvals(w: _Weights, method: str) -> dict[str, np.ndarray]:
@@ -344,22 +339,6 @@ def depth_trends(summary: pd.DataFrame, stats: Sequence[str] = ("spectral_radius
     return out
 
 
-def runs_spectra(runs: Mapping[str, str | Path], times=None, *, cache_dir: str | Path | None = None,
-                 **kwargs) -> dict[str, xr.Dataset]:
-    """Spectra of the trained model of each run (``{label: run_dir}``, relative to ``paths.HOME``), keyed by label:
-    continuous DiffEqFormers at ``times`` (None: their Euler steps), the other models per layer; through
-    ``cached_spectra`` with ``cache_dir``. Keyword arguments go to ``spectra``."""
-    from ..runs import load_model, run_path
-
-    out = {}
-    for label, run in runs.items():
-        model = load_model(run_path(run))
-        at = times if _model_kind(model) in ("diffeqformer", "diffeqformer-shared") else None
-        out[label] = (cached_spectra(model, cache_dir, at, **kwargs) if cache_dir is not None
-                      else spectra(model, at, **kwargs))
-    return out
-
-
 def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_period: int = 8) -> np.ndarray:
     """``points`` times around ``center``, ``per_period`` of them per period 2 pi / s of the fastest sinusoid of the
     time embedding (s = ``sinusoidal_scale`` of a config, or of a spectra dataset's): a grid that follows W(t) between
@@ -373,12 +352,17 @@ def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_perio
 
 def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = None,
                  **kwargs) -> dict[str, list[xr.Dataset]]:
-    """``{label: run or list of seed runs}`` -> ``{label: [spectra of each seed]}`` on each model's own depth grid
-    (``runs_spectra`` with ``times=None``). Keyword arguments go to ``spectra``."""
+    """``{label: run or list of seed runs}`` (relative to ``paths.HOME``) -> ``{label: [spectra of each seed's
+    trained model]}`` on each model's own depth grid, through ``cached_spectra`` with ``cache_dir``. Keyword arguments
+    go to ``spectra``."""
+    from ..runs import load_model, run_path
     from .statistics import as_list
 
-    return {label: [runs_spectra({label: run}, None, cache_dir=cache_dir, **kwargs)[label] for run in as_list(value)]
-            for label, value in runs.items()}
+    def one(run):
+        model = load_model(run_path(run))
+        return cached_spectra(model, cache_dir, **kwargs) if cache_dir is not None else spectra(model, **kwargs)
+
+    return {label: [one(run) for run in as_list(value)] for label, value in runs.items()}
 
 
 def log_radius(ds: xr.Dataset, matrix: str) -> np.ndarray:
@@ -442,30 +426,19 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def growth_verdict(growth: pd.DataFrame, model: str = "ours"):
-    """The verdict (``claims.Verdict``) on Fig. 2a-b's claim that the QK and OV eigenvalues grow with t
-    (``claims.CLAIMS["f2_growth"]``): the intersection-union test of the QK and the OV slopes of ``depth_growth``."""
-    rows = growth[growth.model == model].set_index("matrix")
-    return claims.intersection("f2_growth", {f"the {m.upper()} radius": rows.loc[m, "comparison"] for m in ("qk", "ov")})
-
-
 def verdicts(layers: Mapping[str, Sequence[xr.Dataset]], *, ode: str = "ours") -> dict:
-    """The verdict on F2's claim (``claims.CLAIMS["f2_growth"]``): ``growth_verdict`` of ``depth_growth``."""
-    return {"f2_growth": growth_verdict(depth_growth(layers), ode)}
-
-
-def save_spectra(ds: xr.Dataset, path: str | Path) -> Path:
-    """Write a spectra dataset to netCDF (``cache.save_netcdf``: complex variables as ``<name>_real`` and
-    ``<name>_imag``; the attrs travel with the file)."""
-    return save_netcdf(ds, path)
+    """The verdict (``claims.Verdict``) on F2's claim that the QK and OV eigenvalues grow with t
+    (``claims.CLAIMS["f2_growth"]``): the intersection-union test of the QK and the OV slopes of ``depth_growth``
+    of model ``ode``."""
+    growth = depth_growth(layers)
+    rows = growth[growth.model == ode].set_index("matrix")
+    return {"f2_growth": claims.intersection("f2_growth", {f"the {m.upper()} radius": rows.loc[m, "comparison"]
+                                                           for m in ("qk", "ov")})}
 
 
 def load_spectra(path: str | Path) -> xr.Dataset:
-    """Read a dataset written by ``save_spectra``, with complex variables and int64 coordinates restored."""
+    """Read a dataset written by ``cache.save_netcdf``, its spectra first (``MATRICES``; netCDF may reorder them)."""
     ds = load_netcdf(path)
-    for coord in ds.coords:  # files written before save_netcdf marked them: every int32 coordinate was int64
-        if ds[coord].dtype == np.int32:
-            ds[coord] = ds[coord].astype(np.int64)
     return ds[[n for n in MATRICES if n in ds.data_vars] + [n for n in ds.data_vars if n not in MATRICES]]
 
 
@@ -474,5 +447,5 @@ def cached_spectra(model, cache_dir: str | Path, times=None, **kwargs) -> xr.Dat
     (``cache.fingerprint``), the times and the keyword arguments."""
     key = {"model": fingerprint(model), "times": None if times is None else np.asarray(times, np.float64).tolist(),
            **kwargs}
-    return cached(cache_dir, "spectra", key, lambda: spectra(model, times, **kwargs), save=save_spectra,
+    return cached(cache_dir, "spectra", key, lambda: spectra(model, times, **kwargs), save=save_netcdf,
                   load=load_spectra, suffix=".nc")

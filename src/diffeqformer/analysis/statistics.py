@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from statistics import fmean, stdev
 from typing import Callable, Iterable, Sequence
@@ -80,7 +80,6 @@ class Spread:
     def se(self) -> float:
         """Standard error of the mean (NaN with one seed)."""
         return self.sd / math.sqrt(self.n) if self.n > 1 else math.nan
-
 
 
 def spread(values: Iterable[float]) -> Spread:
@@ -243,18 +242,6 @@ class Comparison(Judged):
         return min(1.0, (2 if na == nb else 1) / math.comb(na + nb, na))
 
 
-
-def _exact_no_spread(sa: Spread, sb: Spread, paired: bool) -> tuple[float, str]:
-    """p of the exact test of values without spread: of the signs of n equal paired differences (p = 2 / 2^n), or of
-    the labels of two sides of one value each (the observed split, and its mirror where the sides are as large)."""
-    difference = sa.mean - sb.mean
-    if difference == 0:
-        return 1.0, EXACT_SIGNS if paired else EXACT_LABELS
-    if paired:
-        return min(1.0, 2.0 ** (1 - sa.n)), EXACT_SIGNS
-    return min(1.0, (2 if sa.n == sb.n else 1) / math.comb(sa.n + sb.n, sa.n)), EXACT_LABELS
-
-
 def compare(a: Sequence[float], b: Sequence[float], *, paired: bool = False) -> Comparison:
     """mean(a) - mean(b) over seeds: the paired t-test where ``paired`` (seed k of both shares its data order),
     Welch's otherwise, the exact test where the values have no spread."""
@@ -272,9 +259,11 @@ def compare(a: Sequence[float], b: Sequence[float], *, paired: bool = False) -> 
     if n < 2:
         return Comparison(sa, sb, test, difference, math.nan, n)
     if degenerate:
-        # no spread at all: scipy's t is 0/0 or d/0 (and warns); only the signs or labels hold information
-        p, test = _exact_no_spread(sa, sb, paired)
-        return Comparison(sa, sb, test, difference, p, n, se=0.0, df=float(n - 1))
+        # no spread at all: scipy's t is 0/0 or d/0 (and warns); only the signs or labels hold information, and the
+        # exact test's p is 1 for no difference, else the least it can reach
+        exact = Comparison(sa, sb, EXACT_SIGNS if paired else EXACT_LABELS, difference, math.nan, n)
+        p = 1.0 if difference == 0 else exact._least_exact_p()
+        return replace(exact, p=p, se=0.0, df=float(n - 1))
     if paired:
         result = stats.ttest_rel(sa.values, sb.values)
         se, df = float(np.std(differences, ddof=1) / math.sqrt(n)), float(n - 1)
@@ -289,8 +278,15 @@ def compare(a: Sequence[float], b: Sequence[float], *, paired: bool = False) -> 
 def one_sample(values: Sequence[float]) -> Comparison:
     """The one-sample t-test of per-seed values against 0: ``compare(values, zeros, paired=True)``."""
     c = compare(values, [0.0] * len(values), paired=True)
-    return Comparison(c.a, c.b, ONE_SAMPLE if c.test == PAIRED else c.test, c.difference, c.p, c.n, c.unit, c.se,
-                      c.df, c.bounds)
+    return replace(c, test=ONE_SAMPLE) if c.test == PAIRED else c
+
+
+def compare_seeds(a: Sequence[float], b: Sequence[float]) -> Comparison:
+    """Two settings' per-seed values by the paired test on the first n seeds of both (n the fewer): the workflow
+    trains every setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training
+    sequences."""
+    n = min(len(a), len(b))
+    return compare(a[:n], b[:n], paired=True)
 
 
 def mcnemar(a: Sequence, b: Sequence) -> Comparison:
@@ -345,7 +341,6 @@ class Trend(Judged):
 
     def _least_exact_p(self) -> float:
         return min(1.0, 2.0 ** (1 - self.groups))
-
 
 
 def trend(x: Sequence[float], y: Sequence[float], seeds: Sequence | None = None) -> Trend:

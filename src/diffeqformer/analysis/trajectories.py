@@ -312,11 +312,7 @@ def _all_finite(tree) -> jax.Array:
 
 def growth_label(power: float) -> str:
     """'1', 't', 't^2', ... for g(t) = t^power (the Datasets' ``growth_label``)."""
-    if power == 0:
-        return "1"
-    if power == 1:
-        return "t"
-    return f"t^{power:g}"
+    return {0: "1", 1: "t"}.get(power, f"t^{power:g}")
 
 
 def initial_weights(key: jax.Array, dim: int, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
