@@ -223,9 +223,9 @@ def model_axes(model) -> list[tuple[str, Any]]:
     return axes
 
 
-def check(trainer, model, *, batch: int | None = None, batch_field: str = "trainer.train_batch_size") -> None:
-    """Reject, naming the field, a mesh that does not fit the devices, or a model axis or batch (default: the
-    largest ``trainer.train_batch_size``) that its mesh axes do not divide. Needs the device count: after ``start``."""
+def check(trainer, model) -> None:
+    """Reject, naming the field, a mesh that does not fit the devices, or a model axis or the largest
+    ``trainer.train_batch_size`` that its mesh axes do not divide. Needs the device count: after ``start``."""
     from levanter.schedule import distinct_values
 
     sizes = mesh_sizes(trainer)
@@ -238,7 +238,7 @@ def check(trainer, model, *, batch: int | None = None, batch_field: str = "train
     if trainer.batch_axis_name is None:
         return
     names, devices = physical_size(trainer.compute_axis_mapping, trainer.batch_axis_name, sizes)
-    largest = max(distinct_values(trainer.train_batch_size)) if batch is None else batch
+    largest = max(distinct_values(trainer.train_batch_size))
     if largest % devices and not trainer.allow_nondivisible_batch_size:
-        raise ValueError(f"{batch_field} ({largest}) must be divisible by the mesh's batch axes {names} "
+        raise ValueError(f"trainer.train_batch_size ({largest}) must be divisible by the mesh's batch axes {names} "
                          f"({devices} devices), which split it: change it or trainer.mesh")

@@ -84,11 +84,6 @@ def checkpoints(run) -> Path:
     return run_path(run) / CHECKPOINTS
 
 
-def has_checkpoints(run) -> bool:
-    """Whether the run holds Levanter checkpoints (an interrupted or finished run)."""
-    return checkpoints(run).exists()
-
-
 def metrics_file(run) -> Path:
     """The run's ``metrics.jsonl``."""
     return run_path(run) / METRICS

@@ -322,8 +322,8 @@ def _tuning_files(layout: CorpusLayout, domain: str) -> list[Path]:
     return files
 
 
-def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "validation")) -> None:
-    """Build (or load) the token caches of ``data``'s ``splits`` in this process. Processes that build the same local
+def build_token_caches(data: LmDataConfig) -> None:
+    """Build (or load) the token caches of ``data``'s training and validation splits in this process. Processes that build the same local
     caches take turns (a lock beside each cache folder): Levanter coordinates the processes of one run, not two runs
     started together, where the second would read the first's half-built cache as empty. In a run of several
     processes only process 0 locks; the others wait in Levanter's build for it."""
@@ -338,7 +338,7 @@ def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "va
                     stack.enter_context(paths.exclusive(
                         folder.with_name(f".{folder.name}.lock"),
                         f"{folder}: another process is building these token caches; waiting for it"))
-        for split in splits:
+        for split in SPLITS:
             data.build_caches(split)
 
 

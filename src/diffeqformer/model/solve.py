@@ -11,7 +11,6 @@ exactly; ``time_offset=0`` (the default) solves the ODE itself, to which both co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import diffrax
@@ -21,15 +20,6 @@ import jax.numpy as jnp
 from haliax import NamedArray
 
 from .transformer import DiffEqFormerLMHeadModel
-
-
-@dataclass(frozen=True)
-class SolveStats:
-    """What a solve cost: accepted and rejected steps, and vector-field evaluations."""
-
-    num_steps: int
-    num_accepted_steps: int
-    num_rejected_steps: int
 
 
 def solve_hidden(model: DiffEqFormerLMHeadModel, x0: NamedArray, attn_mask=None, *,
@@ -97,9 +87,3 @@ def solve_logits(model: DiffEqFormerLMHeadModel, input_ids: NamedArray, attn_mas
     x0 = model.embeddings.embed(input_ids, pos_ids)
     x1, _ = solve_hidden(model, x0, attn_mask, pos_ids=pos_ids, **solve_kwargs)
     return hax.dot(model.ln_f(x1), model.get_lm_head(), axis=model.Embed)
-
-
-def solve_stats(sol: diffrax.Solution) -> SolveStats:
-    """Step counts of a Diffrax solution (for a perplexity-vs-evaluations comparison)."""
-    s = sol.stats
-    return SolveStats(int(s["num_steps"]), int(s["num_accepted_steps"]), int(s["num_rejected_steps"]))
