@@ -205,10 +205,14 @@ def mesh_sizes(trainer) -> dict[str, int]:
     return {name: ici.get(name, 1) * dcn.get(name, 1) for name in {*ici, *dcn}}
 
 
+def mesh_axes(physical) -> tuple[str, ...]:
+    """The mesh axes of a value of a resolved axis mapping (one name, several, or None)."""
+    return () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
+
+
 def physical_size(mapping, logical: str, sizes: dict[str, int]) -> tuple[str, int]:
     """The mesh axes ``mapping`` (logical to physical) lays ``logical`` over, joined by ' x ', and their devices."""
-    physical = mapping.get(logical)
-    names = () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
+    names = mesh_axes(mapping.get(logical))
     return " x ".join(names), math.prod(sizes.get(n, 1) for n in names)
 
 

@@ -165,17 +165,12 @@ def population_loss(Seed: Axis):
     return loss
 
 
-def _mesh_axes(physical) -> tuple[str, ...]:
-    """The mesh axes of a value of a resolved axis mapping (one name, several, or None)."""
-    return () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
-
-
 def member_batch_mapping(mapping) -> dict:
     """Where a member's batch goes inside the loss: the trainer's batch axes less those of the population's axis
     (``lay_over_devices``), which ``haliax.vmap`` already takes (two logical axes on one mesh axis are refused)."""
     mapping = mapping or {}
-    members = set(_mesh_axes(mapping.get(SEED)))
-    rest = tuple(a for a in _mesh_axes(mapping.get("batch")) if a not in members)
+    members = set(devices.mesh_axes(mapping.get(SEED)))
+    rest = tuple(a for a in devices.mesh_axes(mapping.get("batch")) if a not in members)
     return {"batch": rest[0] if len(rest) == 1 else rest or None}
 
 
@@ -198,7 +193,7 @@ def lay_over_devices(trainer_config, n: int, batch: int):
         mesh, axes=axes, param_mapping={**mesh.param_mapping, SEED: "replica"},
         compute_mapping={**mesh.compute_mapping, SEED: "replica"}))
     sizes = devices.mesh_sizes(laid)
-    rest = _mesh_axes(member_batch_mapping(laid.compute_axis_mapping)["batch"])
+    rest = devices.mesh_axes(member_batch_mapping(laid.compute_axis_mapping)["batch"])
     within = math.prod(sizes.get(a, 1) for a in rest)
     if batch % within:
         split = " x ".join(a for a in rest if sizes.get(a, 1) > 1)

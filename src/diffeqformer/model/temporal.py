@@ -58,17 +58,8 @@ class TemporalLinear(eqx.Module):
     out_first: bool = eqx.field(static=True)  # weight layout of the materialised hnn.Linear, as Levanter's module has it
 
     @staticmethod
-    def init(
-        TimeFeatures: Axis,
-        TimeEmbed: Axis,
-        In: AxisSpec,
-        Out: AxisSpec,
-        *,
-        key,
-        own_mlp: bool = True,
-        use_bias: bool = True,
-        out_first: bool = True,
-    ) -> "TemporalLinear":
+    def init(TimeFeatures: Axis, TimeEmbed: Axis, In: AxisSpec, Out: AxisSpec, *, key, own_mlp: bool = True,
+             use_bias: bool = True, out_first: bool = True) -> "TemporalLinear":
         k_mlp, k_proj, k_bias = jrandom.split(key, 3)
         In_, Out_ = _axes(In), _axes(Out)
         fan_in = math.prod(ax.size for ax in In_)
@@ -105,17 +96,8 @@ class TemporalNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     @staticmethod
-    def init(
-        TimeFeatures: Axis,
-        TimeEmbed: Axis,
-        axis: Axis,
-        *,
-        key,
-        kind: NormKind = "layer",
-        eps: float = 1e-5,
-        own_mlp: bool = True,
-        use_bias: bool = True,
-    ) -> "TemporalNorm":
+    def init(TimeFeatures: Axis, TimeEmbed: Axis, axis: Axis, *, key, kind: NormKind = "layer", eps: float = 1e-5,
+             own_mlp: bool = True, use_bias: bool = True) -> "TemporalNorm":
         mlp = TimeMLP.init(TimeFeatures, TimeEmbed, key=key) if own_mlp else None
         shift = hax.zeros((TimeEmbed, axis)) if use_bias else None
         return TemporalNorm(mlp, hax.zeros((TimeEmbed, axis)), shift, axis, kind, eps)
