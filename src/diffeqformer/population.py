@@ -34,8 +34,8 @@ from levanter.data.dataset import AsyncDataset
 from levanter.tracker import Tracker, TrackerConfig
 
 from . import devices, finetune, paths, runs, train
-from .config import (Config, FinetuneConfig, TrainConfig, adapt, config_class, config_hash, plain_tree, run_dir_of,
-                     seed_member, validate, with_finetune_weight_decay, with_paper_weight_decay)
+from .config import (Config, FinetuneConfig, adapt, config_hash, plain_tree, run_dir_of, seed_member, validate,
+                     with_finetune_weight_decay, with_paper_weight_decay)
 from .data.corpora import build_token_caches
 from .trainer import Trainer, batched_maps
 from .model.transformer import count_params
@@ -441,9 +441,7 @@ def cli(argv: list[str] | None = None) -> None:
     except ValueError:
         raise SystemExit(f"error: --seeds must be an integer, got {argv[i + 1]!r}") from None
     del argv[i : i + 2]
-    key = "--config" if "--config" in argv else "--config_path"
-    cls = config_class(argv[argv.index(key) + 1]) if key in argv[:-1] else TrainConfig
-    train.cli(argv, cls=cls, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
+    train.cli(argv, cls=None, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
 
 
 if __name__ == "__main__":

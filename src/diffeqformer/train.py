@@ -27,7 +27,7 @@ from levanter.tracker import Tracker, TrackerConfig
 from levanter.trainer import TrainerConfig
 
 from . import devices, paths, runs, use_onednn
-from .config import (Config, TrainConfig, config_hash, load_config, one_line, run_dir_of, validate,
+from .config import (Config, TrainConfig, config_class, config_hash, load_config, one_line, run_dir_of, validate,
                      with_paper_weight_decay)
 from .data.corpora import build_token_caches
 from .trainer import Trainer, batched_maps
@@ -316,9 +316,10 @@ def use_compilation_cache(directory: str | Path | None = None) -> Path:
     return directory
 
 
-def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, module: str = "diffeqformer.train"):
-    """``python -m <module> --config file.yaml [overrides]``: parse into ``cls`` and call ``run``; bad input exits with
-    a one-line error."""
+def cli(argv: list[str] | None = None, *, cls: type | None = TrainConfig, run=main,
+        module: str = "diffeqformer.train"):
+    """``python -m <module> --config file.yaml [overrides]``: parse into ``cls`` (None: the file's, ``config_class``)
+    and call ``run``; bad input exits with a one-line error."""
     use_onednn()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" not in argv and "--config_path" not in argv:
@@ -332,7 +333,7 @@ def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, mod
     from .data.corpora import DatasetUnavailableError  # an online corpus asked for offline: said in one line too
 
     try:
-        config = load_config(path, overrides, cls=cls)
+        config = load_config(path, overrides, cls=cls or config_class(path))
         if devices.several_processes(config.trainer):  # one line, not a native abort, when another process dies
             devices.watched(config.name)
         use_compilation_cache()
