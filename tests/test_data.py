@@ -83,7 +83,7 @@ def test_split_is_deterministic_and_by_document(corpus):
         assert train and validation and not train & validation
         assert train | validation == {d.name for d in corpus.select(domain)}
         # The files hold the same documents: no text is in both splits.
-        texts = {s: [row["text"] for row in read_jsonl(corpus.jsonl(domain, s))] for s in data.SPLITS}
+        texts = {s: [row["text"] for row in read_jsonl(corpus.layout.jsonl(domain, s))] for s in data.SPLITS}
         assert len(texts["train"]) == len(train) and len(texts["validation"]) == len(validation)
         assert not set(texts["train"]) & set(texts["validation"])
     names = [d.name for d in corpus.select("plays")]
@@ -167,7 +167,7 @@ def test_a_prepared_corpus_is_not_read_again(corpus, offline, monkeypatch):
     monkeypatch.setattr(data, "_DOCUMENTS", {})
     assert data.is_prepared(root) and not data.is_prepared(root, vocab_size=512)
     config = data.lm_dataset_config("shakespeare", "plays", root=root)
-    assert config.components["shakespeare"].source.train_urls == [str(corpus.jsonl("plays", "train"))]
+    assert config.components["shakespeare"].source.train_urls == [str(corpus.layout.jsonl("plays", "train"))]
     assert config.tokenizer == str(corpus.tokenizer_dir)
     record = corpus.tokenizer_dir / "training.json"
     text = record.read_text()
@@ -258,8 +258,8 @@ def test_levanter_builds_the_token_cache_offline(corpus, offline, tmp_path):
     config = data.lm_dataset_config("shakespeare", "prose", root=corpus.layout.root, cache_dir=tmp_path)
     assert isinstance(config, LmDataConfig) and list(config.components) == ["shakespeare"]
     source = config.components["shakespeare"].source
-    assert source.train_urls == [str(corpus.jsonl("prose", "train"))]
-    assert source.validation_urls == [str(corpus.jsonl("prose", "validation"))]
+    assert source.train_urls == [str(corpus.layout.jsonl("prose", "train"))]
+    assert source.validation_urls == [str(corpus.layout.jsonl("prose", "validation"))]
     assert config.tokenizer == str(corpus.tokenizer_dir)
     cache = config.build_caches("validation")["shakespeare"]  # built in this process, finished when it returns
     (document,) = corpus.select("prose", "validation")

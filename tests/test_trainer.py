@@ -81,7 +81,6 @@ def test_flat_jit_compiles_once_per_structure():
     f(jnp.ones(3), {"x": jnp.zeros(2)}, {"n": 5})  # another static value: another program
     f(jnp.ones(4), {"x": jnp.zeros(2)}, {"n": 4})  # another shape: jax.jit retraces, the structure is the same
     assert len(f._cache) == 2 and len(calls) == 3
-    assert "stablehlo" in f.lower(jnp.ones(3), {"x": jnp.zeros(2)}, {"n": 4}).as_text()
 
 
 def test_flat_jit_keeps_the_shardings_it_knows_when_a_leaf_has_none(monkeypatch):

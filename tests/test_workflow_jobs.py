@@ -314,7 +314,7 @@ def test_a_training_job_writes_its_marker_and_prunes_checkpoints_when_asked(home
     run = home / "runs" / "a"
     marker = run / "trained-0123456789abcdef.json"
     assert json.loads(marker.read_text()) == {"config_hash": "0123456789abcdef"}
-    assert runs.is_complete(run, "0123456789abcdef") and runs.has_checkpoints(run) is not prune
+    assert runs.is_complete(run, "0123456789abcdef") and runs.checkpoints(run).exists() is not prune
     assert len(json.loads((run / "cores.json").read_text())) == (1 if PINNING else 0)
 
 

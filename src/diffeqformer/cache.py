@@ -48,12 +48,9 @@ def file_sha256(path: str | Path) -> str:
 
 
 def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
-    """Call ``write(p)`` to write ``path`` (and any sidecar files beside it), then move what it wrote into place.
-
-    ``write`` writes into a hidden temporary folder beside ``path``, under the same names; the files are then moved
-    (``os.replace``, atomic within one file system) with ``path`` itself last, so that ``path`` exists only once it
-    and its sidecars are complete: a process killed while writing leaves the old files or none.
-    """
+    """Call ``write(p)`` to write ``path`` (and any sidecar files beside it) in a hidden temporary folder beside it,
+    then move what it wrote into place (``os.replace``) with ``path`` itself last, so that ``path`` exists only once it
+    and its sidecars are complete: a process killed while writing leaves the old files or none."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.tmp-") as tmp:
@@ -66,12 +63,9 @@ def write_atomically(path: str | Path, write: Callable[[Path], Any]) -> Path:
 def cached(cache_dir: str | Path | None, name: str, key: Any, compute: Callable[[], T], *,
            save: Callable[[T, Path], Any], load: Callable[[Path], T], suffix: str) -> T:
     """The one cached step of the analyses: ``load`` of ``cache_dir/<name>-<digest(key)><suffix>`` if that file
-    exists, else ``compute()``, written there with ``save(value, path)`` and returned.
-
-    ``key`` is everything the result depends on, as JSON (a model enters by its ``fingerprint``), so a file that
-    exists is the result asked for; it is written with ``write_atomically``, so one that exists is complete. With
-    ``cache_dir=None`` the result is computed and nothing is read or written.
-    """
+    exists, else ``compute()``, written there with ``save(value, path)`` (``write_atomically``) and returned; with
+    ``cache_dir=None`` nothing is read or written. ``key`` is everything the result depends on, as JSON (a model
+    enters by its ``fingerprint``), so a file that exists is the result asked for."""
     if cache_dir is None:
         return compute()
     path = Path(cache_dir) / f"{name}-{digest(key)}{suffix}"
@@ -83,14 +77,9 @@ def cached(cache_dir: str | Path | None, name: str, key: Any, compute: Callable[
 
 
 def save_netcdf(ds: "xr.Dataset", path: str | Path) -> Path:
-    """Write a Dataset to netCDF3 (``engine="scipy"``, no extra dependency), encoding the types netCDF3 lacks.
-
-    - complex ``v`` becomes two float variables ``v_real`` and ``v_imag`` (attrs copied, plus ``complex_part``);
-    - bool becomes int8 and int64 becomes int32 (values must fit), each with ``attrs["dtype"]`` naming the original
-      type.
-
-    ``load_netcdf`` undoes all of it; the Dataset's attrs travel with the file.
-    """
+    """Write a Dataset to netCDF3 (``engine="scipy"``, no extra dependency), encoding the types netCDF3 lacks: complex
+    ``v`` becomes float ``v_real`` and ``v_imag`` (attrs copied, plus ``complex_part``), bool becomes int8 and int64
+    int32 (values must fit), each with ``attrs["dtype"]`` naming the original type. ``load_netcdf`` undoes it."""
     import xarray as xr
 
     path = Path(path)

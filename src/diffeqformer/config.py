@@ -28,8 +28,7 @@ from .model.config import DiffEqFormerConfig
 from .numerics import check_positive_int
 
 LOOP_VERSION = 3
-"""Version of the training loop's numerics, hashed into every run's config hash: runs of an older loop train again.
-3: Levanter's own trainer, with which a killed and resumed run ends bit-identical to an uninterrupted one."""
+"""Version of the training loop's numerics, hashed into every run's config hash: runs of an older loop train again."""
 
 DECAY_ODE = r".*token_embeddings.*|.*position_embeddings.*"
 """Weight decay of the ODE model (GPT variant), a regex for Levanter's ``weight_decay_modules``: the paper's code
@@ -37,8 +36,7 @@ decays ``time_embedding`` and the embeddings; its time embedding has no paramete
 
 DECAY_BASELINE = r"(?!.*norm)(.*\.)?(attn|self_attn|mlp)\.(.*\.)?weight$|.*token_embeddings.*|.*position_embeddings.*"
 """Weight decay of the baselines (GPT-2, Llama, the weight-shared model), as the paper's code and nanoGPT decay them:
-the weight matrices of attention and MLP, and the embeddings; never a norm (a path naming one anywhere, such as the
-parallel block's ``attn_norm``) or a bias."""
+the weight matrices of attention and MLP, and the embeddings; never a norm (such as ``attn_norm``) or a bias."""
 
 DECAY_ALL = r".*"
 """Weight decay of every parameter, as the paper's code has for its Llama ODE model and its fine-tunings."""
@@ -226,8 +224,7 @@ def validate_data(data: DataConfig) -> None:
 
 
 def validate_finetune(config: FinetuneConfig) -> None:
-    """Reject a fine-tuning's bad fields before anything runs, naming the field; what needs the pretraining is checked
-    by ``finetune.validate``."""
+    """Reject a fine-tuning's bad fields, naming the field (what needs the pretraining: ``finetune.validate``)."""
     validate_common(config)
     if config.method not in METHODS:
         raise ValueError(f"method must be one of {METHODS}, got {config.method!r}")
@@ -269,9 +266,8 @@ def dump_config(config) -> str:
 def config_hash(config: Config, *, population: Optional[list[int]] = None,
                 pretrain_config_hash: Optional[str] = None) -> str:
     """Hash of what determines the trained parameters (``hashed_tree``), a training run's or a fine-tuning's
-    (``finetune_hash``, which needs ``pretrain_config_hash``); ``population``: the seeds it is trained with, if in a
-    population. Model fields at their class default are left out (a new option that keeps the old behaviour keeps
-    finished runs valid); the weight-decay mask the run trains with (``with_paper_weight_decay``) is hashed."""
+    (``finetune_hash``); ``population``: the seeds it is trained with, if in a population. Model fields at their class
+    default are left out, so that a new option keeps finished runs valid; the weight-decay mask is hashed."""
     if isinstance(config, FinetuneConfig):
         if pretrain_config_hash is None:
             raise ValueError("a fine-tuning's config hash covers its pretraining's: pass pretrain_config_hash")
@@ -451,10 +447,9 @@ def pretraining_of(config: FinetuneConfig) -> tuple[TrainConfig, Path]:
 
 def pretraining_hash(config: FinetuneConfig) -> str:
     """The config hash a fine-tuning's pretraining must have been trained with (its population's seeds hashed too)."""
-    pre = load_config(repository_path(config.pretrain.config))
-    population = ([pre.trainer.seed + k for k in range(config.pretrain.population)]
-                  if config.pretrain.population > 1 else None)
-    return config_hash(pretraining_of(config)[0], population=population)
+    pre, ref = pretraining_of(config)[0], config.pretrain
+    first = pre.trainer.seed - ref.member  # member k is seed_member(k)
+    return config_hash(pre, population=[first + k for k in range(ref.population)] if ref.population > 1 else None)
 
 
 def seed_member(config: Config, k: int) -> Config:

@@ -205,10 +205,14 @@ def mesh_sizes(trainer) -> dict[str, int]:
     return {name: ici.get(name, 1) * dcn.get(name, 1) for name in {*ici, *dcn}}
 
 
+def mesh_axes(physical) -> tuple[str, ...]:
+    """The mesh axes of a value of a resolved axis mapping (one name, several, or None)."""
+    return () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
+
+
 def physical_size(mapping, logical: str, sizes: dict[str, int]) -> tuple[str, int]:
     """The mesh axes ``mapping`` (logical to physical) lays ``logical`` over, joined by ' x ', and their devices."""
-    physical = mapping.get(logical)
-    names = () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
+    names = mesh_axes(mapping.get(logical))
     return " x ".join(names), math.prod(sizes.get(n, 1) for n in names)
 
 
@@ -223,9 +227,9 @@ def model_axes(model) -> list[tuple[str, Any]]:
     return axes
 
 
-def check(trainer, model, *, batch: int | None = None, batch_field: str = "trainer.train_batch_size") -> None:
-    """Reject, naming the field, a mesh that does not fit the devices, or a model axis or batch (default: the
-    largest ``trainer.train_batch_size``) that its mesh axes do not divide. Needs the device count: after ``start``."""
+def check(trainer, model) -> None:
+    """Reject, naming the field, a mesh that does not fit the devices, or a model axis or the largest
+    ``trainer.train_batch_size`` that its mesh axes do not divide. Needs the device count: after ``start``."""
     from levanter.schedule import distinct_values
 
     sizes = mesh_sizes(trainer)
@@ -238,7 +242,7 @@ def check(trainer, model, *, batch: int | None = None, batch_field: str = "train
     if trainer.batch_axis_name is None:
         return
     names, devices = physical_size(trainer.compute_axis_mapping, trainer.batch_axis_name, sizes)
-    largest = max(distinct_values(trainer.train_batch_size)) if batch is None else batch
+    largest = max(distinct_values(trainer.train_batch_size))
     if largest % devices and not trainer.allow_nondivisible_batch_size:
-        raise ValueError(f"{batch_field} ({largest}) must be divisible by the mesh's batch axes {names} "
+        raise ValueError(f"trainer.train_batch_size ({largest}) must be divisible by the mesh's batch axes {names} "
                          f"({devices} devices), which split it: change it or trainer.mesh")

@@ -22,17 +22,8 @@ import levanter
 from levanter.adaptor.lora import lora_trainable_params_filter
 
 from . import paths, runs, train
-from .config import (
-    METHODS,
-    DataConfig,
-    FinetuneConfig,
-    adapt,
-    config_hash,
-    load_config,
-    seed_member,
-    validate_finetune,
-    with_finetune_weight_decay,
-)
+from .config import (METHODS, DataConfig, FinetuneConfig, adapt, config_hash, load_config, seed_member,
+                     validate_finetune, with_finetune_weight_decay)
 from .data.corpora import build_token_caches
 from .trainer import Trainer
 from .model.config import DiffEqFormerConfig

@@ -34,8 +34,8 @@ from levanter.data.dataset import AsyncDataset
 from levanter.tracker import Tracker, TrackerConfig
 
 from . import devices, finetune, paths, runs, train
-from .config import (Config, FinetuneConfig, TrainConfig, adapt, config_class, config_hash, plain_tree, run_dir_of,
-                     seed_member, validate, with_finetune_weight_decay, with_paper_weight_decay)
+from .config import (Config, FinetuneConfig, adapt, config_hash, plain_tree, run_dir_of, seed_member, validate,
+                     with_finetune_weight_decay, with_paper_weight_decay)
 from .data.corpora import build_token_caches
 from .trainer import Trainer, batched_maps
 from .model.transformer import count_params
@@ -165,17 +165,12 @@ def population_loss(Seed: Axis):
     return loss
 
 
-def _mesh_axes(physical) -> tuple[str, ...]:
-    """The mesh axes of a value of a resolved axis mapping (one name, several, or None)."""
-    return () if physical is None else (physical,) if isinstance(physical, str) else tuple(physical)
-
-
 def member_batch_mapping(mapping) -> dict:
     """Where a member's batch goes inside the loss: the trainer's batch axes less those of the population's axis
     (``lay_over_devices``), which ``haliax.vmap`` already takes (two logical axes on one mesh axis are refused)."""
     mapping = mapping or {}
-    members = set(_mesh_axes(mapping.get(SEED)))
-    rest = tuple(a for a in _mesh_axes(mapping.get("batch")) if a not in members)
+    members = set(devices.mesh_axes(mapping.get(SEED)))
+    rest = tuple(a for a in devices.mesh_axes(mapping.get("batch")) if a not in members)
     return {"batch": rest[0] if len(rest) == 1 else rest or None}
 
 
@@ -198,7 +193,7 @@ def lay_over_devices(trainer_config, n: int, batch: int):
         mesh, axes=axes, param_mapping={**mesh.param_mapping, SEED: "replica"},
         compute_mapping={**mesh.compute_mapping, SEED: "replica"}))
     sizes = devices.mesh_sizes(laid)
-    rest = _mesh_axes(member_batch_mapping(laid.compute_axis_mapping)["batch"])
+    rest = devices.mesh_axes(member_batch_mapping(laid.compute_axis_mapping)["batch"])
     within = math.prod(sizes.get(a, 1) for a in rest)
     if batch % within:
         split = " x ".join(a for a in rest if sizes.get(a, 1) > 1)
@@ -446,9 +441,7 @@ def cli(argv: list[str] | None = None) -> None:
     except ValueError:
         raise SystemExit(f"error: --seeds must be an integer, got {argv[i + 1]!r}") from None
     del argv[i : i + 2]
-    key = "--config" if "--config" in argv else "--config_path"
-    cls = config_class(argv[argv.index(key) + 1]) if key in argv[:-1] else TrainConfig
-    train.cli(argv, cls=cls, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
+    train.cli(argv, cls=None, run=lambda config: main(members_of(config, n)), module="diffeqformer.population")
 
 
 if __name__ == "__main__":

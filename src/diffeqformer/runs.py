@@ -84,11 +84,6 @@ def checkpoints(run) -> Path:
     return run_path(run) / CHECKPOINTS
 
 
-def has_checkpoints(run) -> bool:
-    """Whether the run holds Levanter checkpoints (an interrupted or finished run)."""
-    return checkpoints(run).exists()
-
-
 def metrics_file(run) -> Path:
     """The run's ``metrics.jsonl``."""
     return run_path(run) / METRICS
@@ -278,10 +273,8 @@ def lock(run_dir: Path):
     """Hold ``run_dir/.lock`` while training it, so that a second process training the run waits for the first. In a
     run of several processes only process 0 locks: the others must not wait for it, as it waits for them."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    if not devices.is_primary():
-        yield
-        return
-    with paths.exclusive(run_dir / LOCK, f"{run_dir}: another process is training this run; waiting for it to end"):
+    waiting = f"{run_dir}: another process is training this run; waiting for it to end"
+    with paths.exclusive(run_dir / LOCK, waiting) if devices.is_primary() else contextlib.nullcontext():
         yield
 
 
@@ -368,6 +361,8 @@ def finish_run(config: "Config", run_dir: Path, model, digest: str, start: float
     import equinox as eqx
     import jax
 
+    from .cache import write_atomically
+
     devices.barrier(f"trained {config.name}")
     metrics = read_metrics(run_dir)
     for column in ("train/loss", "eval/loss"):
@@ -382,9 +377,7 @@ def finish_run(config: "Config", run_dir: Path, model, digest: str, start: float
                "wall_time_s": time.time() - start, "jax_backend": jax.default_backend(),
                "processes": jax.process_count(), "devices": jax.device_count(), **extra}
     if devices.is_primary():
-        tmp = (run_dir / MODEL).with_suffix(".tmp")
-        eqx.tree_serialise_leaves(tmp, model)
-        tmp.replace(run_dir / MODEL)
+        write_atomically(run_dir / MODEL, lambda path: eqx.tree_serialise_leaves(path, model))
         paths.write_atomic(run_dir / COMPLETE, json.dumps(summary, indent=1) + "\n")
     devices.barrier(f"finished {config.name}")
     return summary

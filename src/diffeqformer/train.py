@@ -1,9 +1,7 @@
 """Training: ``python -m diffeqformer.train --config config/<preset>/<name>.yaml [--model.time_embed_dim 32 ...]``.
 
-The training loop: a thin layer over Levanter's trainer, data cache and checkpointing. The configuration is
-``config.TrainConfig``; the run directory (``runs/<name>/`` or ``--run_dir``), its lifecycle and the reading of a
-finished run are ``runs``'s. A run whose ``complete.json`` matches its configuration is not trained again; an
-interrupted one resumes from its newest checkpoint.
+A thin layer over Levanter's trainer, data cache and checkpointing; the run directory and its lifecycle are
+``runs``'s. A run whose ``complete.json`` matches its configuration is not trained again; an interrupted one resumes.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ from levanter.tracker import Tracker, TrackerConfig
 from levanter.trainer import TrainerConfig
 
 from . import devices, paths, runs, use_onednn
-from .config import (Config, TrainConfig, config_hash, load_config, one_line, run_dir_of, validate,
+from .config import (Config, TrainConfig, config_class, config_hash, load_config, one_line, run_dir_of, validate,
                      with_paper_weight_decay)
 from .data.corpora import build_token_caches
 from .trainer import Trainer, batched_maps
@@ -127,8 +125,7 @@ def trainer_config_of(config: Config, run_dir: Path) -> TrainerConfig:
         tracker=tuple(trackers),
         checkpointer=checkpointer,
         log_dir=run_dir / "logs",
-        # Levanter traces and lowers the train step once more to store its jaxpr and HLO as tracker artifacts, which
-        # lengthens every run's start-up; no part of this project reads them.
+        # Levanter would trace and lower the train step once more to store its jaxpr and HLO, which nothing reads
         log_jaxprs=False,
         log_xla_hlo=False,
         require_accelerator=False if config.trainer.require_accelerator is None else config.trainer.require_accelerator,
@@ -156,8 +153,8 @@ def initialize_and_build(trainer_config: TrainerConfig, optimizer: OptimizerConf
 
 
 INIT_COMPILER_OPTIONS = {"xla_backend_optimization_level": 1}
-"""XLA options for the programs that run once at a run's start (``compiled_once``): they compile faster at level 1
-than at the default 2, to the same states bit for bit; the training step keeps the default (measurements page)."""
+"""XLA options for the programs that run once at a run's start (``compiled_once``): level 1 compiles faster than the
+default 2, to the same states bit for bit; the training step keeps the default."""
 
 
 def compiled_once(fn, axis_mapping=None):
@@ -319,9 +316,10 @@ def use_compilation_cache(directory: str | Path | None = None) -> Path:
     return directory
 
 
-def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, module: str = "diffeqformer.train"):
-    """``python -m <module> --config file.yaml [overrides]``: parse into ``cls`` and call ``run``; bad input exits with
-    a one-line error."""
+def cli(argv: list[str] | None = None, *, cls: type | None = TrainConfig, run=main,
+        module: str = "diffeqformer.train"):
+    """``python -m <module> --config file.yaml [overrides]``: parse into ``cls`` (None: the file's, ``config_class``)
+    and call ``run``; bad input exits with a one-line error."""
     use_onednn()
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--config" not in argv and "--config_path" not in argv:
@@ -335,7 +333,7 @@ def cli(argv: list[str] | None = None, *, cls: type = TrainConfig, run=main, mod
     from .data.corpora import DatasetUnavailableError  # an online corpus asked for offline: said in one line too
 
     try:
-        config = load_config(path, overrides, cls=cls)
+        config = load_config(path, overrides, cls=cls or config_class(path))
         if devices.several_processes(config.trainer):  # one line, not a native abort, when another process dies
             devices.watched(config.name)
         use_compilation_cache()

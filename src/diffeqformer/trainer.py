@@ -1,16 +1,11 @@
-"""Levanter's Trainer with a cheaper call of its compiled training step.
+"""Levanter's Trainer with less Python work per step: a cheaper call of its compiled training step (``FlatJit``), the
+checkpoint filtered only when one is written (``Trainer``), and the data's per-example maps batched (``BatchedMap``).
 
 Levanter jits the training step with Haliax's ``named_jit``, which on every call partitions the whole train state
-(model, optimiser state) into arrays and the rest, hashes the rest, infers the output's shardings again and combines
-the output back: several Python walks over a tree of a few hundred arrays. On a small model on a CPU that is a
-sizeable part of the step (measurements page).
-
-``FlatJit`` makes that work once per argument structure: it flattens the arguments with ``jax.tree_util`` (the
-static, non-array leaves and the tree structure are the cache key), and calls a ``jax.jit`` of a function of the
-flat list of arrays, which rebuilds the arguments inside the trace, calls the step as ``named_jit`` would (under the
-same axis mapping, with the state donated and the output shardings Haliax infers for it) and returns the output's
-arrays. The traced computation is the step's own, so a step computes what Levanter's computes, bit for bit
-(``tests/test_train.py`` compares the parameters after training with either).
+into arrays and the rest, hashes the rest, infers the output's shardings and combines the output back: Python walks
+over a tree of a few hundred arrays, a sizeable part of a small model's step on a CPU. ``FlatJit`` does that once
+per argument structure and calls a ``jax.jit`` of the flat list of arrays; the traced computation is the step's own,
+so a step computes what Levanter's computes, bit for bit (``tests/test_train.py`` compares the trained parameters).
 """
 
 from __future__ import annotations
@@ -68,22 +63,6 @@ class FlatJit:
         functools.update_wrapper(self, fn)
 
     def __call__(self, state, *rest):
-        compiled, donated, kept = self._prepare(state, rest)
-        with self._mapped():
-            out = compiled.jitted(donated, kept)
-        return jtu.tree_unflatten(compiled.out_treedef, _merge(compiled.out_mask, out, compiled.out_static))
-
-    def lower(self, state, *rest) -> jax.stages.Lowered:
-        """The lowered step, as ``named_jit``'s ``lower`` (Levanter calls it when it logs the step's HLO)."""
-        compiled, donated, kept = self._prepare(state, rest)
-        with self._mapped():
-            return compiled.jitted.lower(donated, kept)
-
-    def _mapped(self):
-        return hax.axis_mapping(self.mapping) if self.mapping is not None else contextlib.nullcontext()
-
-    def _prepare(self, state, rest) -> tuple[_Compiled, list, list]:
-        """The compiled function for these arguments' structure, and their arrays: the donated state's, the rest's."""
         donated_leaves, donated_tree = jtu.tree_flatten(state)
         kept_leaves, kept_tree = jtu.tree_flatten(rest)
         donated_mask, donated, donated_static = _split(donated_leaves)
@@ -92,7 +71,12 @@ class FlatJit:
         compiled = self._cache.get(key)
         if compiled is None:
             compiled = self._cache[key] = self._compile(state, rest, key)
-        return compiled, donated, kept
+        with self._mapped():
+            out = compiled.jitted(donated, kept)
+        return jtu.tree_unflatten(compiled.out_treedef, _merge(compiled.out_mask, out, compiled.out_static))
+
+    def _mapped(self):
+        return hax.axis_mapping(self.mapping) if self.mapping is not None else contextlib.nullcontext()
 
     def _compile(self, state, rest, key) -> _Compiled:
         donated_tree, donated_mask, donated_static, kept_tree, kept_mask, kept_static = key
@@ -109,8 +93,7 @@ class FlatJit:
         if self.mapping is not None:  # as named_jit: the output's shardings from the mapping, when there is one
             with self._mapped():
                 shape = eqx.filter_eval_shape(self.fn, state, *rest)
-                # a leaf Haliax gives no sharding (None) is left to XLA, as named_jit leaves it; the others keep
-                # theirs, rather than all of them dropped because one leaf has none
+                # a leaf Haliax gives no sharding (None) is left to XLA, as named_jit leaves it
                 kwargs["out_shardings"] = _array_leaves(shape, infer_resource_partitions(shape, self.mapping))
         compiled = _Compiled(jax.jit(flat, donate_argnums=0, **kwargs))
         return compiled
@@ -124,23 +107,20 @@ def _array_leaves(shape, resources) -> list:
     return [r for x, r in zip(arrays, per_leaf) if isinstance(x, jax.ShapeDtypeStruct)]
 
 
+@dataclass
 class _Saveable:
     """The state a checkpoint would hold, computed only when a checkpoint is written (see ``Trainer``)."""
 
-    def __init__(self, state):
-        self.state = state
+    state: Any
 
 
 class Trainer(LevanterTrainer):
     """Levanter's ``Trainer``, its training step called through ``FlatJit`` and its checkpoint hook filtering the
     train state only when a checkpoint is written (everything else is Levanter's).
 
-    Levanter's checkpoint hook computes ``TrainerState.saveable_state`` after every step, and then its checkpointer
-    decides whether to save: a mask over the whole train state and a filter of the state with it, Python walks of an
-    Equinox tree: on a small model, a sizeable part of the training loop's Python time (measurements page). Here the
-    hook hands the checkpointer a ``_Saveable`` of the state, and the checkpointer's ``save_checkpoint``, which is
-    where its ``on_step`` uses the tree, computes Levanter's ``saveable_state`` from it: the same checkpoint, computed
-    when one is written."""
+    Levanter's hook computes ``TrainerState.saveable_state`` (a mask over the whole state and a filter with it) after
+    every step, before its checkpointer decides whether to save. Here the hook hands the checkpointer a ``_Saveable``
+    of the state, and its ``save_checkpoint`` computes Levanter's ``saveable_state`` from it: the same checkpoint."""
 
     @cached_property
     def _jit_train_step_fn(self):
@@ -176,14 +156,11 @@ _MAPS = (CausalLmDataset, NamedLmDataset)
 
 class BatchedMap(AsyncDataset):
     """A Levanter ``MappedAsyncDataset`` (its function of one example, no extra arguments) computed for a whole
-    batch at once: one jitted, vmapped call and one copy to the host, in place of one jitted call per example
-    (Levanter's ``CausalLmDataset`` and ``NamedLmDataset`` each jit their function per example: two Python
-    dispatches for every example of every batch, in the loader's thread, which shares the interpreter with the
-    training loop). The examples are the same, array for array (integer and 0/1
-    arithmetic); they come back as host (NumPy) arrays, which the loader stacks for the device as it does its own.
-    The batch crosses the jitted call as plain arrays (the examples' leaves), never as a named array holding a batch
-    axis it does not name: Haliax builds such an array only with its shape checks off, a process-wide switch that
-    the training loop's thread turns back on at any moment, and the loader's thread would then fail on it."""
+    batch at once: one jitted, vmapped call and one copy to the host, in place of the one jitted call per example of
+    Levanter's ``CausalLmDataset`` and ``NamedLmDataset``, in the loader's thread that shares the interpreter with the
+    training loop. The examples are the same, array for array (integer and 0/1 arithmetic), as host arrays.
+    The batch crosses the jitted call as plain arrays, never as a named array with an axis it does not name: Haliax
+    builds one only with its shape checks off, a process-wide switch that the training thread may turn back on."""
 
     def __init__(self, mapped: MappedAsyncDataset):
         super().__init__()

@@ -17,7 +17,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import threading
 import time
 import urllib.error
@@ -119,9 +118,6 @@ class CorpusInfo:
     def tokenizer_dir(self) -> Path | None:
         """The tokenizer directory (loads with ``AutoTokenizer.from_pretrained``), or None."""
         return None if self.vocab_size is None else self.layout.tokenizer(self.vocab_size)
-
-    def jsonl(self, domain: str = "all", split: str = "train") -> Path:
-        return self.layout.jsonl(domain, split)
 
     def select(self, domain: str = "all", split: str | None = None) -> tuple[Document, ...]:
         return select_documents(self.documents, domain, split)
@@ -257,13 +253,11 @@ def _manifest_matches(layout: CorpusLayout, documents: Sequence[Document]) -> bo
 
 
 def lm_dataset_config(dataset: str = "shakespeare", domain: str = "all", *, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                      tokenizer: str | Path | None = None, cache_dir: str | Path | None = None,
-                      root: Path = paths.DATA, tuning: bool = False) -> LmDataConfig:
+                      cache_dir: str | Path | None = None, root: Path = paths.DATA, tuning: bool = False) -> LmDataConfig:
     """The Levanter data config of a corpus (``single_corpus_config``), ready for ``build_caches`` / ``train_set``.
 
     ``shakespeare`` (prepared below ``root`` on first use) reads the domain's JSONL files, tokenised with the trained
-    BPE of ``vocab_size`` tokens unless ``tokenizer`` (a directory or hub name) is given; with ``tuning``, the two
-    parts of ``tuning_split`` instead. ``wikitext103`` (the hub's dataset) and ``openwebtext`` (local shards written
+    BPE of ``vocab_size`` tokens; with ``tuning``, the two parts of ``tuning_split`` instead. ``wikitext103`` (the hub's dataset) and ``openwebtext`` (local shards written
     by ``prepare_openwebtext`` on first use, about 54 GB) use GPT-2's tokenizer and raise ``DatasetUnavailableError``
     within ``HUB_TIMEOUT_S`` when the hub is unreachable. ``cache_dir`` is where Levanter writes its token caches
     (default: below ``root``). Processes preparing the same dataset below the same root take turns.
@@ -271,11 +265,11 @@ def lm_dataset_config(dataset: str = "shakespeare", domain: str = "all", *, voca
     check_choice("dataset", dataset, DATASETS)
     lock = Path(root) / paths.DATA_CACHE.relative_to(paths.DATA) / f".{dataset}.lock"
     with paths.exclusive(lock, f"{dataset}: another process is preparing this corpus below {root}; waiting for it"):
-        return _lm_dataset_config(dataset, domain, vocab_size=vocab_size, tokenizer=tokenizer, cache_dir=cache_dir,
-                                  root=root, tuning=tuning)
+        return _lm_dataset_config(dataset, domain, vocab_size=vocab_size, cache_dir=cache_dir, root=root,
+                                  tuning=tuning)
 
 
-def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, root, tuning) -> LmDataConfig:
+def _lm_dataset_config(dataset, domain, *, vocab_size, cache_dir, root, tuning) -> LmDataConfig:
     if tuning and dataset != "shakespeare":
         raise ValueError(f"data.tuning splits the shakespeare corpus's training documents; {dataset!r} has no such "
                          "split (set data.tuning false)")
@@ -285,15 +279,13 @@ def _lm_dataset_config(dataset, domain, *, vocab_size, tokenizer, cache_dir, roo
         return synthetic.prepare(root)
     if dataset == "shakespeare":
         check_choice("domain", domain, DOMAINS)
-        own = None if tokenizer is not None else vocab_size
-        layout = CorpusLayout(Path(root)) if is_prepared(root, vocab_size=own) else prepare_corpus(
-            root, vocab_size=own).layout
-        tokenizer_path = str(layout.tokenizer(vocab_size) if tokenizer is None else tokenizer)
-        tokenizer_name = layout.tokenizer(vocab_size).name if tokenizer is None else _slug(str(tokenizer))
+        layout = CorpusLayout(Path(root)) if is_prepared(root, vocab_size=vocab_size) else prepare_corpus(
+            root, vocab_size=vocab_size).layout
+        tokenizer = layout.tokenizer(vocab_size)
         files = _tuning_files(layout, domain) if tuning else [layout.jsonl(domain, split) for split in SPLITS]
         source = UrlDatasetSourceConfig(train_urls=[str(files[0])], validation_urls=[str(files[1])])
-        caches = layout.levanter_cache(f"{domain}-tuning" if tuning else domain, tokenizer_name)
-        return single_corpus_config("shakespeare", source, tokenizer=tokenizer_path, tags=[domain],
+        caches = layout.levanter_cache(f"{domain}-tuning" if tuning else domain, tokenizer.name)
+        return single_corpus_config("shakespeare", source, tokenizer=str(tokenizer), tags=[domain],
                                     cache_dir=cache_dir or caches)
     if domain != "all":
         raise ValueError(f"domain must be 'all' for dataset {dataset!r} (it has no domains), got {domain!r}")
@@ -322,8 +314,8 @@ def _tuning_files(layout: CorpusLayout, domain: str) -> list[Path]:
     return files
 
 
-def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "validation")) -> None:
-    """Build (or load) the token caches of ``data``'s ``splits`` in this process. Processes that build the same local
+def build_token_caches(data: LmDataConfig) -> None:
+    """Build (or load) the token caches of ``data``'s training and validation splits in this process. Processes that build the same local
     caches take turns (a lock beside each cache folder): Levanter coordinates the processes of one run, not two runs
     started together, where the second would read the first's half-built cache as empty. In a run of several
     processes only process 0 locks; the others wait in Levanter's build for it."""
@@ -338,7 +330,7 @@ def build_token_caches(data: LmDataConfig, splits: Sequence[str] = ("train", "va
                     stack.enter_context(paths.exclusive(
                         folder.with_name(f".{folder.name}.lock"),
                         f"{folder}: another process is building these token caches; waiting for it"))
-        for split in splits:
+        for split in SPLITS:
             data.build_caches(split)
 
 
@@ -423,10 +415,6 @@ def write_jsonl_shards(splits: dict, out_dir: Path, num_shards: dict[str, int]) 
                 tmp, lines=True, compression="gzip")
             os.replace(tmp, path)
     return shards
-
-
-def _slug(text: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[-40:] + "-" + hashlib.sha256(text.encode()).hexdigest()[:8]
 
 
 @dataclass(frozen=True)

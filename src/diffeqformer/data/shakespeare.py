@@ -179,11 +179,10 @@ def select_documents(documents: Sequence[Document], domain: str = "all",
     return tuple(d for d in documents if domain in ("all", d.domain) and (split is None or d.split == split))
 
 
-def corpus_documents(archive: Path | None = None, *,
-                     validation_fraction: float = VALIDATION_FRACTION) -> tuple[Document, ...]:
-    """Read the archive (fetched into ``paths.DATA_RAW`` when None) and return its documents, sorted by name, by the
-    rules of ``data/README.md``: one edition per work, domains, splits by ``assign_splits`` per domain."""
-    archive = fetch_archive() if archive is None else verify_archive(Path(archive))
+def corpus_documents(archive: Path) -> tuple[Document, ...]:
+    """Read the archive (checked by ``verify_archive``) and return its documents, sorted by name, by the rules of
+    ``data/README.md``: one edition per work, domains, splits by ``assign_splits`` per domain."""
+    archive = verify_archive(Path(archive))
     with tarfile.open(archive, "r:gz") as tar:
         prefix = tar.getnames()[0].split("/")[0]
 
@@ -201,7 +200,7 @@ def corpus_documents(archive: Path | None = None, *,
                       text="\n".join(line for line in britannica.splitlines() if not _BRITANNICA_MARKER.match(line))))
     splits: dict[str, Split] = {}
     for domain in DOMAINS[1:]:
-        splits |= assign_splits([t["name"] for t in texts if t["domain"] == domain], validation_fraction)
+        splits |= assign_splits([t["name"] for t in texts if t["domain"] == domain])
     documents = tuple(Document(**{**t, "text": clean_text(t["text"])}, split=splits[t["name"]])
                       for t in sorted(texts, key=lambda t: t["name"]))
     for attribute in ("name", "work", "text"):

@@ -325,7 +325,7 @@ def build_tasks(root: Path = paths.DATA, *, num_examples: int, max_tokens: int, 
     directory = info.layout.cache / "tasks" / digest(key)
     if (directory / "manifest.json").exists():
         return TaskFiles.read(directory)
-    if tokenizer_file.exists():  # the Rust tokenizer: faster on short texts than Levanter's wrapper (measurements page)
+    if tokenizer_file.exists():  # the Rust tokenizer: faster on short texts than Levanter's wrapper
         fast = Tokenizer.from_file(str(tokenizer_file))
 
         def encode(texts: list[str]) -> list[list[int]]:

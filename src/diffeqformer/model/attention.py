@@ -1,16 +1,13 @@
 """Fused attention on NVIDIA GPUs: cuDNN's flash attention through JAX, for Levanter's default attention backend.
 
-Levanter's default backend on a GPU is Transformer Engine; where that is not installed (it is not a dependency of
-this project, nor on the offline GPU machine of benchmarks/gpu) Levanter falls back to its reference flash attention
-written in JAX, which materialises blocks of scores in loops XLA does not fuse into one kernel. JAX's own
-``jax.nn.dot_product_attention(implementation="cudnn")`` runs cuDNN's fused flash attention (forward and
-backward) on Ampere and Hopper GPUs. ``install`` routes Levanter's ``dot_product_attention`` (used by its GPT-2,
-its Llama and this project's DiffEqFormer) through it when the call asks for the default backend and is one cuDNN
-computes exactly: a causal mask without segments, offsets or windows, no bias, no soft cap, no attention sink, no
-attention dropout, bfloat16 or float16 inputs. Every other call, and every call on another platform (a CPU: the
-cpu preset's numerics are unchanged) goes to Levanter as before. A config that names a backend
-(``attn_backend: vanilla``, ``jax_flash``, ...) gets that backend, and ``DIFFEQFORMER_CUDNN_ATTENTION=0`` in the
-environment leaves Levanter's default alone everywhere (``benchmarks/gpu/measure.py`` measures both ways).
+Levanter's default backend on a GPU is Transformer Engine; where that is not installed (it is no dependency of this
+project) Levanter falls back to its reference flash attention in JAX, whose loops XLA does not fuse into one kernel.
+``install`` routes Levanter's ``dot_product_attention`` (used by its GPT-2, its Llama and DiffEqFormer) through
+``jax.nn.dot_product_attention(implementation="cudnn")`` when the call asks for the default backend and is one cuDNN
+computes exactly: a causal mask without segments, offsets or windows, no bias, soft cap, sink or attention dropout,
+bfloat16 or float16 inputs. Every other call, and every call on another platform (a CPU: the cpu preset's numerics
+are unchanged), goes to Levanter; a config that names a backend gets it, and ``DIFFEQFORMER_CUDNN_ATTENTION=0``
+leaves Levanter's default alone everywhere.
 """
 
 from __future__ import annotations
@@ -33,7 +30,7 @@ PATCHED_MODULES = ("levanter.layers.attention", "levanter.models.gpt2")
 """The modules whose name ``dot_product_attention`` ``install`` rebinds (GPT-2 imports the function by name)."""
 CUDNN_DTYPES = (jnp.bfloat16, jnp.float16)
 ENV_SWITCH = "DIFFEQFORMER_CUDNN_ATTENTION"
-"""Set to 0, Levanter's default attention is left as it is (for before-and-after measurements)."""
+"""Set to 0, Levanter's default attention is left as it is."""
 
 
 def jax_attention(QPos, KPos, Key, query: NamedArray, key: NamedArray, value: NamedArray, *, scaling_factor: float,

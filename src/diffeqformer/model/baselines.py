@@ -24,43 +24,19 @@ BASELINES = ("gpt2", "llama", "shared")
 
 def baseline_config(config: DiffEqFormerConfig, kind: str) -> LmConfig:
     """The ``kind`` baseline with the same width, depth (L layers), heads, MLP width, sequence length and dropout."""
+    common = {"max_seq_len": config.max_seq_len, "hidden_dim": config.hidden_dim, "num_layers": config.num_layers,
+              "num_heads": config.num_heads, "initializer_range": config.initializer_range,
+              "layer_norm_epsilon": config.layer_norm_epsilon, "activation_function": config.activation,
+              "upcast_attn": config.upcast_attn, "attn_backend": config.attn_backend,
+              "flash_attention_block_size": config.flash_attention_block_size}
     if kind == "gpt2":
-        return Gpt2Config(
-            max_seq_len=config.max_seq_len,
-            hidden_dim=config.hidden_dim,
-            num_layers=config.num_layers,
-            num_heads=config.num_heads,
-            mlp_scale=config.mlp_scale,
-            initializer_range=config.initializer_range,
-            embed_pdrop=config.embed_pdrop,
-            resid_pdrop=config.resid_pdrop,
-            layer_norm_epsilon=config.layer_norm_epsilon,
-            activation_function=config.activation,
-            use_bias=config.use_bias,
-            gradient_checkpointing=bool(config.gradient_checkpointing),
-            upcast_attn=config.upcast_attn,
-            attn_backend=config.attn_backend,
-            flash_attention_block_size=config.flash_attention_block_size,
-        )
+        return Gpt2Config(**common, mlp_scale=config.mlp_scale, embed_pdrop=config.embed_pdrop,
+                          resid_pdrop=config.resid_pdrop, use_bias=config.use_bias,
+                          gradient_checkpointing=bool(config.gradient_checkpointing))
     if kind == "llama":
-        return LlamaConfig(
-            max_seq_len=config.max_seq_len,
-            hidden_dim=config.hidden_dim,
-            intermediate_dim=config.Mlp.size,
-            num_layers=config.num_layers,
-            num_heads=config.num_heads,
-            num_kv_heads=config.num_heads,
-            activation_function=config.activation,
-            initializer_range=config.initializer_range,
-            layer_norm_epsilon=config.layer_norm_epsilon,
-            tie_word_embeddings=True,
-            use_bias=False,
-            rope=config.rope,
-            gradient_checkpointing=config.gradient_checkpointing,
-            upcast_attn=config.upcast_attn,
-            attn_backend=config.attn_backend,
-            flash_attention_block_size=config.flash_attention_block_size,
-        )
+        return LlamaConfig(**common, intermediate_dim=config.Mlp.size, num_kv_heads=config.num_heads,
+                           tie_word_embeddings=True, use_bias=False, rope=config.rope,
+                           gradient_checkpointing=config.gradient_checkpointing)
     if kind == "shared":
         return dataclasses.replace(config, time_dependent=False)
     raise ValueError(f"unknown baseline {kind!r}; choose one of {BASELINES}")

@@ -83,9 +83,8 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
         for name in positive:
             check_positive_int(getattr(self, name), f"model.{name}")
         if self.hidden_dim % self.num_heads:
-            raise ValueError(
-                f"model.hidden_dim ({self.hidden_dim}) must be divisible by model.num_heads ({self.num_heads})"
-            )
+            raise ValueError(f"model.hidden_dim ({self.hidden_dim}) must be divisible by model.num_heads "
+                             f"({self.num_heads})")
         if self.sinusoidal_dim % 2:
             raise ValueError(f"model.sinusoidal_dim must be even, got {self.sinusoidal_dim}")
         if self.hypernet not in HYPERNETS:
@@ -122,34 +121,20 @@ class DiffEqFormerConfig(LmConfig["DiffEqFormerLMHeadModel"]):
         return ScanCheckpointPolicy.from_bool_or_str(self.gradient_checkpointing)
 
     def attention_config(self) -> AttentionConfig:
-        return AttentionConfig(
-            Embed=self.Embed,
-            num_heads=self.num_heads,
-            num_kv_heads=self.num_heads,
-            use_bias=self.use_bias,
-            upcast_attn=self.upcast_attn,
-            attn_backend=self.attn_backend,
-            flash_attention_block_size=self.flash_attention_block_size,
-            rope=self.rope if self.variant == "llama" else None,
-        )
+        return AttentionConfig(Embed=self.Embed, num_heads=self.num_heads, num_kv_heads=self.num_heads,
+                               use_bias=self.use_bias, upcast_attn=self.upcast_attn, attn_backend=self.attn_backend,
+                               flash_attention_block_size=self.flash_attention_block_size,
+                               rope=self.rope if self.variant == "llama" else None)
 
     def time_embedding(self) -> SinusoidalTimeEmbedding:
-        return SinusoidalTimeEmbedding.init(
-            self.sinusoidal_dim, scale=self.sinusoidal_scale, max_period=self.sinusoidal_max_period
-        )
+        return SinusoidalTimeEmbedding.init(self.sinusoidal_dim, scale=self.sinusoidal_scale,
+                                            max_period=self.sinusoidal_max_period)
 
     def flops_per_token(self, vocab_size: int, context_length: int) -> Optional[float]:
         # The hypernetwork runs once per forward pass, not per token: per token the model costs what GPT costs.
-        return lm_flops_per_token(
-            hidden_dim=self.hidden_dim,
-            intermediate_dim=self.Mlp.size,
-            num_layers=self.num_layers,
-            num_kv_heads=self.num_heads,
-            num_heads=self.num_heads,
-            seq_len=context_length,
-            vocab_size=vocab_size,
-            glu=self.variant == "llama",
-        )
+        return lm_flops_per_token(hidden_dim=self.hidden_dim, intermediate_dim=self.Mlp.size,
+                                  num_layers=self.num_layers, num_kv_heads=self.num_heads, num_heads=self.num_heads,
+                                  seq_len=context_length, vocab_size=vocab_size, glu=self.variant == "llama")
 
     def total_trainable_params(self, vocab_size: int) -> int:
         """Closed-form parameter count (tests check it against the built model)."""

@@ -11,7 +11,6 @@ exactly; ``time_offset=0`` (the default) solves the ODE itself, to which both co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Callable
 
 import diffrax
@@ -21,15 +20,6 @@ import jax.numpy as jnp
 from haliax import NamedArray
 
 from .transformer import DiffEqFormerLMHeadModel
-
-
-@dataclass(frozen=True)
-class SolveStats:
-    """What a solve cost: accepted and rejected steps, and vector-field evaluations."""
-
-    num_steps: int
-    num_accepted_steps: int
-    num_rejected_steps: int
 
 
 def solve_hidden(model: DiffEqFormerLMHeadModel, x0: NamedArray, attn_mask=None, *,
@@ -44,11 +34,10 @@ def solve_hidden(model: DiffEqFormerLMHeadModel, x0: NamedArray, attn_mask=None,
     Defaults: Euler with the model's own step 1/L, and Diffrax's recursive-checkpoint adjoint (online
     checkpointing, as the paper trains). Returns x(t1) (without the final norm) and the Diffrax solution.
 
-    ``time_map``: the field is evaluated at the weights' time ``time_map(t)`` for the solver's time t, in place of
-    t + time_offset (e.g. ``diffeqformer.analysis.inference`` snaps t to the training grid).
-    ``supply_first_stage`` (FSAL solvers such as Tsit5): evaluate f(t0, x0) here, once, and hand it to Diffrax as the
-    solver's state, so that Diffrax does not evaluate it again on retries of a rejected first step (``inference``
-    counts evaluations by this). ``throw``: Diffrax's; with False a solve that hits ``max_steps`` returns, and ``sol.result`` says so.
+    ``time_map``: the weights' time for the solver's time t, in place of t + time_offset (``analysis.inference``
+    snaps t to the training grid). ``supply_first_stage`` (FSAL solvers such as Tsit5): evaluate f(t0, x0) once, here,
+    and hand it to Diffrax as the solver's state, so that retries of a rejected first step do not evaluate it again.
+    ``throw``: Diffrax's; with False a solve that hits ``max_steps`` returns, and ``sol.result`` says so.
     """
     if time_map is not None and time_offset != 0.0:
         raise ValueError("give either time_map or time_offset, not both")
@@ -80,9 +69,8 @@ def solve_hidden(model: DiffEqFormerLMHeadModel, x0: NamedArray, attn_mask=None,
 def _first_stage_state(solver, term, field, t0, dt0, y0):
     """The state of an FSAL Runge-Kutta solver at t0 with its first stage f(t0, y0) evaluated: (state, made_jump).
 
-    ``diffeqsolve(solver_state=...)`` is public, but Diffrax has no public API that builds an FSAL state from a
-    given first stage: its layout (first-step flag, f0) is Diffrax's own (0.7), so it is checked against
-    ``solver.init`` here, and made_jump=False keeps Diffrax from recomputing f0."""
+    Diffrax has no public API that builds an FSAL state from a given first stage: its layout (first-step flag, f0) is
+    checked against ``solver.init`` here, and made_jump=False keeps Diffrax from recomputing f0."""
     state = solver.init(term, t0, t0 + dt0, y0, None)
     if not (isinstance(state, tuple) and len(state) == 2):
         raise ValueError(f"supply_first_stage needs an FSAL Runge-Kutta solver, got {type(solver).__name__}")
@@ -97,9 +85,3 @@ def solve_logits(model: DiffEqFormerLMHeadModel, input_ids: NamedArray, attn_mas
     x0 = model.embeddings.embed(input_ids, pos_ids)
     x1, _ = solve_hidden(model, x0, attn_mask, pos_ids=pos_ids, **solve_kwargs)
     return hax.dot(model.ln_f(x1), model.get_lm_head(), axis=model.Embed)
-
-
-def solve_stats(sol: diffrax.Solution) -> SolveStats:
-    """Step counts of a Diffrax solution (for a perplexity-vs-evaluations comparison)."""
-    s = sol.stats
-    return SolveStats(int(s["num_steps"]), int(s["num_accepted_steps"]), int(s["num_rejected_steps"]))

@@ -26,10 +26,6 @@ from haliax import Axis, AxisSpec, NamedArray
 NormKind = Literal["layer", "rms"]
 
 
-def _axes(spec: AxisSpec) -> tuple[Axis, ...]:
-    return (spec,) if isinstance(spec, Axis) else tuple(spec)
-
-
 class TimeMLP(eqx.Module):
     """h(t) = Lin_2(SiLU(Lin_1(e(t)))): [..., TimeFeatures] -> [..., TimeEmbed]."""
 
@@ -58,19 +54,10 @@ class TemporalLinear(eqx.Module):
     out_first: bool = eqx.field(static=True)  # weight layout of the materialised hnn.Linear, as Levanter's module has it
 
     @staticmethod
-    def init(
-        TimeFeatures: Axis,
-        TimeEmbed: Axis,
-        In: AxisSpec,
-        Out: AxisSpec,
-        *,
-        key,
-        own_mlp: bool = True,
-        use_bias: bool = True,
-        out_first: bool = True,
-    ) -> "TemporalLinear":
+    def init(TimeFeatures: Axis, TimeEmbed: Axis, In: AxisSpec, Out: AxisSpec, *, key, own_mlp: bool = True,
+             use_bias: bool = True, out_first: bool = True) -> "TemporalLinear":
         k_mlp, k_proj, k_bias = jrandom.split(key, 3)
-        In_, Out_ = _axes(In), _axes(Out)
+        In_, Out_ = hax.axis_spec_to_tuple(In), hax.axis_spec_to_tuple(Out)
         fan_in = math.prod(ax.size for ax in In_)
         # W(t) = h(t) . Proj: with Proj ~ N(0, 1/(d_t fan_in)), W(t) starts at the fan-in scale (times |h(t)|) of the
         # ordinary Linear layer Levanter would initialise in its place.
@@ -88,7 +75,7 @@ class TemporalLinear(eqx.Module):
             raise ValueError("a TemporalLinear without its own MLP needs the block's shared h(t)")
         TimeEmbed = self.proj.axes[0]
         weight = hax.dot(h, self.proj, axis=TimeEmbed) + self.proj_bias
-        In_, Out_ = _axes(self.In), _axes(self.Out)
+        In_, Out_ = hax.axis_spec_to_tuple(self.In), hax.axis_spec_to_tuple(self.Out)
         weight = weight.rearrange((..., *Out_, *In_) if self.out_first else (..., *In_, *Out_))
         bias = hax.dot(h, self.bias_proj, axis=TimeEmbed) if self.bias_proj is not None else None
         return hnn.Linear(weight, bias, self.In, self.Out)
@@ -105,17 +92,8 @@ class TemporalNorm(eqx.Module):
     eps: float = eqx.field(static=True)
 
     @staticmethod
-    def init(
-        TimeFeatures: Axis,
-        TimeEmbed: Axis,
-        axis: Axis,
-        *,
-        key,
-        kind: NormKind = "layer",
-        eps: float = 1e-5,
-        own_mlp: bool = True,
-        use_bias: bool = True,
-    ) -> "TemporalNorm":
+    def init(TimeFeatures: Axis, TimeEmbed: Axis, axis: Axis, *, key, kind: NormKind = "layer", eps: float = 1e-5,
+             own_mlp: bool = True, use_bias: bool = True) -> "TemporalNorm":
         mlp = TimeMLP.init(TimeFeatures, TimeEmbed, key=key) if own_mlp else None
         shift = hax.zeros((TimeEmbed, axis)) if use_bias else None
         return TemporalNorm(mlp, hax.zeros((TimeEmbed, axis)), shift, axis, kind, eps)

@@ -92,6 +92,10 @@ class _LmBase(LmHeadModel[DiffEqFormerConfig]):
     """What the continuous and discretised models share: embeddings, tied head, final norm."""
 
     @property
+    def config(self) -> DiffEqFormerConfig:
+        return self._config
+
+    @property
     def Vocab(self) -> Axis:
         return self.embeddings.Vocab
 
@@ -122,10 +126,6 @@ class DiffEqFormerLMHeadModel(_LmBase):
     ln_f: hnn.LayerNorm | hnn.RmsNorm  # static final norm
     time_embedding: SinusoidalTimeEmbedding
     _config: DiffEqFormerConfig = eqx.field(static=True)
-
-    @property
-    def config(self) -> DiffEqFormerConfig:
-        return self._config
 
     @classmethod
     def init(cls, Vocab: Axis, config: DiffEqFormerConfig, *, key) -> "DiffEqFormerLMHeadModel":
@@ -211,10 +211,6 @@ class DiscreteDiffEqFormerLMHeadModel(_LmBase):
     embeddings: Embeddings
     transformer: DiscreteTransformer
     _config: DiffEqFormerConfig = eqx.field(static=True)
-
-    @property
-    def config(self) -> DiffEqFormerConfig:
-        return self._config
 
     @classmethod
     def init(cls, Vocab: Axis, config: DiffEqFormerConfig, *, key) -> "DiscreteDiffEqFormerLMHeadModel":

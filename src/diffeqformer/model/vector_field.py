@@ -53,9 +53,8 @@ class ParallelBlock(eqx.Module):
             mlp = Gpt2Mlp.init(config.Embed, config.Mlp, config.activation, key=k_mlp, use_bias=config.use_bias)
         return ParallelBlock(make_norm(config), attn, make_norm(config), mlp, hnn.Dropout(config.resid_pdrop))
 
-    def __call__(
-        self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, key=None, pos_ids: NamedArray | None = None
-    ) -> NamedArray:
+    def __call__(self, x: NamedArray, mask: AttentionMask | NamedArray | None, *, key=None,
+                 pos_ids: NamedArray | None = None) -> NamedArray:
         k_attn, k_drop1, k_mlp, k_drop2 = maybe_rng_split(key, 4)
         if self.attn.rot_embs is not None:
             # Levanter's RoPE multiplies positions by float32 frequencies: hand it float32 positions, so that the
@@ -96,16 +95,13 @@ class TemporalBlock(eqx.Module):
         bias = config.use_bias
 
         def lin(In, Out, out_first=True):
-            return TemporalLinear.init(
-                TimeFeatures, TimeEmbed, In, Out, key=next(keys), own_mlp=own, use_bias=bias, out_first=out_first
-            )
+            return TemporalLinear.init(TimeFeatures, TimeEmbed, In, Out, key=next(keys), own_mlp=own, use_bias=bias,
+                                       out_first=out_first)
 
         def norm():
             kind = "rms" if config.variant == "llama" else "layer"
-            return TemporalNorm.init(
-                TimeFeatures, TimeEmbed, Embed, key=next(keys), kind=kind, eps=config.layer_norm_epsilon,
-                own_mlp=own, use_bias=bias and kind == "layer",
-            )
+            return TemporalNorm.init(TimeFeatures, TimeEmbed, Embed, key=next(keys), kind=kind,
+                                     eps=config.layer_norm_epsilon, own_mlp=own, use_bias=bias and kind == "layer")
 
         shared = None if own else TimeMLP.init(TimeFeatures, TimeEmbed, key=next(keys))
         q = lin(Embed, (ac.KVHeads, ac.QHeadsPerGroup, ac.HeadSize))
@@ -117,10 +113,8 @@ class TemporalBlock(eqx.Module):
         else:  # Levanter's Gpt2Mlp keeps its weights input-first
             mlp_in, mlp_up, mlp_out = lin(Embed, Mlp, False), None, lin(Mlp, Embed, False)
         rot = ac.rope.build(ac.HeadSize) if ac.rope is not None else None
-        return TemporalBlock(
-            shared, norm(), q, k, v, o, norm(), mlp_in, mlp_up, mlp_out, ac, rot, config.activation.to_fn(),
-            config.variant, hnn.Dropout(config.resid_pdrop),
-        )
+        return TemporalBlock(shared, norm(), q, k, v, o, norm(), mlp_in, mlp_up, mlp_out, ac, rot,
+                             config.activation.to_fn(), config.variant, hnn.Dropout(config.resid_pdrop))
 
     def materialize(self, e: NamedArray) -> ParallelBlock:
         """The ``ParallelBlock`` with weights W(t), for e = e(t) of shape [..., TimeFeatures].
