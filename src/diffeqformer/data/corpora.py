@@ -253,14 +253,16 @@ def _manifest_matches(layout: CorpusLayout, documents: Sequence[Document]) -> bo
 
 
 def lm_dataset_config(dataset: str = "shakespeare", domain: str = "all", *, vocab_size: int = DEFAULT_VOCAB_SIZE,
-                      cache_dir: str | Path | None = None, root: Path = paths.DATA, tuning: bool = False) -> LmDataConfig:
+                      cache_dir: str | Path | None = None, root: Path = paths.DATA,
+                      tuning: bool = False) -> LmDataConfig:
     """The Levanter data config of a corpus (``single_corpus_config``), ready for ``build_caches`` / ``train_set``.
 
     ``shakespeare`` (prepared below ``root`` on first use) reads the domain's JSONL files, tokenised with the trained
-    BPE of ``vocab_size`` tokens; with ``tuning``, the two parts of ``tuning_split`` instead. ``wikitext103`` (the hub's dataset) and ``openwebtext`` (local shards written
-    by ``prepare_openwebtext`` on first use, about 54 GB) use GPT-2's tokenizer and raise ``DatasetUnavailableError``
-    within ``HUB_TIMEOUT_S`` when the hub is unreachable. ``cache_dir`` is where Levanter writes its token caches
-    (default: below ``root``). Processes preparing the same dataset below the same root take turns.
+    BPE of ``vocab_size`` tokens; with ``tuning``, the two parts of ``tuning_split`` instead. ``wikitext103`` (the hub's
+    dataset) and ``openwebtext`` (local shards written by ``prepare_openwebtext`` on first use, about 54 GB) use GPT-2's
+    tokenizer and raise ``DatasetUnavailableError`` within ``HUB_TIMEOUT_S`` when the hub is unreachable. ``cache_dir``
+    is where Levanter writes its token caches (default: below ``root``). Processes preparing the same dataset below the
+    same root take turns.
     """
     check_choice("dataset", dataset, DATASETS)
     lock = Path(root) / paths.DATA_CACHE.relative_to(paths.DATA) / f".{dataset}.lock"
@@ -315,10 +317,10 @@ def _tuning_files(layout: CorpusLayout, domain: str) -> list[Path]:
 
 
 def build_token_caches(data: LmDataConfig) -> None:
-    """Build (or load) the token caches of ``data``'s training and validation splits in this process. Processes that build the same local
-    caches take turns (a lock beside each cache folder): Levanter coordinates the processes of one run, not two runs
-    started together, where the second would read the first's half-built cache as empty. In a run of several
-    processes only process 0 locks; the others wait in Levanter's build for it."""
+    """Build (or load) the token caches of ``data``'s training and validation splits in this process. Processes that
+    build the same local caches take turns (a lock beside each cache folder): Levanter coordinates the processes of one
+    run, not two runs started together, where the second would read the first's half-built cache as empty. In a run of
+    several processes only process 0 locks; the others wait in Levanter's build for it."""
     from .. import devices
 
     with contextlib.ExitStack() as stack:
