@@ -12,6 +12,7 @@ import os
 import re
 import runpy
 import shutil
+import socket
 import sys
 import tempfile
 import time
@@ -96,10 +97,12 @@ def hold_checkout(folder: Path = Path(".snakemake")):
 def pinned(threads: int, folder: Path):
     """Run on ``threads`` of this process's cores that no other training holds (a lock file per core in ``folder``),
     before JAX sizes its thread pool: a run trains on as many threads, so to the same bits, whatever runs beside it.
-    Where too few are free it takes the first ones; under SLURM, which binds a task's cores, it pins nothing."""
-    if not hasattr(os, "sched_setaffinity") or "SLURM_STEP_ID" in os.environ:
+    Where too few are free it takes the first ones. The locks are per host (``folder/<hostname>``): a cluster's nodes
+    share the folder, and SLURM may leave a task every core of its node (``TaskPlugin=task/none``)."""
+    if not hasattr(os, "sched_setaffinity"):
         yield
         return
+    folder = folder / socket.gethostname()
     folder.mkdir(parents=True, exist_ok=True)
     cores, held = sorted(os.sched_getaffinity(0)), {}
     for core in cores:
