@@ -1,16 +1,9 @@
 """The paper's headline claims, each with the one primary test that judges it, named here before any number is seen.
 
-A figure's page may compare many things; exactly one test per claim decides its verdict (``statistics.Judged.word``):
-the primary test of ``CLAIMS``. Everything else a page tests is exploratory (it says so, and F11 says how many of its
-secondary comparisons would come out significant by chance). Where a claim needs several things at once (F2: both
-matrices; F6: weight sharing worse than both models), the combining rule is the intersection-union test
-(``intersection``), stated in the claim's ``rule``. The book adjusts the primary tests of every headline claim
-together by Holm's method (``report.verdicts``): the verdicts page and the opening of each figure's page show the
-same adjusted verdicts.
-
-A notebook judges its claims with ``judge`` (``intersection``; ``measured``, for a claim that is a measurement without
-seeds) and glues each ``Verdict`` under ``Claim.glue_name`` (``publish``): the book's job reads them back
-(``Verdict.from_json``).
+Exactly one test per claim (``CLAIMS``) decides its verdict; everything else a page tests is exploratory. A claim of
+several things at once (F2: both matrices; F6: sharing worse than both models) combines them by the intersection-union
+test (``intersection``). The book adjusts the primary tests together by Holm's method (``report.verdicts``). A
+notebook judges its claims with ``judge``, ``intersection`` or ``measured`` and glues each ``Verdict`` (``publish``).
 """
 
 from __future__ import annotations

@@ -274,9 +274,8 @@ class ExponentAgreement(NamedTuple):
 
 
 def compare_exponents(a, b, *, names: tuple[str, str] = ("a", "b")) -> ExponentAgreement:
-    """Compare two computations ``a``, ``b`` of the same exponents: the kinds of value (finite, -inf, +inf, NaN)
-    entry by entry (``np.nanmax`` of |a - b| would skip exactly the entries where they may disagree), the difference
-    where both are finite."""
+    """Compare two computations of the same exponents: their kinds of value (finite, -inf, +inf, NaN) entry by entry
+    (``np.nanmax`` of |a - b| would skip where they may disagree), the difference where both are finite."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"the two computations have different shapes: {a.shape} and {b.shape}")

@@ -274,8 +274,7 @@ def spectral_change(ds: xr.Dataset) -> pd.DataFrame:
 
 
 def mean_change(ds: xr.Dataset) -> pd.Series:
-    """Mean of ``spectral_change`` over steps and heads, per matrix (index ``qk``, ``ov``, ``ffn``). It depends on the
-    grid: compare models on the same kind of grid (an ODE at its Euler steps against a GPT's layers)."""
+    """Mean of ``spectral_change`` over steps and heads, per matrix; it depends on the grid (compare like grids)."""
     change = spectral_change(ds)
     return change.groupby("matrix", sort=False)["change"].mean().reindex(list(MATRICES))
 
@@ -301,9 +300,8 @@ def depth_trends(summary: pd.DataFrame, stats: Sequence[str] = ("spectral_radius
 
 
 def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_period: int = 8) -> np.ndarray:
-    """``points`` times around ``center``, ``per_period`` of them per period 2 pi / s of the fastest sinusoid of the
-    time embedding (s = ``sinusoidal_scale`` of a config, or of a spectra dataset's): a grid that follows W(t) between
-    two Euler steps."""
+    """``points`` times around ``center``, ``per_period`` per period 2 pi / s of the time embedding's fastest sinusoid
+    (of a config or a spectra dataset's): a grid that follows W(t) between two Euler steps."""
     config = config_of(ds_or_config) if isinstance(ds_or_config, xr.Dataset) else ds_or_config
     if points < 2 or per_period < 1:
         raise ValueError(f"need points >= 2 and per_period >= 1, got {points}, {per_period}")
@@ -313,9 +311,8 @@ def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_perio
 
 def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = None,
                  **kwargs) -> dict[str, list[xr.Dataset]]:
-    """``{label: run or list of seed runs}`` (relative to ``paths.HOME``) -> ``{label: [spectra of each seed's
-    trained model]}`` on each model's own depth grid, through ``cached_spectra`` with ``cache_dir``. Keyword arguments
-    go to ``spectra``."""
+    """``{label: run or seed runs}`` -> ``{label: [spectra of each seed's model]}`` on its own depth grid, cached in
+    ``cache_dir``; keyword arguments go to ``spectra``."""
     from ..runs import load_model, run_path
     from .statistics import as_list
 
@@ -327,9 +324,8 @@ def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = N
 
 
 def log_radius(ds: xr.Dataset, matrix: str) -> np.ndarray:
-    r"""The heads' mean log spectral radius :math:`\overline{\log\rho} = \frac{1}{H}\sum_h \log \max_i |\lambda_i^h|`
-    of ``matrix`` at each depth point [N] (the FFN's one radius for ``ffn``): the log of their geometric mean, which
-    weighs every head alike whatever its scale."""
+    r"""The heads' mean log spectral radius of ``matrix`` at each depth point [N] (the log of their geometric mean,
+    which weighs every head alike whatever its scale)."""
     rho = np.abs(ds[matrix]).max("ffn_eig" if matrix == "ffn" else "eig").values  # [N] or [N, H]
     if not np.all(rho > 0):
         raise ValueError(f"{matrix}: a spectral radius of 0 has no logarithm")
@@ -337,9 +333,8 @@ def log_radius(ds: xr.Dataset, matrix: str) -> np.ndarray:
 
 
 def log_radius_slope(ds: xr.Dataset) -> dict[str, float]:
-    r"""Per matrix, the least-squares slope :math:`\beta` of ``log_radius`` against the depth fraction ``time``: the
-    radius changes by :math:`e^{\beta\,\Delta t}` over a span :math:`\Delta t`; exactly 0 for a spectrum constant
-    along depth."""
+    r"""Per matrix, the least-squares slope of ``log_radius`` against the depth fraction ``time`` (exactly 0 for a
+    spectrum constant along depth)."""
     t = ds["time"].values.astype(np.float64)
     if t.size < 2:
         raise ValueError("a slope along depth needs at least two depth points")
@@ -383,9 +378,8 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
 
 
 def verdicts(layers: Mapping[str, Sequence[xr.Dataset]], *, ode: str = "ours") -> dict:
-    """The verdict (``claims.Verdict``) on F2's claim that the QK and OV eigenvalues grow with t
-    (``claims.CLAIMS["f2_growth"]``): the intersection-union test of the QK and the OV slopes of ``depth_growth``
-    of model ``ode``."""
+    """The verdict on F2's claim that the QK and OV eigenvalues grow with t: the intersection-union test of both
+    slopes of ``depth_growth`` of model ``ode``."""
     growth = depth_growth(layers)
     rows = growth[growth.model == ode].set_index("matrix")
     return {"f2_growth": claims.intersection("f2_growth", {f"the {m.upper()} radius": rows.loc[m, "comparison"]

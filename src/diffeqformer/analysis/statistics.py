@@ -282,20 +282,16 @@ def one_sample(values: Sequence[float]) -> Comparison:
 
 
 def compare_seeds(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Two settings' per-seed values by the paired test on the first n seeds of both (n the fewer): the workflow
-    trains every setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training
-    sequences."""
+    """Two settings' per-seed values by the paired test on the first n seeds of both (n the fewer): seed k of every
+    setting reads the same training sequences (``workflow.presets.seeded``)."""
     n = min(len(a), len(b))
     return compare(a[:n], b[:n], paired=True)
 
 
 def mcnemar(a: Sequence, b: Sequence) -> Comparison:
-    r"""Exact McNemar test of paired 0/1 outcomes, [pairs] or [pairs, replicates] (a prompt seen by each seed's model).
-
-    Of :math:`m` discordant pairs :math:`k` favour a, tested against :math:`\mathrm{Binomial}(m, 1/2)`; the
-    difference :math:`(2k - m) / N` over :math:`N` pairs, its interval Clopper-Pearson's of :math:`k/m` mapped alike,
-    its standard error :math:`\sqrt m / N`. A pair's replicates are not independent, so a pair counts once: it
-    favours a when a's outcomes summed over them exceed b's."""
+    """Exact McNemar test of paired 0/1 outcomes [pairs] or [pairs, replicates]: the k of m discordant pairs that
+    favour a against Binomial(m, 1/2), difference (2k - m) / N with Clopper-Pearson's interval mapped alike; a pair's
+    replicates are not independent, so it counts once (for a when a's summed outcomes exceed b's)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim not in (1, 2):
         raise ValueError(f"paired outcomes need the same shape, [pairs] or [pairs, replicates]: {a.shape}, {b.shape}")

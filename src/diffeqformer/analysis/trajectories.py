@@ -355,9 +355,8 @@ def _free_velocity(y: jax.Array, rho: jax.Array, A: jax.Array, B: jax.Array, bet
 
 @functools.lru_cache(maxsize=None)
 def _polynomial_runner(solver: SolverConfig, sphere: bool, pieces: bool) -> Callable:
-    """The compiled solve of a batch of (power, Q, K, V [P, d, d], x(0)), one per (solver settings, geometry, whether
-    the weights jump); times, beta, the step and the jump times are traced. Fixed weights do without the jump times,
-    whose step controller costs more per step."""
+    """The compiled solve of a batch of (power, Q, K, V [P, d, d], x(0)), one per (solver settings, geometry, jumps);
+    times, beta, the step and the jump times are traced (fixed weights skip the costlier jump-aware controller)."""
 
     def field(t, state, args):
         power, q, k, v, beta, jumps, shift = args
