@@ -257,10 +257,8 @@ def finetune_secondary(table):
 
 
 def ablation_table(runs: Sequence[str | Sequence[str]], fields: Mapping[str, str]):
-    """One row per entry of ``runs`` (a run, or the seed runs of one setting): the config values of ``fields``
-    (column -> dotted field, e.g. ``{"d_t": "model.time_embed_dim"}``), model, seeds, final validation perplexity
-    (mean and ``sd`` over the seeds), best (mean), parameters, training tokens/s (mean); ``run`` the first seed,
-    ``runs`` all, ``finals`` each seed's final perplexity and ``losses`` its log."""
+    """One row per entry of ``runs`` (a run or a setting's seed runs): config values of ``fields`` (column -> dotted
+    field), model, seeds, final perplexity (mean, ``sd``), best, parameters, tokens/s, ``run``, ``runs``, ``finals``."""
     import pandas as pd
 
     records = []

@@ -1,7 +1,6 @@
 """F5's attribution: the methods compared with the token-level Lyapunov exponents (attention, attention rollout,
-gradient x input), and the benchmark that scores them on the synthetic language (``synthetic.prompts``), whose
-prompts know which earlier token each prediction depends on (the antecedent of a pronoun, the first occurrence of a
-copied word): how often each method ranks that token first (hit@1) or in its top three (hit@3).
+gradient x input), and their benchmark on the synthetic language, whose prompts know which earlier token each
+prediction depends on: how often each method ranks that token first (hit@1) or in its top three (hit@3).
 """
 
 from __future__ import annotations

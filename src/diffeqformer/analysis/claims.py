@@ -199,9 +199,8 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
 
 @dataclass(frozen=True)
 class Verdict:
-    """A claim's verdict: its word (``statistics.WORDS``), the effect, its 95% interval and the smallest effect the
-    design detects 80% of the time, all in the claim's written units, the unadjusted p of the primary test, the units
-    it rests on and the test's name."""
+    """A claim's verdict (``statistics.WORDS``), effect, 95% interval, the smallest effect the design detects 80% of
+    the time (in the claim's units), and the primary test's unadjusted p, units and name."""
 
     claim: str
     word: str
@@ -295,9 +294,8 @@ every model scored 0, both methods ranked every prompt alike. The exact tests ha
 
 
 def intersection(name: str, tests: Mapping[str, statistics.Judged]) -> Verdict:
-    """``Verdict`` of claim ``name``, which needs every one of ``tests`` (part name -> its test) in the claim's
-    direction: the intersection-union test's word (``multiplicity.intersection``), the numbers of the test that
-    decides it (its name in the note) and every part's effect, interval and p (``Verdict.parts``)."""
+    """``Verdict`` of claim ``name``, which needs every one of ``tests`` (part -> test): the intersection-union test's
+    word (``multiplicity.intersection``), the deciding test's numbers and every part's (``Verdict.parts``)."""
     claim = CLAIMS[name]
     word, deciding = multiplicity.intersection(list(tests.values()), claim.direction)
     which = next(k for k, t in tests.items() if t is deciding)

@@ -132,9 +132,8 @@ def final_fraction(ds: xr.Dataset, threshold: float = 0.999) -> xr.DataArray:
 
 
 def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
-    """Does weight sharing leave more token pairs clustered at T than growth does, and does the fraction change with
-    p? Per p > 0 the paired test (seeds share weights and start) of the fraction at T, ``g = 1 vs g = t^p``, and
-    ``trend over p`` (``dispersion_test``), over the seeds whose solves succeeded; columns ``VERDICT_COLUMNS``."""
+    """Does weight sharing leave more pairs clustered at T than growth, and does the fraction change with p? Per p > 0
+    the paired test of the fraction at T (``g = 1 vs g = t^p``), and ``trend over p`` (``dispersion_test``)."""
     final = final_fraction(ds, threshold)
     powers = [float(p) for p in final["growth"].values]
     if 0.0 not in powers:

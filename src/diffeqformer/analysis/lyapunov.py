@@ -115,9 +115,8 @@ def states(blocks, x, pos_ids, axes, num_steps: int):
 
 
 def queries_keys_values(attn, xq, xkv, q_pos, kv_pos):
-    """The queries of xq and the keys and values of xkv of Levanter's ``Attention`` (as its ``__call__`` builds
-    them), from the module's public parts: projections, QK norm, RoPE at positions q_pos and kv_pos. q is
-    [..., kv_head, q_heads_per_group, position, head_size]; k and v are [..., kv_head, key_position, head_size]."""
+    """Queries of xq [..., kv_head, q_heads_per_group, position, head_size], keys and values of xkv [..., kv_head,
+    key_position, head_size], as Levanter's ``Attention`` builds them (QK norm, RoPE), from its public parts."""
     q = attn.q_proj(xq)
     k, v = attn.k_proj(xkv), attn.v_proj(xkv)
     if attn.config.qk_norm is not None:

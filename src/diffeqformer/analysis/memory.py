@@ -61,9 +61,8 @@ def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4, donate: b
 
 
 def memory_parts(compiled) -> dict[str, int] | None:
-    """XLA's plan for a compiled step in bytes (None where the backend gives none): ``arguments`` (parameters and
-    optimiser state), ``outputs``, ``aliased`` (outputs written into donated arguments), ``temporaries`` (gradients,
-    activations, workspace) and ``peak`` = arguments + outputs - aliased + temporaries."""
+    """XLA's plan for a compiled step in bytes (None where the backend gives none): ``arguments``, ``outputs``,
+    ``aliased`` (into donated arguments), ``temporaries`` and ``peak`` = arguments + outputs - aliased + temporaries."""
     mem = compiled.memory_analysis()
     if mem is None:
         return None

@@ -191,8 +191,8 @@ MAIN_COLUMNS = ("model", "paper row", "paper ppl", "final ppl", "vs baseline %",
 
 
 def final_table(runs: Mapping[str, str | Sequence[str]]):
-    """One row per row key, in the tables' order: sizes, seeds, final perplexity (mean, sd), best, the change against
-    the row's baseline (``comparisons``) with interval, p, verdict, ``overfitting``, throughput, the paper's number."""
+    """One row per row key in the tables' order: sizes, seeds, final perplexity (mean, sd), best, the change against
+    its baseline (``comparisons``: interval, p, verdict), ``overfitting``, throughput, the paper's number."""
     import pandas as pd
 
     frame = curves(runs)

@@ -220,9 +220,8 @@ def depth_dim(ds: xr.Dataset) -> str:
 
 
 def summarize(ds: xr.Dataset, *, rtol: float = 1e-6) -> pd.DataFrame:
-    r"""Statistics of every spectrum, one row per (depth, matrix, head; head <NA> for ``ffn``): ``spectral_radius``
-    rho, ``max_real``, ``min_real``, ``n_nonzero`` (|lambda| > rtol rho), ``frac_positive_real`` (of those) and
-    ``positivity`` = sum Re lambda / sum |lambda| (Elhage et al. 2021: +1 for copying OV / self-matching QK)."""
+    r"""Per (depth, matrix, head; <NA> for ``ffn``): ``spectral_radius`` rho, ``max_real``, ``min_real``,
+    ``n_nonzero`` (|lambda| > rtol rho), ``frac_positive_real``, ``positivity`` = sum Re lambda / sum |lambda|."""
     dim = depth_dim(ds)
     frames = []
     for name in MATRICES:

@@ -198,9 +198,8 @@ class Judged:
 
 @dataclass(frozen=True)
 class Comparison(Judged):
-    """``a`` against ``b`` by the rule: ``difference`` with its two-sided ``p`` and 95% interval ``low``, ``high`` (NaN
-    for an exact test), the ``test``'s name, ``n`` the seeds (the fewer side's) or pairs it rests on, counted in
-    ``unit``; ``se`` and ``df`` those of ``difference``. Untested (``n`` < 2): NaN interval and p."""
+    """``a`` against ``b`` by the rule: ``difference``, two-sided ``p``, 95% interval ``low``, ``high`` (NaN if exact),
+    ``test``, ``n`` seeds or pairs counted in ``unit``, ``se`` and ``df``; untested (``n`` < 2): NaN interval and p."""
 
     a: Spread
     b: Spread
@@ -340,10 +339,9 @@ class Trend(Judged):
 
 
 def trend(x: Sequence[float], y: Sequence[float], seeds: Sequence | None = None) -> Trend:
-    r"""The least-squares slope of :math:`y = \alpha_s + \beta x + \varepsilon` and the t-test of :math:`\beta = 0`;
-    ``seeds`` (each value's) gives each seed its intercept :math:`\alpha_s` (with two settings: the paired t-test),
-    else one. Every value on the line (residuals within 1e-12 of the values) makes t d/0: the exact sign-flip test of
-    the seeds' slopes instead (p = 2 / 2^seeds; 1 where each seed's values are equal), without an interval."""
+    r"""The least-squares slope of :math:`y = \alpha_s + \beta x + \varepsilon` and the t-test of :math:`\beta = 0`, an
+    intercept per seed with ``seeds``; values all on the line make t d/0: then the exact sign-flip test of the seeds'
+    slopes (p = 2 / 2^seeds; 1 where each seed's values are equal), without an interval."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"a trend needs one x per value, got shapes {x.shape} and {y.shape}")

@@ -239,9 +239,8 @@ class _ProjectedInterpolation(diffrax.AbstractLocalInterpolation):
 
 
 class SphereProjection(diffrax.AbstractWrappedSolver):
-    """Wraps a Diffrax solver: after each step every token (row of y, [..., n, d]) is divided by its norm, and so is
-    the dense output. The correction is of the size of the step's own error, so the solver keeps its order; the error
-    estimates and the FSAL stage stay the wrapped solver's (they differ by the step's drift, far below tolerance)."""
+    """Wraps a Diffrax solver: every token (row of y) of each step and of the dense output is divided by its norm; the
+    correction is of the step's own error, so the solver keeps its order, error estimates and FSAL stage."""
 
     solver: diffrax.AbstractSolver
 
@@ -277,9 +276,8 @@ class SphereProjection(diffrax.AbstractWrappedSolver):
 
 def solve(field: Callable, y0, args, ts: jax.Array, dt0: jax.Array, solver: SolverConfig, sphere: bool,
            dtmax: float | None = None, jump_ts: jax.Array | None = None):
-    """Solve dy/dt = field(t, y, args) with (first) step dt0, saved at ts: (ys [len(ts), ...], num_steps, success),
-    NaN where a failed solve did not reach. Adaptive steps do not straddle ``jump_ts``. dt0 is traced (and
-    ``solver.num_steps`` not read), so that solves differing only in the step share a compile."""
+    """Solve dy/dt = field(t, y, args) from step dt0, saved at ts: (ys, num_steps, success), NaN past a failure;
+    adaptive steps do not straddle ``jump_ts``; dt0 is traced, so solves differing only in the step share a compile."""
     inner = SOLVERS[solver.solver]()
     method = SphereProjection(inner) if (sphere and solver.project) else inner
     t0, t1 = ts[0], ts[-1]
