@@ -11,8 +11,8 @@ from diffeqformer.data.synthetic import VOCABULARY, Prompt, encode, prompts
 
 from diffeqformer import DiffEqFormerConfig
 from diffeqformer.analysis import statistics
-from diffeqformer.analysis.attribution import (METHODS, attribution_benchmark, claim, over_seeds,
-                                              raw_attention_scores, summarize)
+from diffeqformer.analysis.attribution import (METHODS, attribution_benchmark, attribution_scores, claim, over_seeds,
+                                              summarize)
 from diffeqformer.report.plots.lyapunov import benchmark as plot_summary
 from diffeqformer.report.words.lyapunov import attribution_headline as headline
 from diffeqformer.report.words import statistics as wording
@@ -31,11 +31,11 @@ def test_benchmark_runs_on_a_random_model(tmp_path):
     attribution_benchmark(model, items[:2], cache_dir=tmp_path)
     assert len(list(tmp_path.glob("attribution-*.csv"))) == 2  # other prompts, other file
     with pytest.raises(ValueError, match="default methods"):
-        attribution_benchmark(model, items, cache_dir=tmp_path, methods={"raw attention": raw_attention_scores})
+        attribution_benchmark(model, items, cache_dir=tmp_path, methods={"raw attention": None})
     # the rank of one method by hand: the true token's place among BOS-less, output-less candidates
-    scores = raw_attention_scores(model, hax.named(jax.numpy.asarray(
+    scores = attribution_scores(model, hax.named(jax.numpy.asarray(
         np.concatenate([encode(items[0]), np.zeros(64 - len(encode(items[0])), np.int32)])), "position"),
-        len(encode(items[0])) - 1)[1: len(encode(items[0])) - 1]
+        len(encode(items[0])) - 1)["raw attention"].to_numpy()[1: len(encode(items[0])) - 1]
     truth = items[0].true_position
     want = 1 + int(np.sum(scores > scores[truth]))
     got = results[(results.prompt == 0) & (results.method == "raw attention")]["rank"].iloc[0]

@@ -12,10 +12,7 @@ from diffeqformer.analysis import attribution, lyapunov
 from diffeqformer.analysis.attribution import (
     METHOD_KEYS,
     METHODS,
-    attention_rollout,
     attribution_scores,
-    gradient_x_input,
-    raw_attention_scores,
 )
 from diffeqformer.analysis.lyapunov import (
     compare_exponents,
@@ -151,15 +148,13 @@ def test_weight_shared_model_runs():
 def test_attribution_baselines(model_and_ids):
     model, ids = model_and_ids
     n = model.config.max_seq_len
-    raw = raw_attention_scores(model, ids)
-    roll = attention_rollout(model, ids)
-    gxi = gradient_x_input(model, ids)
-    for scores in (raw, roll, gxi):
-        assert scores.shape == (n,) and np.all(np.isfinite(scores))
-    np.testing.assert_allclose(raw.sum(), 1.0, atol=1e-5)  # softmax rows, averaged
-    np.testing.assert_allclose(roll.sum(), 1.0, atol=1e-5)
-    early = raw_attention_scores(model, ids, output_position=4)
-    assert np.all(early[5:] == 0)
+    df = attribution_scores(model, ids)
+    for name in METHODS[2:]:
+        assert df[name].shape == (n,) and np.all(np.isfinite(df[name])), name
+    np.testing.assert_allclose(df["raw attention"].sum(), 1.0, atol=1e-5)  # softmax rows, averaged
+    np.testing.assert_allclose(df["attention rollout"].sum(), 1.0, atol=1e-5)
+    att = attribution.attention_weights(model, ids)
+    assert np.all(att.mean(axis=(0, 1))[4, 5:] == 0)  # causal: position 4 attends to none after it
 
 
 def test_rendering(model_and_ids):
@@ -183,13 +178,7 @@ def test_attribution_scores_equal_the_single_methods(model_and_ids):
     assert list(df.columns) == ["text", *METHODS] and df.attrs["output_position"] == out
     assert set(METHOD_KEYS) == set(METHODS)
     lyap = token_lyapunov(model, ids, output_position=out)
-    want = {
-        "lyapunov (max exponent)": lyap.max_exponent.values,
-        "lyapunov (sum)": lyap.sum_exponents.values,
-        "raw attention": raw_attention_scores(model, ids, out),
-        "attention rollout": attention_rollout(model, ids, out),
-        "gradient x input": gradient_x_input(model, ids, out),
-    }
+    want = {"lyapunov (max exponent)": lyap.max_exponent.values, "lyapunov (sum)": lyap.sum_exponents.values}
     for name, values in want.items():
         np.testing.assert_allclose(df[name].values[: out + 1], values[: out + 1], rtol=1e-5, atol=1e-6,
                                    err_msg=name)

@@ -1,9 +1,7 @@
 """The analyses of trained runs, one module per question of the paper, each importing only the layers below it
 (model, data, train, runs, report), ``statistics``, ``multiplicity`` and ``claims``:
 
-- ``statistics``: the verdict rule (a difference is significant only when a two-sided test at 5% rejects no difference:
-  paired t-test over matched seeds or models, else Welch's, exact McNemar for one model's paired hits, exact tests
-  where the values have no spread; a claim's four verdicts; equivalence);
+- ``statistics``: the verdict rule (a two-sided test at 5% over seeds or models) and a claim's four verdicts;
 - ``multiplicity``: many tests at once (Holm's adjustment of the headline claims, the intersection-union test);
 - ``claims``: the paper's headline claims, each with its one primary test, named before any number;
 - ``schematic`` (F1), ``spectra`` (F2), ``trajectories`` (F3/F4), ``lyapunov`` (token-level Lyapunov exponents,

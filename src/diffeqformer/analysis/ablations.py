@@ -104,11 +104,9 @@ def _model_name(d: dict) -> str:
 
 
 def finetune_table(runs: Mapping[str, str] | Sequence[str]):
-    """One row per setting of Fig. 5 (direction, method, model: a fine-tuning over its seeds, or a model trained
-    from scratch on a target domain; not the pretrainings): trainable parameters, validation perplexity before
-    fine-tuning, final and best (means over the seeds), the final's ``sd``, final - best, seeds, and per seed in the
-    order of the ``pretrain seeds`` they start from (seed k of two settings is matched by it): final perplexity
-    (``finals``), its log (``losses``), its rise above the run's best (``rises``), the runs (``run``: the first)."""
+    """One row per setting of Fig. 5 (a fine-tuning over its seeds, or a model trained from scratch on a target domain):
+    parameters, perplexity before, final and best (seed means), ``sd``, seeds, and per seed in the order of the
+    ``pretrain seeds`` (which match seed k of two settings): ``finals``, ``losses`` (their logs), ``rises``, ``run``."""
     import pandas as pd
 
     described = [describe(r) for r in (runs.values() if isinstance(runs, Mapping) else runs)]
@@ -170,9 +168,8 @@ def baseline_row(rows):
 
 
 def gpt_differences(rows) -> dict:
-    """For each DiffEqFormer N among the rows of a ``finetune_table`` of one direction and method: model -> (steps,
-    [step, pair]), its validation log-perplexity less the GPT-2 baseline's of the same pretraining seed during
-    fine-tuning, as a percent ratio. Empty without a baseline."""
+    """For each DiffEqFormer N among a ``finetune_table``'s rows of one direction and method: model -> (steps,
+    [step, pair]), its log-perplexity less the same-seed GPT-2 baseline's in fine-tuning, in percent (empty without)."""
     import numpy as np
 
     gpt = baseline_row(rows)
@@ -222,9 +219,8 @@ def finetune_per_seed(table, method: str) -> list[float]:
 
 
 def finetune_verdicts(table) -> dict[str, claims.Verdict]:
-    """F7's verdicts over the pretraining seeds: ``f7_lora`` and ``f7_full`` (``finetune_per_seed`` under each
-    method, by the one-sample t-test; full: for equivalence), ``f7_overfit`` (the slope against N of each fully
-    fine-tuned DiffEqFormer's rise above its best on ``OVERFIT_TARGETS``, an intercept per pretraining seed)."""
+    """F7's verdicts over the pretraining seeds: ``f7_lora``, ``f7_full`` (``finetune_per_seed``, one-sample t-test;
+    full: equivalence) and ``f7_overfit`` (slope against N of the full fine-tunings' rise on ``OVERFIT_TARGETS``)."""
     out = {}
     for name, method in (("f7_lora", "lora"), ("f7_full", "full")):
         per_seed = finetune_per_seed(table, method)
@@ -261,10 +257,8 @@ def finetune_secondary(table):
 
 
 def ablation_table(runs: Sequence[str | Sequence[str]], fields: Mapping[str, str]):
-    """One row per entry of ``runs`` (a run, or the seed runs of one setting): the config values of ``fields``
-    (column -> dotted field, e.g. ``{"d_t": "model.time_embed_dim"}``), model, seeds, final validation perplexity
-    (mean and ``sd`` over the seeds), best (mean), parameters, training tokens/s (mean); ``run`` the first seed,
-    ``runs`` all, ``finals`` each seed's final perplexity and ``losses`` its log."""
+    """One row per entry of ``runs`` (a run or a setting's seed runs): config values of ``fields`` (column -> dotted
+    field), model, seeds, final perplexity (mean, ``sd``), best, parameters, tokens/s, ``run``, ``runs``, ``finals``."""
     import pandas as pd
 
     records = []
@@ -292,10 +286,8 @@ def shown(table):
 
 
 def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
-    """F8 (Fig. 7): an ``ablation_table`` row per setting of ``runs`` (model key, e.g. ``ours``, -> its settings,
-    differing in Adam's beta2) with its ``key``, ``statistics.compare_seeds`` of its final log-perplexities with the
-    same model's at beta2 = 0.999 (``change``; None at 0.999), as a percent ratio (``vs 0.999 %``, negative: better)
-    and its ``verdict``."""
+    """F8 (Fig. 7): an ``ablation_table`` row per beta2 setting of each model key, with ``change``
+    (``compare_seeds`` of its final log-perplexities with the same model's at 0.999), ``vs 0.999 %``, ``verdict``."""
     import pandas as pd
 
     parts = []
@@ -313,9 +305,8 @@ def beta2_table(runs: Mapping[str, Sequence[str | Sequence[str]]]):
 
 
 def beta2_interaction(table) -> Comparison | None:
-    """F8's primary test: per seed, DiffEqFormer's change of final log-perplexity from beta2 = 0.999 to the lower
-    beta2 less GPT-2's (the interaction), by the one-sample t-test over the seeds all four settings share. None
-    where a setting is missing."""
+    """F8's primary test: per seed, DiffEqFormer's change of final log-perplexity from beta2 = 0.999 to the lower beta2
+    less GPT-2's, by the one-sample t-test over the seeds all four settings share (None where a setting is missing)."""
     changes = {}
     for key, rows in table.groupby("key", sort=False):
         base, low = rows[rows.beta2 == 0.999], rows[rows.beta2 < 0.999]
@@ -363,10 +354,8 @@ def memory_column(table) -> str | None:
 
 
 def time_embedding_memory(table, column: str | None = None, *, batch: int | None = None) -> MemoryGrowth:
-    """``MemoryGrowth`` of F9's measured step (``time_embedding_table`` with measurements) against the parameters of
-    each d_t, by default of ``memory_column`` (the accelerator allocator's peak where there is one, else XLA's plan
-    of the step: on the CPU the resident memory of small models is dominated by the heap's own noise; pass
-    ``column="training MiB"`` to fit it anyway). ``batch``: the measured step's sequences, for the source."""
+    """``MemoryGrowth`` of F9's measured step against the parameters of each d_t, of ``column`` (by default
+    ``memory_column``: the allocator's peak where there is one, else XLA's plan); ``batch``: for the source."""
     column = column or memory_column(table)
     if column is None:
         raise ValueError("the table holds no measured memory (time_embedding_table with measure_training_steps)")
@@ -379,9 +368,8 @@ def time_embedding_memory(table, column: str | None = None, *, batch: int | None
 
 
 def time_embedding_trend(table) -> Trend:
-    """F9's perplexity trend (``statistics.trend``): the slope of every seed's final validation log-perplexity against
-    log2 d_t over all rows of a ``time_embedding_table``, with an intercept per seed where every d_t has as many
-    (seed k of each reads the training sequences in the same order), else one intercept."""
+    """F9's perplexity trend (``statistics.trend``) of the seeds' final log-perplexities against log2 d_t, with an
+    intercept per seed where every d_t has as many (seed k reads the same sequences), else one."""
     matched = len({len(f) for f in table.losses}) == 1
     return trend([math.log2(d) for d, losses in zip(table.d_t, table.losses) for _ in losses],
                  [v for losses in table.losses for v in losses],
@@ -390,9 +378,8 @@ def time_embedding_trend(table) -> Trend:
 
 def time_embedding_verdicts(table, memory: MemoryGrowth | None = None,
                             memory_note: str = "") -> dict[str, claims.Verdict]:
-    """The verdicts on F9's claims: ``f9_dt`` from ``time_embedding_trend``; ``f9_memory`` the measurement
-    ``memory`` (``time_embedding_memory``; None: not measured) by ``MemoryGrowth.grows_far_less``, noted with
-    ``memory_note`` (``report.words.ablations.memory_note``)."""
+    """The verdicts on F9's claims: ``f9_dt`` from ``time_embedding_trend``; ``f9_memory`` the measurement ``memory``
+    (None: not measured) by ``MemoryGrowth.grows_far_less``, noted with ``memory_note``."""
     return {"f9_dt": claims.judge("f9_dt", time_embedding_trend(table)),
             "f9_memory": (claims.measured("f9_memory", memory.grows_far_less, memory.growth_ratio, note=memory_note)
                           if memory is not None else claims.untested("f9_memory", "the preset measured no memory"))}

@@ -1,7 +1,6 @@
 """F5's attribution: the methods compared with the token-level Lyapunov exponents (attention, attention rollout,
-gradient x input), and the benchmark that scores them on the synthetic language (``synthetic.prompts``), whose
-prompts know which earlier token each prediction depends on (the antecedent of a pronoun, the first occurrence of a
-copied word): how often each method ranks that token first (hit@1) or in its top three (hit@3).
+gradient x input), and their benchmark on the synthetic language, whose prompts know which earlier token each
+prediction depends on: how often each method ranks that token first (hit@1) or in its top three (hit@3).
 """
 
 from __future__ import annotations
@@ -79,22 +78,14 @@ def attention_probabilities(attn, x: NamedArray, mask: AttentionMask | NamedArra
     return probs.flatten_axes(("kv_head", "q_heads_per_group"), "heads")
 
 
-def raw_attention_scores(model, token_ids, output_position: int = -1) -> np.ndarray:
-    """Attention of ``output_position`` to each token, averaged over heads and steps: [n]."""
-    return _raw_attention(attention_weights(model, token_ids), output_position)
-
-
 def _raw_attention(att: np.ndarray, output_position: int) -> np.ndarray:
+    """Attention of ``output_position`` to each token, averaged over heads and steps: [n]."""
     return att.mean(axis=(0, 1))[output_position]
 
 
-def attention_rollout(model, token_ids, output_position: int = -1) -> np.ndarray:
+def _rollout(att: np.ndarray, output_position: int) -> np.ndarray:
     """Attention rollout (Abnar & Zuidema 2020) with the ODE's residual: step k maps x -> x + h A_k x, so
     the token-mixing matrix of a step is (I + h mean_heads A_k) / (1 + h) (rows sum to one); its product over steps."""
-    return _rollout(attention_weights(model, token_ids), output_position)
-
-
-def _rollout(att: np.ndarray, output_position: int) -> np.ndarray:
     att = att.mean(axis=1)  # [L, n, n]
     L, n, _ = att.shape
     h = 1.0 / L
@@ -104,15 +95,9 @@ def _rollout(att: np.ndarray, output_position: int) -> np.ndarray:
     return roll[output_position]
 
 
-def gradient_x_input(model: DiffEqFormerLMHeadModel, token_ids, output_position: int = -1) -> np.ndarray:
-    """|sum_d (d logit_target / d e_in,d) * e_in,d| per token, target = the model's top next-token prediction."""
-    model, ids, x0, blocks, pos_ids = lyapunov.prepare(model, token_ids)
-    out = jnp.asarray(output_position % x0.array.shape[0], jnp.int32)
-    return np.asarray(_grad_x_input(model, blocks, x0.array, pos_ids, x0.axes, out)[0])
-
-
 @eqx.filter_jit
 def _grad_x_input(model, blocks, x0, pos_ids, axes, out):
+    """|sum_d (d logit_target / d e_in,d) * e_in,d| per token, target = the model's top next-token prediction."""
     def target_logits(x):
         final = model.ln_f(hax.named(lyapunov.states(blocks, x, pos_ids, axes, model.config.num_layers)[-1], axes))
         return hax.dot(final, model.get_lm_head(), axis=model.Embed).rearrange(("position", "vocab")).array[out]
@@ -133,7 +118,7 @@ def attribution_scores(model: DiffEqFormerLMHeadModel, token_ids, output_positio
     """Every attribution method's score of each input token for the prediction at ``output_position``.
 
     One row per token (index ``token``), one column per name in ``METHODS`` (``lyapunov.token_lyapunov``'s largest
-    exponent and sum, ``raw_attention_scores``, ``attention_rollout``, ``gradient_x_input``), plus ``text`` with
+    exponent and sum, attention averaged over heads and steps, its rollout, gradient x input), plus ``text`` with
     ``tokens``; NaN after the output position. The weights, trajectory and attention maps are computed once for all.
     ``df.attrs``: ``output_position`` (non-negative) and ``predicted_token`` (the logit gradient x input
     differentiates).
@@ -168,15 +153,10 @@ def attribution_scores(model: DiffEqFormerLMHeadModel, token_ids, output_positio
 
 def attribution_benchmark(model, items: list[Prompt], *, methods=None, cache_dir: str | Path | None = None,
                           progress: bool = True) -> pd.DataFrame:
-    """Per prompt: the model's prediction, and for each attribution method the rank of the true token.
-
-    Scores are for the last position (which predicts the answer), ranked over the earlier tokens but BOS; only finite
-    scores are ranked (``_rank``). ``methods``: ``{name: fn(model, ids, out) -> scores [n]}``, by default those of
-    ``attribution_scores``. With ``cache_dir`` (default methods only) cached by the model's configuration and weights
-    and the prompts. ``progress``: a progress bar (Papermill would store every update of it). One row per (prompt,
-    method): ``rank`` of the true token among the candidates, ``truth_finite`` (whether its score is finite),
-    ``nonfinite`` (how many candidates' scores are not), ``task``, ``correct_prediction``, ``length``.
-    """
+    """One row per (prompt, method): the ``rank`` (``_rank``) of the true token among the earlier tokens but BOS by
+    the scores for the last position, ``truth_finite``, ``nonfinite``, ``task``, ``correct_prediction``, ``length``.
+    ``methods``: ``{name: fn(model, ids, out) -> scores [n]}``, by default those of ``attribution_scores`` (the only
+    ones cached in ``cache_dir``)."""
     if cache_dir is not None and methods is not None:
         raise ValueError("cache_dir caches the default methods only")
     # version 2: ranks over finite scores only, and the truth_finite and nonfinite columns
@@ -245,16 +225,10 @@ def _compiled_logits(model, ids):
 
 
 def summarize(results: pd.DataFrame) -> pd.DataFrame:
-    """Hit rates per task and method (and per seed, where ``results`` has a ``seed`` column: the benchmark of each
-    seed's model, concatenated), with the model's accuracy on the task and what a random ranking would score.
-
-    Columns: ``hit_at_1``, ``hit_at_3`` (fraction of prompts whose true token the method ranks first / in its top
-    three), ``chance_at_1``, ``chance_at_3`` (the same for a uniformly random ranking of the c = length - 2 candidate
-    tokens: the mean of min(k, c) / c), ``model_accuracy`` (fraction of prompts whose answer is the model's top
-    prediction), ``hit_at_1_correct`` (hit@1 over the prompts the model gets right; NaN if none), ``prompts``, and
-    how often a score was not finite (ranked below every finite one; ``attribution_benchmark``): ``nonfinite_scores``
-    (candidate scores, summed over prompts) and ``truth_nonfinite`` (prompts whose true token's score was not finite,
-    ranked last).
+    """Hit rates per task, method and ``seed`` (where ``results`` has one): ``hit_at_1``, ``hit_at_3``,
+    ``chance_at_1``, ``chance_at_3`` (of a random ranking of the c = length - 2 candidates: mean of min(k, c) / c),
+    ``model_accuracy``, ``hit_at_1_correct`` (over the prompts the model gets right), ``prompts``,
+    ``nonfinite_scores`` and ``truth_nonfinite`` (scores that were not finite; ranked last).
     """
     results = results if "seed" in results else results.assign(seed=0)
     candidates = (results["length"] - 2).clip(lower=1)
@@ -271,9 +245,8 @@ def summarize(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def over_seeds(summary: pd.DataFrame) -> pd.DataFrame:
-    """``summarize``'s rows averaged over seeds, per task and method: every rate is the mean over the seeds' models,
-    ``hit_at_1_sd`` its standard deviation (NaN with one seed), ``seeds`` their number; the counts of scores that
-    were not finite are summed."""
+    """``summarize``'s rows averaged over seeds per task and method, with ``hit_at_1_sd`` (NaN with one seed) and
+    ``seeds``; the counts of scores that were not finite are summed."""
     grouped = summary.groupby(["task", "method"], sort=False)
     out = grouped[["hit_at_1", "hit_at_3", "chance_at_1", "chance_at_3", "model_accuracy",
                    "hit_at_1_correct"]].mean()
@@ -304,13 +277,9 @@ def verdicts(results: pd.DataFrame) -> dict:
 
 
 def claim(results: pd.DataFrame) -> tuple[Comparison, float]:
-    """The paper's claim (``CLAIM``) on one task's per-prompt results: the largest exponent's hits at 1 against
-    attention's, judged by the book's rule, and the difference of their hit@1 rates (means over prompts and seeds).
-
-    With several seeds' models the unit is the model: the paired t-test over the seeds' hit@1 rates (both methods
-    read the same model) asks whether the difference holds from one training run to the next (the method page,
-    "Judging a difference"). With one seed's model the prompt is the unit: the exact McNemar test on its per-prompt
-    hits. Only prompts every seed's model answered are compared."""
+    """The paper's claim (``CLAIM``) on one task's per-prompt results, and the difference of the hit@1 rates: with
+    several seeds the model is the unit (paired t-test of the seeds' hit@1 rates), with one the prompt (exact
+    McNemar test). Only prompts every seed's model answered are compared."""
     results = results[results["method"].isin(CLAIM)]
     results = results if "seed" in results else results.assign(seed=0)
     hits = results.assign(hit=(results["rank"] <= 1).astype(int)).pivot_table(

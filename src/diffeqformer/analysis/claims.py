@@ -1,16 +1,9 @@
 """The paper's headline claims, each with the one primary test that judges it, named here before any number is seen.
 
-A figure's page may compare many things; exactly one test per claim decides its verdict (``statistics.Judged.word``):
-the primary test of ``CLAIMS``. Everything else a page tests is exploratory (it says so, and F11 says how many of its
-secondary comparisons would come out significant by chance). Where a claim needs several things at once (F2: both
-matrices; F6: weight sharing worse than both models), the combining rule is the intersection-union test
-(``intersection``), stated in the claim's ``rule``. The book adjusts the primary tests of every headline claim
-together by Holm's method (``report.verdicts``): the verdicts page and the opening of each figure's page show the
-same adjusted verdicts.
-
-A notebook judges its claims with ``judge`` (``intersection``; ``measured``, for a claim that is a measurement without
-seeds) and glues each ``Verdict`` under ``Claim.glue_name`` (``publish``): the book's job reads them back
-(``Verdict.from_json``).
+Exactly one test per claim (``CLAIMS``) decides its verdict; everything else a page tests is exploratory. A claim of
+several things at once (F2: both matrices; F6: sharing worse than both models) combines them by the intersection-union
+test (``intersection``). The book adjusts the primary tests together by Holm's method (``report.verdicts``). A
+notebook judges its claims with ``judge``, ``intersection`` or ``measured`` and glues each ``Verdict`` (``publish``).
 """
 
 from __future__ import annotations
@@ -206,9 +199,8 @@ CLAIMS: dict[str, Claim] = {c.name: c for c in (
 
 @dataclass(frozen=True)
 class Verdict:
-    """A claim's verdict: its word (``statistics.WORDS``), the effect, its 95% interval and the smallest effect the
-    design detects 80% of the time, all in the claim's written units, the unadjusted p of the primary test, the units
-    it rests on and the test's name."""
+    """A claim's verdict (``statistics.WORDS``), effect, 95% interval, the smallest effect the design detects 80% of
+    the time (in the claim's units), and the primary test's unadjusted p, units and name."""
 
     claim: str
     word: str
@@ -302,9 +294,8 @@ every model scored 0, both methods ranked every prompt alike. The exact tests ha
 
 
 def intersection(name: str, tests: Mapping[str, statistics.Judged]) -> Verdict:
-    """``Verdict`` of claim ``name``, which needs every one of ``tests`` (part name -> its test) in the claim's
-    direction: the intersection-union test's word (``multiplicity.intersection``), the numbers of the test that
-    decides it (its name in the note) and every part's effect, interval and p (``Verdict.parts``)."""
+    """``Verdict`` of claim ``name``, which needs every one of ``tests`` (part -> test): the intersection-union test's
+    word (``multiplicity.intersection``), the deciding test's numbers and every part's (``Verdict.parts``)."""
     claim = CLAIMS[name]
     word, deciding = multiplicity.intersection(list(tests.values()), claim.direction)
     which = next(k for k, t in tests.items() if t is deciding)

@@ -25,14 +25,9 @@ def cosine_gram(x: xr.DataArray) -> xr.DataArray:
 
 def clustering_metrics(ds: xr.Dataset | xr.DataArray, threshold: float = 0.999) -> xr.Dataset:
     """Clustering of the tokens at every saved time, from the cosine Gram matrix G (``cosine_gram``; in free space,
-    of directions). A Dataset over every dimension of x but ``token`` and ``dim``, NaN where x is (a failed solve):
-
-    ``fraction``: of the n(n-1)/2 pairs i < j, those with G_ij > threshold (Geshkovski et al.'s code uses 0.999).
-    ``clusters``: the rank of 1[G > threshold], as their code counts clusters (with one threshold here, so that
-    fraction 1 means 1 cluster): exactly the number of clusters where "G_ij > threshold" is an equivalence relation,
-    otherwise a proxy.
-    ``distance``: mean over pairs of the chord distance |x_i/|x_i| - x_j/|x_j|| = sqrt(2 - 2 G_ij), in [0, 2].
-    """
+    of directions), over every dimension of x but ``token`` and ``dim``: ``fraction`` of the pairs i < j with
+    G_ij > threshold (0.999 as in Geshkovski et al.'s code), ``clusters`` = rank of 1[G > threshold] (as their code
+    counts them), ``distance``: mean chord distance sqrt(2 - 2 G_ij) over pairs."""
     x = ds["x"] if isinstance(ds, xr.Dataset) else ds
     g = cosine_gram(x).transpose(..., "token", "token_j")
     arr = np.asarray(g.values, dtype=np.float64)
@@ -66,9 +61,8 @@ def clustering_metrics(ds: xr.Dataset | xr.DataArray, threshold: float = 0.999) 
 
 
 def final_metrics(metrics: xr.Dataset, by: str | None = None) -> pd.DataFrame:
-    """Final-time values of ``clustering_metrics`` (or of a solve's, computed first) as a table: a row per value of
-    ``by`` (default: ``growth`` or ``head``), columns ``<metric>_mean``, ``<metric>_std`` over seeds (0 with one seed)
-    and ``seeds`` (number of finite runs)."""
+    """Final-time ``clustering_metrics`` (of a solve's, computed first) per value of ``by`` (default ``growth`` or
+    ``head``): ``<metric>_mean``, ``<metric>_std`` over seeds (0 with one) and ``seeds`` (the finite runs)."""
     if "x" in metrics:
         metrics = clustering_metrics(metrics)
     by = by or next(d for d in ("growth", "head") if d in metrics.dims)
@@ -89,9 +83,8 @@ def final_metrics(metrics: xr.Dataset, by: str | None = None) -> pd.DataFrame:
 def step_convergence(
     config: TrajectoryConfig, steps, *, cache_dir: Path | str | None = None, threshold: float = 0.999
 ) -> xr.Dataset:
-    """``config``'s systems solved with N explicit Euler steps on [0, T] for each N in ``steps`` (projected on the
-    sphere as ``config.solver.project`` says): a Dataset over (steps, growth, seed) with ``clustering_metrics`` at T
-    and ``success``; attrs: those of the solve with the most steps. Each solve is a cached ``simulate`` call."""
+    """``config``'s systems solved with N Euler steps for each N in ``steps`` (each a cached ``simulate`` call): a
+    Dataset over (steps, growth, seed) of ``clustering_metrics`` at T and ``success``, attrs of the finest solve."""
     steps = [int(n) for n in steps]
     if not steps:
         raise ValueError("steps must not be empty")
@@ -139,15 +132,8 @@ def final_fraction(ds: xr.Dataset, threshold: float = 0.999) -> xr.DataArray:
 
 
 def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
-    """Does weight sharing leave more token pairs clustered at T than growth does, and does the fraction change with
-    p? By the book's rule over the simulations of ``simulate``'s Dataset (which must hold p = 0):
-
-    * for each p > 0, ``g = 1 vs g = t^p``: the paired test of the fraction at T (seed s of every power shares its
-      weights and start), ``mean a`` under g = 1, ``mean b`` under t^p;
-    * ``trend over p``: ``dispersion_test`` (the paper's "dispersion increases with the order" is a negative slope).
-
-    Seeds whose solve failed on either side are left out (``seeds`` counts those used). A DataFrame with
-    ``VERDICT_COLUMNS``."""
+    """Does weight sharing leave more pairs clustered at T than growth, and does the fraction change with p? Per p > 0
+    the paired test of the fraction at T (``g = 1 vs g = t^p``), and ``trend over p`` (``dispersion_test``)."""
     final = final_fraction(ds, threshold)
     powers = [float(p) for p in final["growth"].values]
     if 0.0 not in powers:
@@ -161,9 +147,8 @@ def growth_verdicts(ds: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
 
 
 def dispersion_slopes(ds: xr.Dataset, threshold: float = 0.999) -> list[float]:
-    """Per simulation (seed), the least-squares slope of the fraction of clustered pairs at T against the power p
-    over its finished solves (a seed with fewer than two is left out): one number per simulation, the unit of
-    F3's test."""
+    """Per simulation (seed), the least-squares slope of the fraction of clustered pairs at T against p over its
+    finished solves (at least two): the unit of F3's test."""
     final = final_fraction(ds, threshold).transpose("growth", "seed")
     powers = np.asarray(final["growth"].values, dtype=float)
     out = []
@@ -193,9 +178,8 @@ def verdicts(ds: xr.Dataset, threshold: float = 0.999) -> dict:
 
 
 def paired_verdicts(a: xr.Dataset, b: xr.Dataset, threshold: float = 0.999) -> pd.DataFrame:
-    """For each growth law, the fraction of clustered pairs at T of ``a`` against ``b``: the same systems (same
-    seeds, so paired t-tests) solved two ways, e.g. with the paper's Euler steps against the accurate solve. Returns a
-    DataFrame with ``VERDICT_COLUMNS`` (``mean a``: a's fraction)."""
+    """For each growth law, the fraction of clustered pairs at T of ``a`` against ``b``, the same seeds solved two ways
+    (paired t-tests; e.g. the paper's Euler steps against the accurate solve): a DataFrame with ``VERDICT_COLUMNS``."""
     fa, fb = final_fraction(a, threshold), final_fraction(b, threshold)
     if list(fa["seed"].values) != list(fb["seed"].values) or list(fa["growth"].values) != list(fb["growth"].values):
         raise ValueError("paired_verdicts needs the same seeds and growth laws on both sides")

@@ -2,13 +2,10 @@
 
 The paper (Tables 4-5, Figs. 9-12) evaluates on ARC, HellaSwag, LAMBADA, ... (``PAPER_TASKS``, on the Hugging Face
 hub); offline, F11 evaluates on tasks built in their manner from the corpus's held-out documents
-(``diffeqformer.data.tasks``), online on the paper's too (``require_hub``). Every model is evaluated by Levanter's
-``run_lm_eval_harness``, which packs many requests into each sequence, with two adaptations for correctness:
-``SegmentPositions`` counts each packed request's positions from its own first token (Levanter calls the model
-without position ids), and ``HarnessConfig`` indexes the held-out task files alone unless a paper task is asked for.
-
-``evaluate`` runs one model on all tasks and shots in one harness call; ``evaluate_runs`` every seed of every model,
-cached; ``summary``, ``comparisons`` and ``verdicts`` turn the accuracies into means over seeds and verdicts.
+(``diffeqformer.data.tasks``). Levanter's ``run_lm_eval_harness`` packs many requests into each sequence:
+``SegmentPositions`` counts each request's positions from its own first token (Levanter passes no position ids).
+``evaluate`` runs one model, ``evaluate_runs`` every seed of every model (cached); ``summary``, ``comparisons`` and
+``verdicts`` turn the accuracies into means over seeds and verdicts.
 """
 
 from __future__ import annotations
@@ -70,8 +67,7 @@ def positions_in_segments(segment_ids: NamedArray, Pos: Axis) -> NamedArray:
 
 class SegmentPositions(eqx.Module):
     """A language model as Levanter's harness calls it, with each packed request's positions counted from its own
-    first token (``positions_in_segments``), so that a request is scored as it would be alone. Every other attribute
-    the harness reads (``get_lm_head``, ``Embed``, ``Vocab``, ``Pos``, ``config``) is the model's."""
+    first token (``positions_in_segments``), so that a request is scored as it would be alone."""
 
     model: eqx.Module
 
@@ -106,8 +102,7 @@ def require_hub(tasks: Sequence[str]) -> None:
 
 
 def tasks_for(paper_tasks: bool) -> list[str]:
-    """The tasks F11 evaluates: the held-out ones, and with ``paper_tasks`` the paper's (``PAPER_TASKS``), which
-    stop here at once, naming them, where the hub cannot be reached (``require_hub``)."""
+    """The tasks F11 evaluates: the held-out ones, and with ``paper_tasks`` the paper's (``require_hub``)."""
     tasks = list(HELD_OUT_TASKS) + (list(PAPER_TASKS) if paper_tasks else [])
     require_hub(tasks)
     return tasks
@@ -131,13 +126,9 @@ def task_name(task: str, shots: int) -> str:
 
 @dataclass(frozen=True)
 class HarnessConfig(LmEvalHarnessConfig):
-    """Levanter's harness config with the held-out task files in lm-eval's task index (``include_path``).
-
-    Two changes to Levanter's ``to_task_dict``: it indexed all of lm-eval's task files (seconds a call: measurements
-    page), this indexes the held-out tasks' folder alone unless a task outside it is asked for; and it passed each
-    task to lm-eval as a dict of overrides (the shots), which lm-eval 0.4.13 reads as a whole task definition (without
-    the registered task's data), so this loads each task by name and sets its shots on the loaded task. Each (task,
-    shots) gets its own name with Levanter's renaming, which lets one harness call run a task at several shots."""
+    """Levanter's harness config, with two changes to its ``to_task_dict``: it indexes the held-out tasks' folder alone
+    unless another task is asked for (indexing all of lm-eval's costs seconds a call), and it loads each task by name
+    and sets its shots on it (lm-eval 0.4.13 reads Levanter's dict of overrides as a whole task definition)."""
 
     include_path: str | None = None
     """The folder of the held-out tasks' YAML files (``tasks.TaskFiles.directory``)."""
@@ -174,8 +165,7 @@ def _set_shots(loaded, shots: int) -> None:
 
 
 def load(run):
-    """A finished run's model (in inference mode: no dropout) and its tokenizer, or ``FileNotFoundError`` naming a
-    run that is missing or has not finished."""
+    """A finished run's model (in inference mode: no dropout) and its tokenizer."""
     from levanter.utils.tree_utils import inference_mode
 
     from ..data.corpora import load_tokenizer
@@ -188,10 +178,8 @@ def load(run):
 
 
 def one_process_broadcast():
-    """Levanter's ``broadcast_shard`` as the identity while this context lasts, in one process (several keep
-    Levanter's own). It hands each batch from process 0 to the others as an array of one row per device of
-    ``jax.devices()``, which disagrees with the one-device mesh the harness runs on ("Expected shard shape (4,)
-    doesn't match ..."); in one process there is nobody to hand anything to."""
+    """Levanter's ``broadcast_shard`` as the identity while this context lasts, in one process: its per-device batch
+    disagrees with the harness's one-device mesh ("Expected shard shape (4,) doesn't match ..."), and none is needed."""
     import levanter.eval_harness as harness
 
     if jax.process_count() > 1:
@@ -201,9 +189,8 @@ def one_process_broadcast():
 
 def evaluate(model, tokenizer, tasks: Sequence[str], shots: Sequence[int], *, include_path: str | Path | None = None,
              max_examples: int | None = None, batch_size: int = BATCH_SIZE) -> pd.DataFrame:
-    """Every metric lm-eval reports for ``model`` on ``tasks`` at each number of ``shots``, from one call of
-    Levanter's ``run_lm_eval_harness``: a DataFrame with columns ``task``, ``shots``, ``metric``, ``value`` and
-    ``n`` (examples scored). ``include_path`` is the held-out tasks' folder."""
+    """Every metric lm-eval reports for ``model`` on ``tasks`` at each number of ``shots``, from one call of Levanter's
+    ``run_lm_eval_harness``: columns ``task``, ``shots``, ``metric``, ``value``, ``n`` (examples scored)."""
     from levanter.eval_harness import run_lm_eval_harness
 
     tasks = check_tasks(tasks)
@@ -233,9 +220,8 @@ def evaluate(model, tokenizer, tasks: Sequence[str], shots: Sequence[int], *, in
 def cached_evaluate(run, tasks: Sequence[str], shots: Sequence[int], *, task_files: held_out.TaskFiles | None,
                     cache_dir: str | Path | None, max_examples: int | None = None,
                     batch_size: int = BATCH_SIZE) -> pd.DataFrame:
-    """``evaluate`` of a finished run, read from ``cache_dir/downstream-<hash>.csv`` when computed before: the hash
-    covers the model's weights (``cache.fingerprint``), the task files' SHA-256, the tasks, shots, example limit
-    and lm-eval's version. ``cache_dir`` None: computed, not cached."""
+    """``evaluate`` of a finished run, cached in ``cache_dir`` (None: not cached) by the model's weights, the task
+    files' SHA-256, the tasks, shots, example limit and lm-eval's version."""
     from ..cache import cached
 
     model, tokenizer = load(run)
@@ -251,9 +237,8 @@ def cached_evaluate(run, tasks: Sequence[str], shots: Sequence[int], *, task_fil
 def evaluate_runs(runs: dict, tasks: Sequence[str], shots: Sequence[int], *,
                   task_files: held_out.TaskFiles | None, cache_dir: str | Path | None,
                   max_examples: int | None = None, batch_size: int = BATCH_SIZE, progress: bool = True) -> pd.DataFrame:
-    """``cached_evaluate`` of every run of ``runs`` (model key -> a run or a list of its seed runs): ``evaluate``'s
-    columns plus ``model`` (the key) and ``seed`` (the index in the list). Every run is checked to have finished
-    before any is evaluated."""
+    """``cached_evaluate`` of every run of ``runs`` (model key -> a run or its seed runs), with ``model`` and ``seed``
+    columns; every run is checked to have finished before any is evaluated."""
     from ..runs import require_complete
     from ..train import use_compilation_cache
 
@@ -301,10 +286,8 @@ def summary(results: pd.DataFrame) -> pd.DataFrame:
 
 
 def comparisons(results: pd.DataFrame, pairs=PAIRS) -> pd.DataFrame:
-    """Each model of ``pairs`` against its baseline on every headline metric, task and shots, judged by
-    the book's rule over the seeds (paired: seed k of both models shares its data order): columns ``task``,
-    ``shots``, ``metric``, ``model``, ``baseline``, ``difference`` (mean model - mean baseline), ``low``, ``high``
-    (its 95% CI), ``p``, ``test``, ``verdict``, ``comparison`` (the ``statistics.Comparison``)."""
+    """Each model of ``pairs`` against its baseline on every headline metric, task and shots, by the book's rule over
+    the (paired) seeds: ``difference`` (mean model - mean baseline), ``low``, ``high``, ``p``, ``test``, ``verdict``."""
     rows = []
     judged = headline(results)
     for (task, shots, metric), group in judged.groupby(["task", "shots", "metric"], sort=False):
@@ -340,9 +323,8 @@ def max_seq_len(runs: dict) -> int:
 
 def build_tasks(runs: dict, *, num_examples: int, shots: Sequence[int], num_fewshot: int | None = None,
                 seed: int = 0) -> held_out.TaskFiles:
-    """The held-out task files for ``runs``: examples short enough for a ``max(shots)``-shot prompt of the models'
-    shortest context (``tasks.example_budget``), tokenised with the first run's tokenizer; ``num_fewshot`` few-shot
-    examples per task (default: ``max(10, 5 * max(shots))``)."""
+    """The held-out task files for ``runs``: examples that fit a ``max(shots)``-shot prompt of the shortest context,
+    tokenised with the first run's tokenizer; ``num_fewshot`` few-shot ones (default ``max(10, 5 * max(shots))``)."""
     from ..runs import config as run_config
 
     check_positive_int(num_examples, "num_examples")

@@ -6,18 +6,10 @@ is the model's own forward pass; ``euler_left``, ``heun``, ``midpoint`` on the O
 solvers (``tsit5``, ``dopri5``, ``bosh3``) with Diffrax's PID controller at rtol = atol = ``tolerance``, each
 sequence solved on its own (``jax.vmap``) with its own steps.
 
-NFE comes from Diffrax's ``num_steps`` (accepted and rejected steps). A fixed-step solver of s stages costs s per
-step. The adaptive ones are FSAL: the last stage of a step is the next one's first, and a rejected step keeps its
-first stage; f(0, x_0) is evaluated once here and handed to Diffrax as the solver state (Diffrax would re-evaluate it
-on every retry of a rejected first step, unseen by its statistics), so every step costs s - 1:
-
-    NFE = s * num_steps                  (fixed step)
-    NFE = 1 + (s - 1) * num_steps        (FSAL, first stage supplied)
-
-The initial step is the model's own 1/L (no initial-step heuristic). ``tests/test_inference.py`` counts the
-evaluations with a host callback and checks both formulas. A solve that reaches ``max_steps`` before t = 1 has no
-loss (NaN); ``max_steps_hit`` counts its sequences. With the paper's sinusoid scale s = 1000, W(t) oscillates with
-periods down to 2 pi / 1000, so a resolving adaptive solver takes hundreds of steps: the tables show it.
+NFE counts Diffrax's ``num_steps`` (accepted and rejected): s * num_steps for a fixed-step solver of s stages, and
+1 + (s - 1) * num_steps for the FSAL adaptive ones, f(0, x_0) being evaluated once here and handed to Diffrax as the
+solver state (``tests/test_inference.py`` counts the evaluations). The first step is the model's own 1/L; a solve
+that reaches ``max_steps`` before t = 1 has no loss (NaN), counted in ``max_steps_hit``.
 """
 
 from __future__ import annotations
@@ -58,13 +50,9 @@ COLUMNS = (
     "solver", "adaptive", "steps", "tolerance", "nfe", "nfe_min", "nfe_max", "accepted_steps", "rejected_steps",
     "loss", "perplexity", "wall_s", "max_steps_hit", "num_sequences", "num_tokens",
 )
-"""Columns of a sweep's DataFrame, one row per (solver, steps) or (solver, tolerance):
-
-solver, adaptive (bool); steps (fixed-step solvers, else <NA>); tolerance (rtol = atol of adaptive solvers, else
-NaN); nfe, nfe_min, nfe_max (mean, min and max vector-field evaluations per sequence); accepted_steps,
-rejected_steps (means per sequence); loss (mean next-token cross-entropy in nats over the scored tokens; NaN if a
-sequence hit max_steps), perplexity = exp(loss); wall_s (seconds for all sequences, after compilation);
-max_steps_hit (sequences whose solve stopped at max_steps); num_sequences, num_tokens (scored tokens)."""
+"""Columns of a sweep's DataFrame, one row per (solver, steps) or (solver, tolerance): nfe, accepted_steps and
+rejected_steps per sequence (mean; nfe also min, max), loss (nats per scored token; NaN if a sequence hit max_steps),
+wall_s (after compilation), max_steps_hit (sequences that stopped at max_steps)."""
 
 NFE_CONVENTION = (
     "NFE per sequence from Diffrax stats: fixed-step solvers stages * num_steps; FSAL adaptive solvers "
@@ -150,10 +138,8 @@ class TokenData:
 
 
 def validation_data(run_dir: str | Path, num_sequences: int = 64) -> TokenData:
-    """The first ``num_sequences`` sequences of a run's validation set, as its training evaluated them.
-
-    The run's ``config.yaml`` gives the corpus and tokenizer; the sequences come from the Levanter validation cache
-    that ``diffeqformer.train`` builds (``tagged_eval_sets``), in order, with their document ids and loss masks."""
+    """The first ``num_sequences`` sequences of a run's validation set (Levanter's validation cache, as its training
+    evaluated them), with their document ids and loss masks."""
     from ..runs import config as run_config
 
     check_positive_int(num_sequences, "num_sequences")
@@ -328,9 +314,8 @@ def _row(model, data: TokenData, solver: str, config: SweepConfig, *, steps=None
 def solve_sequences(model: DiffEqFormerLMHeadModel, tokens, solver: str = "euler", *, steps: int | None = None,
                     tolerance: float | None = None, max_steps: int = 4096, segment_ids=None, pcoeff: float = 0.4,
                     icoeff: float = 1.0) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """Logits [batch, seq, vocab] of ``tokens`` [batch, seq] with the ODE solved by ``solver``, one sequence at a
-    time (vmapped), and per-sequence statistics: ``num_steps``, ``accepted_steps``, ``rejected_steps``, ``nfe``,
-    ``max_steps_hit``. Fixed-step solvers need ``steps``, adaptive ones ``tolerance`` (see the module doc)."""
+    """Logits [batch, seq, vocab] of ``tokens``, the ODE solved by ``solver`` per sequence (vmapped), and per-sequence
+    step statistics; fixed-step solvers need ``steps``, adaptive ones ``tolerance``."""
     adaptive = _check_one(solver, steps, tolerance)
     check_positive_int(max_steps, "max_steps")
     data = as_token_data(tokens, model)
@@ -360,14 +345,8 @@ def _check_one(solver, steps, tolerance) -> bool:
 
 
 def solver_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig = SweepConfig()) -> pd.DataFrame:
-    """Validation loss and perplexity against NFE for every solver and step count / tolerance of ``config``.
-
-    ``data``: ``TokenData`` (e.g. ``validation_data(run_dir, 64)``) or token ids [batch, seq]. Returns a DataFrame
-    with the columns ``COLUMNS`` (fixed-step rows first, in config order), and in ``attrs`` the sweep's
-    configuration, the model's configuration and fingerprint, the data's description, the NFE convention and the
-    compilation time of each solver."""
-    if not isinstance(config, SweepConfig):
-        raise ValueError(f"config must be a SweepConfig, got {type(config).__name__}")
+    """Validation loss and perplexity against NFE (columns ``COLUMNS``) for every solver and step count / tolerance of
+    ``config``, on ``data`` (``TokenData`` or token ids [batch, seq]); ``attrs``: the configurations and timings."""
     data = as_token_data(data, model)
     model = inference_mode(model, True)  # no dropout
     runs = [(s, {"steps": n}) for s in config.fixed_solvers for n in config.steps]
@@ -406,8 +385,7 @@ def perplexity_vs_euler_steps(model: DiffEqFormerLMHeadModel, data, steps: Seque
 
 
 def cached_sweep(model: DiffEqFormerLMHeadModel, data, config: SweepConfig, cache_dir: str | Path) -> pd.DataFrame:
-    """``solver_sweep``, read from ``cache_dir/solver-sweep-<hash>.csv`` when it was computed before (the hash covers
-    the model's fingerprint, the data's digest and the sweep configuration)."""
+    """``solver_sweep``, cached in ``cache_dir`` by the model's fingerprint, the data's digest and the configuration."""
     data = as_token_data(data, model)
     key = {"model": fingerprint(model), "data": data.digest(), "sweep": dataclasses.asdict(config)}
     return cached(cache_dir, "solver-sweep", key, lambda: solver_sweep(model, data, config), save=save_sweep,

@@ -2,12 +2,10 @@
 matrix Phi is re-orthonormalised after every step, Q R = Phi, Phi <- Q, and the exponents are the time averages of
 log|R_ii| (Benettin et al. 1980).
 
-Token level (Section 5.2, Appendix B). For an output position `out` and an input token `in`, dPhi/dt = J_{out,in}(t)
-Phi with J_{out,in} = d f_out / d x_in along the model's own trajectory. On the forward pass's Euler grid (step k:
-weights W(t_k), t_k = (k+1)/L, state X_k entering the step) Phi_{k+1} = (I + h J_{out,in}(t_k, X_k)) Phi_k, h = 1/L:
-the Jacobian of step k at the state step k itself sees (the authors' notebook paired W(t_k) with the state one step
-later). D reverse-mode products of f_out give J_{out,in} for every input token at once; the direct method (the
-authors') builds the full (nD x nD) Jacobian per step.
+Token level (Section 5.2, Appendix B): for output position `out` and input token `in`, on the forward pass's Euler grid
+Phi_{k+1} = (I + h J_{out,in}(t_k, X_k)) Phi_k, h = 1/L, J_{out,in} = d f_out / d x_in at the state X_k entering step
+k (the authors' notebook paired W(t_k) with the state one step later). D reverse-mode products of f_out give it for
+every input token at once; the direct method (the authors') builds the full (nD x nD) Jacobian per step.
 """
 
 from __future__ import annotations
@@ -33,10 +31,8 @@ from ..numerics import one_blas_thread
 
 
 def kaplan_yorke_dimension(exponents) -> jnp.ndarray:
-    """D_KY = k + (lambda_1 + ... + lambda_k) / |lambda_{k+1}|, k the largest index whose partial sum is >= 0.
-
-    Exponents along the last axis (any order; they are sorted). 0 if lambda_1 < 0; n if all partial sums are >= 0.
-    """
+    """D_KY = k + (lambda_1 + ... + lambda_k) / |lambda_{k+1}|, k the largest index whose partial sum is >= 0, of
+    the exponents along the last axis (any order): 0 if lambda_1 < 0, n if every partial sum is >= 0."""
     lam = -jnp.sort(-jnp.asarray(exponents), axis=-1)
     n = lam.shape[-1]
     partial = jnp.cumsum(lam, axis=-1)
@@ -119,9 +115,8 @@ def states(blocks, x, pos_ids, axes, num_steps: int):
 
 
 def queries_keys_values(attn, xq, xkv, q_pos, kv_pos):
-    """The queries of xq and the keys and values of xkv of Levanter's ``Attention`` (as its ``__call__`` builds
-    them), from the module's public parts: projections, QK norm, RoPE at positions q_pos and kv_pos. q is
-    [..., kv_head, q_heads_per_group, position, head_size]; k and v are [..., kv_head, key_position, head_size]."""
+    """Queries of xq [..., kv_head, q_heads_per_group, position, head_size], keys and values of xkv [..., kv_head,
+    key_position, head_size], as Levanter's ``Attention`` builds them (QK norm, RoPE), from its public parts."""
     q = attn.q_proj(xq)
     k, v = attn.k_proj(xkv), attn.v_proj(xkv)
     if attn.config.qk_norm is not None:
@@ -136,11 +131,8 @@ def queries_keys_values(attn, xq, xkv, q_pos, kv_pos):
 
 
 def _row_field(block, axes, pos_ids, out):
-    """f_out: the row ``out`` of the field f_k, as a function of the raw [n, D] state: [D].
-
-    ``_field(block, axes, pos_ids)(x)[out]`` computed for that row alone (the query, attention and MLP of token
-    ``out``; the keys and values of every token), so that the D reverse-mode products of ``_rows_fast`` differentiate
-    through one token's MLP instead of all n tokens' (``tests/test_lyapunov.py`` checks it against the field)."""
+    """``_field(block, axes, pos_ids)(x)[out]`` [D], computed for that row alone (one token's query and MLP), so that
+    ``_rows_fast``'s D reverse-mode products differentiate through one token's MLP instead of all n tokens'."""
     attn = block.attn
     config = attn.config
     if config.sliding_window is not None:
@@ -248,26 +240,18 @@ def _dataset(exps: np.ndarray, outs: Sequence[int], n: int, tokens: Sequence[str
 def token_lyapunov(model: DiffEqFormerLMHeadModel, token_ids, *, output_position: int = -1,
                    tokens: Sequence[str] | None = None, direct: bool = False,
                    prepared: Prepared | None = None) -> xr.Dataset:
-    """Lyapunov spectrum of every input token's influence on ``output_position``.
-
-    Returns a Dataset over (token, exponent) with ``exponents`` (sorted decreasing), and the per-token scores
-    ``max_exponent``, ``sum_exponents`` and ``kaplan_yorke`` (NaN for tokens after the output: causality). An exponent
-    is -inf where a step's tangent map I + h J_{out,in} is singular, NaN where the trajectory is not finite; the
-    scores follow (the sum is -inf if any exponent is; ``kaplan_yorke`` is NaN if any is NaN or +inf).
-    ``direct=True`` computes the same with the full Jacobian per step (the reference, for tests and benchmarks);
-    ``prepared``: ``prepare(model, token_ids)``, where the caller has it already.
-    """
+    """Lyapunov spectrum of every input token's influence on ``output_position``: ``exponents`` (token, exponent;
+    sorted decreasing; -inf where a tangent map I + h J is singular) and the scores ``max_exponent``,
+    ``sum_exponents``, ``kaplan_yorke`` (NaN after the output). ``direct``: with the full Jacobian (the reference)."""
     exps, n = _exponents(model, token_ids, [output_position], _rows_direct if direct else _rows_fast, prepared)
     return _dataset(exps, [output_position % n], n, tokens, model).isel(output=0)
 
 
-def lyapunov_map(model: DiffEqFormerLMHeadModel, token_ids, *, tokens: Sequence[str] | None = None,
-                 outputs=None) -> xr.Dataset:
+def lyapunov_map(model: DiffEqFormerLMHeadModel, token_ids, *, tokens: Sequence[str] | None = None) -> xr.Dataset:
     """The Lyapunov map: scores for every (output position, input token) pair, one vectorised pass per step."""
-    n = len(token_ids) if not isinstance(token_ids, NamedArray) else token_ids.array.shape[0]
-    outs = list(range(n)) if outputs is None else list(outputs)
+    outs = list(range(len(token_ids) if not isinstance(token_ids, NamedArray) else token_ids.array.shape[0]))
     exps, n = _exponents(model, token_ids, outs, _rows_fast)
-    return _dataset(exps, [o % n for o in outs], n, tokens, model)
+    return _dataset(exps, outs, n, tokens, model)
 
 
 VALUE_KINDS = ("finite", "-inf", "+inf", "nan")
@@ -289,13 +273,8 @@ class ExponentAgreement(NamedTuple):
 
 
 def compare_exponents(a, b, *, names: tuple[str, str] = ("a", "b")) -> ExponentAgreement:
-    """Compare two computations ``a``, ``b`` (same shape) of the same exponents where both are finite.
-
-    An exponent is -inf where a step's tangent map I + h J_{out,in} is singular, NaN where the state is not finite
-    (and for tokens after the output: leave those out). |a - b| is NaN wherever either is (-inf - -inf = NaN), and
-    ``np.nanmax`` would skip exactly the entries where the two may disagree: so the kinds of value are compared entry
-    by entry (``mismatched``), the difference over the entries finite in both only.
-    """
+    """Compare two computations of the same exponents: their kinds of value (finite, -inf, +inf, NaN) entry by entry
+    (``np.nanmax`` of |a - b| would skip where they may disagree), the difference where both are finite."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape:
         raise ValueError(f"the two computations have different shapes: {a.shape} and {b.shape}")
@@ -308,11 +287,9 @@ def compare_exponents(a, b, *, names: tuple[str, str] = ("a", "b")) -> ExponentA
 
 
 def timings(model: DiffEqFormerLMHeadModel, token_ids, *, repeats: int = 3) -> pd.DataFrame:
-    """Wall-clock seconds of ``token_lyapunov`` for the last position, fast and direct (the authors' method): a row
-    per method with the median and minimum of ``repeats`` runs after a compiling one (``compile_s``). ``attrs``:
-    ``speedup`` (direct / fast median), ``tokens``, and the methods' agreement (``compare_exponents``):
-    ``max_abs_difference`` over the ``finite_exponents`` finite in both, ``nonfinite_exponents`` (the rest, of the same
-    kind in both). Raises ValueError if they differ in kind anywhere, or none is finite in both."""
+    """Wall-clock seconds of ``token_lyapunov`` for the last position, fast and direct: median and minimum of
+    ``repeats`` runs after a compiling one (``compile_s``); ``attrs``: ``speedup``, ``tokens`` and the methods'
+    agreement (``compare_exponents``), a ValueError if they differ in kind anywhere or none is finite in both."""
     if repeats < 1:
         raise ValueError(f"repeats must be positive, got {repeats}")
     rows, results = [], {}
@@ -348,21 +325,17 @@ class Example(NamedTuple):
     tokenizer: object
 
 
-def corpus_example(text: str, *, vocab_size: int = 4096, domain: str = "all", split: str = "validation",
-                   max_tokens: int | None = None, root=None) -> Example:
-    """``text``, checked to occur verbatim in the Shakespeare corpus (``split`` of ``domain``; the validation split
-    is held out from training), tokenised with the corpus's BPE of ``vocab_size`` tokens (``encode_text``).
-
-    Needs the prepared corpus (``python -m diffeqformer.data prepare``, or any training run on it) below ``root``
-    (default ``paths.DATA``)."""
+def corpus_example(text: str, *, vocab_size: int = 4096, max_tokens: int | None = None, root=None) -> Example:
+    """``text``, checked to occur verbatim in the validation split of the Shakespeare corpus (held out from training)
+    prepared below ``root`` (default ``paths.DATA``), tokenised with its BPE of ``vocab_size`` tokens."""
     from ..data.corpora import CorpusLayout, load_tokenizer
 
     layout = CorpusLayout() if root is None else CorpusLayout(Path(root))
-    path = layout.jsonl(domain, split)
+    path = layout.jsonl("all", "validation")
     if not path.exists():
         raise FileNotFoundError(f"{path} does not exist: prepare the corpus (python -m diffeqformer.data prepare)")
     if not any(text in json.loads(line)["text"] for line in path.read_text().splitlines() if line):
-        raise ValueError(f"the example does not occur in the {split} split of the {domain!r} corpus: {text[:60]!r}...")
+        raise ValueError(f"the example does not occur in the validation split of the corpus: {text[:60]!r}...")
     tokenizer = load_tokenizer(layout.tokenizer(vocab_size))
     ids, tokens = encode_text(tokenizer, text, max_tokens=max_tokens)
     return Example(ids, tokens, tokenizer)

@@ -1,8 +1,7 @@
 """The time and peak memory of a training step (F9, Figs. 15-16) and the fit of peak memory against the parameters.
 
-A step is measured in fresh processes of its own (``concurrent.futures`` with the ``spawn`` context), because a
-process's high-water mark of resident memory cannot be reset everywhere and XLA's compiler needs several times the
-step's memory while it compiles:
+A step is measured in fresh processes of its own (a process's high-water mark cannot be reset everywhere, and XLA's
+compiler needs several times the step's memory):
 
     python -m diffeqformer.analysis.memory runs/cpu-diffeqformer --batch 16 --steps 10
 """
@@ -62,9 +61,8 @@ def compiled_train_step(model, tokens, *, learning_rate: float = 1e-4, donate: b
 
 
 def memory_parts(compiled) -> dict[str, int] | None:
-    """XLA's plan for a compiled step in bytes (None where the backend gives none): ``arguments`` (parameters and
-    optimiser state), ``outputs``, ``aliased`` (outputs written into donated arguments), ``temporaries`` (gradients,
-    activations, workspace) and ``peak`` = arguments + outputs - aliased + temporaries."""
+    """XLA's plan for a compiled step in bytes (None where the backend gives none): ``arguments``, ``outputs``,
+    ``aliased`` (into donated arguments), ``temporaries`` and ``peak`` = arguments + outputs - aliased + temporaries."""
     mem = compiled.memory_analysis()
     if mem is None:
         return None
@@ -80,11 +78,8 @@ PARAMETER_BYTES = 16
 
 @dataclass(frozen=True)
 class MemoryGrowth:
-    """Peak memory of a training step against the parameter count over a sweep (F9: d_t): the least-squares line
-    memory = ``fixed`` + ``per_parameter`` x parameters. ``per_parameter`` is what an added parameter costs
-    (``PARAMETER_BYTES`` if it costs what its own training state takes), ``fixed`` what does not grow with the
-    parameters (activations, the weights W(t) generated for a forward pass, workspace); ``source`` says what was
-    measured (e.g. ``H100 allocator peak, batch 16``)."""
+    """The least-squares line memory = ``fixed`` + ``per_parameter`` x parameters of a training step's peak memory over
+    a sweep (F9: d_t); ``per_parameter`` is ``PARAMETER_BYTES`` if a parameter costs only its training state."""
 
     params: tuple[float, ...]
     memory: tuple[float, ...]
@@ -133,9 +128,8 @@ def memory_growth(params: Sequence[float], memory: Sequence[float], source: str)
 
 
 def gpu_memory_growth(path: str | Path) -> tuple:
-    """The d_t sweep of a GPU measurement file (``benchmarks/gpu/measure.py``'s JSON: the first pair's DiffEqFormer
-    and the ``time_embed_dim`` entries, each with ``params`` and ``peak_memory_gib``, the allocator's peak) as a
-    ``MemoryGrowth`` and a table (d_t, parameters, peak GiB, ``PARAMETER_BYTES`` x parameters in GiB)."""
+    """The d_t sweep of a GPU measurement file (``benchmarks/gpu/measure.py``'s JSON) as a ``MemoryGrowth`` and a table
+    (d_t, parameters, peak GiB, ``PARAMETER_BYTES`` x parameters in GiB)."""
     import pandas as pd
 
     result = json.loads(Path(path).read_text())
@@ -185,10 +179,8 @@ CACHE_EVENTS = ("/jax/compilation_cache/compile_requests_use_cache", "/jax/compi
 
 
 def _measure(run, batch: int, steps: int, cache: str | None = None) -> dict:
-    """In this process (whose JAX runtime must not have started): the run's model built from its config, ``steps``
-    AdamW steps on random tokens, the memory that took and the time per step. ``cache``: JAX's persistent
-    compilation cache for this process, which keeps every program, and oneDNN as XLA's CPU library in the form the
-    cache keeps (``ONEDNN_CACHEABLE_FLAG``: the training's custom calls make programs it cannot keep)."""
+    """In a process whose JAX runtime has not started: ``steps`` AdamW steps of the run's model on random tokens, their
+    memory and time; ``cache``: JAX's compilation cache, with oneDNN in a form it keeps (``ONEDNN_CACHEABLE_FLAG``)."""
     import statistics
     import time
 
@@ -245,20 +237,12 @@ def measure_training_step(run, *, batch: int = 16, steps: int = 10) -> dict:
 
 
 def measure_training_steps(runs: Sequence, *, batch: int = 16, steps: int = 10, progress: bool = False) -> list[dict]:
-    """The measured cost of a training step of each run's model (built fresh from its config, random tokens, AdamW,
-    its dropout): ``step_s`` (median seconds per step, after the first), ``tokens_per_second`` and its memory:
-
-    * ``training_mib``: the process's peak resident memory less its resident memory once JAX's runtime was up (where
-      the high-water mark is reset, so that the imports' transient peak does not hide a small model): parameters,
-      AdamW state, the compiled step and its activations for ``batch`` sequences. The compiler needs several times
-      that, so the step is compiled in a first process (``compile_mib``: its peak; ``first_compile_s``) into a
-      private compilation cache and measured in a second one that loads it (``step_from_cache``);
-    * ``device_peak_mib``: the accelerator allocator's peak (``peak_bytes_in_use``; GPU/TPU only, else None);
-    * ``xla_planned_mib``: XLA's plan (``memory_parts``) and its parts ``xla_arguments_mib``, ``xla_outputs_mib``,
-      ``xla_aliased_mib``, ``xla_temporaries_mib``; ``params``: the float parameters the step trains.
-
-    The compiling processes run side by side (nothing of them that a result uses is timed), then the measuring
-    processes one after the other (``timed_from``, ``timed_to``), so that no two timed steps share the machine."""
+    """The cost of a training step of each run's model (fresh from its config, random tokens, AdamW): ``step_s``
+    (median, after the first), ``tokens_per_second``, ``training_mib`` (peak resident memory above that of the started
+    runtime), ``device_peak_mib`` (GPU/TPU), ``xla_planned_mib`` and its parts, ``params``. The step is compiled in a
+    first process (``compile_mib``, ``first_compile_s``) into a private compilation cache, all side by side, and timed
+    in a second one that loads it, one after the other (``timed_from``, ``timed_to``) so that no two timed steps share
+    the machine."""
     from tqdm.auto import tqdm
 
     if batch < 1 or steps < 1:

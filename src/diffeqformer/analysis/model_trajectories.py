@@ -47,16 +47,10 @@ def model_attention_matrices(model: "DiffEqFormerLMHeadModel", t: hax.NamedArray
 
 def simulate_model(model: "DiffEqFormerLMHeadModel", config: ModelTrajectoryConfig = ModelTrajectoryConfig(), *,
                    cache_dir: Path | str | None = None) -> xr.Dataset:
-    """Tokens moved by each head of ``config.heads`` (``model_attention_matrices``), from a start uniform on
-    S^{D-1}. The network was trained on its Euler grid only; between its points W(t) is what the hypernetwork
-    extrapolates.
-
-    Returns a Dataset with ``x`` (head, time, token, dim), ``x_pca`` (head, time, token, pc: on the top-3 principal
-    components of all times and tokens of that head, centred), ``pca_explained`` (head, pc: fraction of variance),
-    ``qk_radius`` and ``ov_radius`` (head, time: max |eig| of A(t) and B(t)), ``success`` and ``num_steps`` (head);
-    attrs as ``trajectories.simulate``'s plus the model's size and ``model_fingerprint``. Cached in ``cache_dir`` by
-    the configuration and the model's weights.
-    """
+    """Tokens moved by each head of ``config.heads`` (``model_attention_matrices``) from a start uniform on S^{D-1},
+    cached in ``cache_dir`` by the configuration and the weights: ``x`` (head, time, token, dim), ``x_pca`` (on the
+    head's top-3 principal components), ``pca_explained``, ``qk_radius``, ``ov_radius`` (max |eig| of A(t), B(t)),
+    ``success``, ``num_steps``; attrs as ``trajectories.simulate``'s plus the model's."""
     model_key = fingerprint(model)
     return cached(cache_dir, "model-trajectories", {**config_key(config), "model": model_key},
                   lambda: _simulate_model(model, config, model_key), save=save_netcdf, load=load_netcdf, suffix=".nc")

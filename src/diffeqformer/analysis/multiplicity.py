@@ -11,9 +11,8 @@ from .statistics import CONTRADICTED, INCONCLUSIVE, LEVEL, REPRODUCED, UNTESTED,
 
 
 def holm(p_values: Sequence[float]) -> list[float]:
-    r"""Holm's adjustment (a NaN stays NaN, uncounted): the i-th smallest of m becomes
-    :math:`\max_{j \le i} \min(1, (m - j + 1)\,p_{(j)})`. Statsmodels' ``multipletests(method="holm")`` gives the
-    same numbers, but runs a full garbage collection on every call."""
+    r"""Holm's adjustment (a NaN stays NaN, uncounted): :math:`\max_{j \le i} \min(1, (m - j + 1)\,p_{(j)})`, the
+    numbers of statsmodels' ``multipletests(method="holm")`` without its full garbage collection on every call."""
     p = np.array(p_values, dtype=float)
     tested = np.flatnonzero(~np.isnan(p))
     order = tested[np.argsort(p[tested], kind="stable")]

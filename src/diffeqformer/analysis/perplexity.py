@@ -80,10 +80,8 @@ def check_runs(runs: Mapping[str, str | Sequence[str]]) -> dict[str, list[Path]]
 
 
 def curves(runs: Mapping[str, str | Sequence[str]]):
-    """Validation perplexity over training: a DataFrame with columns ``row``, ``label``, ``seed`` (the run's place
-    in its row's list), ``step``, ``eval_loss``, ``perplexity`` (exp of the mean validation loss per token),
-    ``train_perplexity`` (of the training loss logged at the same step) and ``train_loss_interval`` (the mean
-    training loss over the steps since the previous evaluation, this one's included; NaN where none was logged)."""
+    """Validation perplexity over training, per ``row``, ``label``, ``seed``, ``step``: ``eval_loss``, ``perplexity``,
+    ``train_perplexity`` and ``train_loss_interval`` (mean training loss since the previous evaluation; NaN if none)."""
     import numpy as np
     import pandas as pd
 
@@ -117,9 +115,8 @@ def final_losses(frame) -> dict[str, list[float]]:
 
 
 def overfitting(frame) -> dict[str, dict[str, list[float]]]:
-    """Row key -> measure (``OVERFIT_MEASURES``) -> its value for each seed, from ``curves``, in nats: ``rise``, the
-    final less the best validation loss (0 when the last evaluation is the best); ``gap``, the final validation loss
-    less the mean training loss over the last evaluation interval (NaN where the run logged no training loss)."""
+    """Row key -> measure -> its value per seed, in nats, from ``curves``: ``rise`` (final less best validation loss)
+    and ``gap`` (final validation loss less the mean training loss of the last interval; NaN without one)."""
     out: dict[str, dict[str, list[float]]] = {}
     for (key, _), c in frame.sort_values("step").groupby(["row", "seed"], sort=False):
         last = c.iloc[-1]
@@ -130,9 +127,8 @@ def overfitting(frame) -> dict[str, dict[str, list[float]]]:
 
 
 def comparisons(frame) -> dict[str, Comparison]:
-    """Row key -> its final log-perplexities compared with its baseline's (``BASELINE_OF``) over the seeds they share
-    (``statistics.compare_seeds``): the difference is the log of the ratio of perplexities, for the rows whose
-    baseline is there."""
+    """Row key -> its final log-perplexities compared with its baseline's (``BASELINE_OF``) over their shared seeds
+    (``statistics.compare_seeds``: the log of the perplexities' ratio), for the rows whose baseline is there."""
     losses = final_losses(frame)
     return {key: compare_seeds(losses[key], losses[base]) for key, base in BASELINE_OF.items()
             if key in losses and base in losses}
@@ -158,11 +154,8 @@ def overfit_comparisons(measures: Mapping[str, Mapping[str, Sequence[float]]]) -
 
 
 def verdicts(frame) -> dict[str, claims.Verdict]:
-    """The verdicts on F6's claims (``claims.CLAIMS``), each from its one primary test: ``f6_ours`` and ``f6_llama``
-    (the paired t-test of the final log-perplexities against the baseline's), ``f6_shared`` (the weight-shared model
-    worse than GPT-2 and than DiffEqFormer, the intersection-union test of both), ``f6_overfit`` (the paired t-test
-    of the rise above the best validation loss); a claim whose rows this preset does not train is untested, and
-    says so."""
+    """The verdicts on F6's claims (``claims.CLAIMS``), each from its primary test: ``f6_ours``, ``f6_llama`` and
+    ``f6_overfit`` paired t-tests, ``f6_shared`` the intersection-union test of both (untested without its runs)."""
     versus = comparisons(frame)
     out = {}
     for name, key in (("f6_ours", "ours"), ("f6_llama", "ours_llama")):
@@ -198,10 +191,8 @@ MAIN_COLUMNS = ("model", "paper row", "paper ppl", "final ppl", "vs baseline %",
 
 
 def final_table(runs: Mapping[str, str | Sequence[str]]):
-    """One row per row key (the index), in the tables' order: parameters, steps, seeds, the final validation
-    perplexity's mean and sd over seeds, the mean best perplexity, the change against the row's baseline in percent
-    (``comparisons``; negative: better) with its 95% interval, p and verdict, the two measures of ``overfitting``
-    (the rise in percent, the gap in nats, each with its sd), throughput, and the paper's row and number."""
+    """One row per row key in the tables' order: sizes, seeds, final perplexity (mean, sd), best, the change against
+    its baseline (``comparisons``: interval, p, verdict), ``overfitting``, throughput, the paper's number."""
     import pandas as pd
 
     frame = curves(runs)

@@ -28,12 +28,8 @@ class WeightCurves:
 
 
 def weight_curves(model, unit: str = "q_proj", *, num_entries: int = 4, num_times: int = 2001, seed: int = 0):
-    """A few entries of the trained weight ``unit`` of a DiffEqFormer as continuous functions of t.
-
-    Only the chosen entries are computed (h(t) on the grid, then the matching columns of Proj), so a fine grid
-    costs little even for a wide model. The grid contains the Euler points t_k, whose values are taken
-    independently from ``model.weights_at`` (the path the forward pass takes): curve and points must agree.
-    """
+    """A few entries of the trained weight ``unit`` of a DiffEqFormer as functions of t on a grid holding the Euler
+    points, computed for those entries alone; the Euler points' values come from ``model.weights_at`` independently."""
     import haliax as hax
     import jax.numpy as jnp
 
@@ -74,10 +70,8 @@ def weight_curves(model, unit: str = "q_proj", *, num_entries: int = 4, num_time
 
 
 def variation_ratio(curves: WeightCurves) -> float:
-    """How far the entries travel along the fine grid of t, as a multiple of how far they travel from one Euler
-    point to the next (total variation, summed over entries). 1 means W(t) is monotone between the layer points;
-    much more than 1 means it oscillates between them (the sinusoids' scale s = 1000 allows periods of about
-    2 pi / 1000 in t), which the trained model never sees at its own L steps."""
+    """The entries' total variation along the fine grid of t over that between the Euler points: 1 when W(t) is monotone
+    between them, much more when it oscillates there (periods down to 2 pi / 1000), unseen by the trained model."""
     fine = np.abs(np.diff(curves.values, axis=0)).sum()
     coarse = np.abs(np.diff(curves.layer_values, axis=0)).sum()
     return float(fine / coarse) if coarse > 0 else float("inf")

@@ -1,20 +1,10 @@
 """Eigenvalue spectra of the attention and feed-forward weights along depth (paper Section 5.1, Fig. 2a/2b, App. E).
 
-A token is a row vector x and maps act on the right (y = x W, as ``hnn.Linear``). For head h, with W_Q^h, W_K^h,
-W_V^h: D x d_k and W_O^h: d_k x D, the score is x_i W_Q^h (W_K^h)^T x_j^T and the head's output sum_j a_ij x_j W_V^h
-W_O^h: QK^h = W_Q^h (W_K^h)^T and OV^h = W_V^h W_O^h (D x D, rank <= d_k). The FFN matrix is W_1 W_2 (SwiGLU:
-W_gate W_down, the branch through the nonlinearity). Left out: the 1/sqrt(d_k) scale, biases, RoPE (QK^h is the form
-at relative position 0) and the norms' gains unless ``fold_norm`` (diag(gamma) W for a map fed by a norm). For the ODE
-model these are the weights W(t) of the vector field; an Euler step of size 1/L scales the update, not the matrices.
-
-Eigenvalues are complex, in float64 from the float32 weights (LAPACK, one OpenBLAS thread), sorted by decreasing
-magnitude (conjugate pairs: positive imaginary part first); the index ranks them at each t, it does not follow one
-through a crossing. AB and BA share their nonzero eigenvalues, so ``method="fast"`` diagonalises the smaller product
-(W_K^T W_Q, W_O W_V, W_2 W_1 when M < D) and keeps the min(D, r) eigenvalues that can be nonzero; ``"full"`` all D.
-
-Growth with depth (``depth_growth``) is judged over seeds (the book's rule), each model on its own depth grid: a
-DiffEqFormer at its Euler steps t_k = (k+1)/L, the only times training evaluated W(t). Between them W(t) is an
-interpolation training never saw, whose time embedding oscillates with period 2 pi / s (s = 1000).
+The matrices and conventions are those of ``CONVENTION`` (rows act on the right, y = x W): QK^h = W_Q^h (W_K^h)^T,
+OV^h = W_V^h W_O^h and FFN = W_1 W_2, without the 1/sqrt(d_k) scale, biases, RoPE and (unless ``fold_norm``) the norm
+gains. The eigenvalue index ranks them at each depth; it does not follow one through a crossing. Growth with depth
+(``depth_growth``) is judged over seeds, each model on its own grid: a DiffEqFormer at its Euler steps (k+1)/L, the
+only times training evaluated W(t).
 """
 
 from __future__ import annotations
@@ -129,12 +119,8 @@ def _sorted(lam: np.ndarray) -> np.ndarray:
 
 
 def product_eigvals(a: np.ndarray, b: np.ndarray, method: str = "fast") -> np.ndarray:
-    r"""Eigenvalues of the n x n product A B for A: [..., n, r], B: [..., r, n], sorted by decreasing magnitude.
-
-    ``method="fast"`` returns the min(n, r) eigenvalues that can be nonzero: when r < n those of the r x r matrix
-    B A (AB and BA have the same nonzero eigenvalues; AB has n - r more zeros). ``method="full"`` returns all n
-    eigenvalues of A B. Computed in float64 (complex128 result), batched over the leading axes.
-    """
+    r"""Eigenvalues (complex128, by decreasing magnitude) of the n x n product A B, A: [..., n, r], B: [..., r, n]:
+    all n (``"full"``), or the min(n, r) that can be nonzero (``"fast"``: those of B A when r < n)."""
     if method not in ("fast", "full"):
         raise ValueError(f"method must be 'fast' or 'full', got {method!r}")
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
@@ -199,21 +185,11 @@ def _dataset(lam: dict[str, np.ndarray], dim: str, coords: dict, attrs: dict) ->
 
 
 def spectra(model, times=None, *, method: str = "fast", fold_norm: bool = False, batch_size: int = 32) -> xr.Dataset:
-    r"""Complex eigenvalues of every head's QK and OV matrices and of the feed-forward product, along depth.
-
-    ``model``: a ``DiffEqFormerLMHeadModel`` (time-dependent or weight-shared), a ``DiscreteDiffEqFormerLMHeadModel``
-    or Levanter's ``Gpt2LMHeadModel`` / ``LlamaLMHeadModel`` (``diffeqformer.model.baselines``). With ``times=None``
-    one entry per layer, dimension ``layer``, with the depth fraction (k+1)/L as coordinate ``time`` along it (for the
-    ODE model W(t_k), the weights of Euler step k); with ``times`` (the ODE model only) dimension ``time``, the weights
-    of ``batch_size`` times materialised at once.
-
-    Returns ``qk``, ``ov``: [time | layer, head, eig] and ``ffn``: [time | layer, ffn_eig], complex128; eig has d_k
-    entries (``"fast"``) or D (``"full"``), ffn_eig min(D, M) or D. ``attrs``: model kind and class, the configuration
-    (JSON) and its class, method, fold_norm, the conventions.
-    """
+    r"""Eigenvalues of every head's QK and OV matrices and of the feed-forward product along depth, of a DiffEqFormer
+    (continuous or discretised) or Levanter's GPT-2 / Llama: ``qk``, ``ov`` [layer | time, head, eig] and ``ffn``
+    [layer | time, ffn_eig]. With ``times=None`` one entry per layer (coordinate ``time`` = (k+1)/L); with ``times``
+    (the continuous model only) W(t) at those times, ``batch_size`` at once. ``attrs``: model, config, conventions."""
     kind = _model_kind(model)
-    if method not in ("fast", "full"):
-        raise ValueError(f"method must be 'fast' or 'full', got {method!r}")
     check_positive_int(batch_size, "batch_size")
     attrs = {"model_kind": kind, "model_class": f"{type(model).__module__}.{type(model).__qualname__}",
              **_config_attrs(model), "method": method, "fold_norm": int(fold_norm), "convention": CONVENTION,
@@ -244,13 +220,8 @@ def depth_dim(ds: xr.Dataset) -> str:
 
 
 def summarize(ds: xr.Dataset, *, rtol: float = 1e-6) -> pd.DataFrame:
-    r"""Statistics of every spectrum: one row per (time | layer, matrix, head), head <NA> for ``ffn``.
-
-    With rho = max |lambda|, an eigenvalue is nonzero when |lambda| > rtol rho, of positive real part when
-    Re lambda > rtol rho. Columns: ``spectral_radius`` (rho), ``max_real``, ``min_real``, ``n_nonzero``,
-    ``frac_positive_real`` (of the nonzero ones) and ``positivity`` = sum_i Re lambda_i / sum_i |lambda_i| in [-1, 1]
-    (Elhage et al. 2021: +1 when all are positive reals, the signature of copying OV / self-matching QK circuits).
-    """
+    r"""Per (depth, matrix, head; <NA> for ``ffn``): ``spectral_radius`` rho, ``max_real``, ``min_real``,
+    ``n_nonzero`` (|lambda| > rtol rho), ``frac_positive_real``, ``positivity`` = sum Re lambda / sum |lambda|."""
     dim = depth_dim(ds)
     frames = []
     for name in MATRICES:
@@ -280,12 +251,8 @@ def summarize(ds: xr.Dataset, *, rtol: float = 1e-6) -> pd.DataFrame:
 
 
 def spectral_change(ds: xr.Dataset) -> pd.DataFrame:
-    r"""How much each spectrum moves between consecutive depth points: one row per (step k, matrix, head).
-
-    ``change`` = || |lambda|_{k+1} - |lambda|_k ||_2 / max(||\,|lambda|_k||_2, ||\,|lambda|_{k+1}||_2) of the
-    magnitude-sorted spectra (0: identical; of order 1 when unrelated). Columns: ``step``, ``time_from``, ``time_to``,
-    ``matrix``, ``head`` (<NA> for ffn), ``change``.
-    """
+    r"""How much each spectrum moves between consecutive depth points, one row per (step, matrix, head): ``change`` =
+    || |lambda|_{k+1} - |lambda|_k || / max(|| |lambda|_k ||, || |lambda|_{k+1} ||) of the sorted magnitudes."""
     dim = depth_dim(ds)
     times = ds["time"].values
     rows = []
@@ -306,22 +273,14 @@ def spectral_change(ds: xr.Dataset) -> pd.DataFrame:
 
 
 def mean_change(ds: xr.Dataset) -> pd.Series:
-    """Mean of ``spectral_change`` over steps and heads, per matrix (index ``qk``, ``ov``, ``ffn``). It depends on the
-    grid: compare models on the same kind of grid (an ODE at its Euler steps against a GPT's layers)."""
+    """Mean of ``spectral_change`` over steps and heads, per matrix; it depends on the grid (compare like grids)."""
     change = spectral_change(ds)
     return change.groupby("matrix", sort=False)["change"].mean().reindex(list(MATRICES))
 
 
 def depth_trends(summary: pd.DataFrame, stats: Sequence[str] = ("spectral_radius", "positivity")) -> pd.DataFrame:
-    r"""How each statistic of ``summarize`` moves with depth: one row per (matrix, head, stat).
-
-    Columns: ``spearman`` (rank correlation with the depth fraction ``time``; NaN for a constant statistic, e.g. a
-    weight-shared model), ``first`` and ``last`` (at the shallowest and deepest point), ``mean``, ``peak_time`` (the
-    depth of its maximum), ``points``. Rows of ``ffn`` have head <NA>.
-    """
-    missing = [s for s in stats if s not in summary.columns]
-    if missing:
-        raise ValueError(f"{missing} are not columns of the summary")
+    r"""How each statistic of ``summarize`` moves with depth, one row per (matrix, head, stat): ``spearman`` (with
+    ``time``; NaN when constant), ``first``, ``last``, ``mean``, ``peak_time`` (depth of its maximum), ``points``."""
     rows = []
     for (matrix, head), g in summary.groupby(["matrix", "head"], sort=False, dropna=False):
         g = g.sort_values("time")
@@ -340,9 +299,8 @@ def depth_trends(summary: pd.DataFrame, stats: Sequence[str] = ("spectral_radius
 
 
 def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_period: int = 8) -> np.ndarray:
-    """``points`` times around ``center``, ``per_period`` of them per period 2 pi / s of the fastest sinusoid of the
-    time embedding (s = ``sinusoidal_scale`` of a config, or of a spectra dataset's): a grid that follows W(t) between
-    two Euler steps."""
+    """``points`` times around ``center``, ``per_period`` per period 2 pi / s of the time embedding's fastest sinusoid
+    (of a config or a spectra dataset's): a grid that follows W(t) between two Euler steps."""
     config = config_of(ds_or_config) if isinstance(ds_or_config, xr.Dataset) else ds_or_config
     if points < 2 or per_period < 1:
         raise ValueError(f"need points >= 2 and per_period >= 1, got {points}, {per_period}")
@@ -352,9 +310,8 @@ def resolving_times(ds_or_config, points: int, *, center: float = 0.5, per_perio
 
 def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = None,
                  **kwargs) -> dict[str, list[xr.Dataset]]:
-    """``{label: run or list of seed runs}`` (relative to ``paths.HOME``) -> ``{label: [spectra of each seed's
-    trained model]}`` on each model's own depth grid, through ``cached_spectra`` with ``cache_dir``. Keyword arguments
-    go to ``spectra``."""
+    """``{label: run or seed runs}`` -> ``{label: [spectra of each seed's model]}`` on its own depth grid, cached in
+    ``cache_dir``; keyword arguments go to ``spectra``."""
     from ..runs import load_model, run_path
     from .statistics import as_list
 
@@ -366,9 +323,8 @@ def seed_spectra(runs: Mapping[str, object], *, cache_dir: str | Path | None = N
 
 
 def log_radius(ds: xr.Dataset, matrix: str) -> np.ndarray:
-    r"""The heads' mean log spectral radius :math:`\overline{\log\rho} = \frac{1}{H}\sum_h \log \max_i |\lambda_i^h|`
-    of ``matrix`` at each depth point [N] (the FFN's one radius for ``ffn``): the log of their geometric mean, which
-    weighs every head alike whatever its scale."""
+    r"""The heads' mean log spectral radius of ``matrix`` at each depth point [N] (the log of their geometric mean,
+    which weighs every head alike whatever its scale)."""
     rho = np.abs(ds[matrix]).max("ffn_eig" if matrix == "ffn" else "eig").values  # [N] or [N, H]
     if not np.all(rho > 0):
         raise ValueError(f"{matrix}: a spectral radius of 0 has no logarithm")
@@ -376,9 +332,8 @@ def log_radius(ds: xr.Dataset, matrix: str) -> np.ndarray:
 
 
 def log_radius_slope(ds: xr.Dataset) -> dict[str, float]:
-    r"""Per matrix, the least-squares slope :math:`\beta` of ``log_radius`` against the depth fraction ``time``: the
-    radius changes by :math:`e^{\beta\,\Delta t}` over a span :math:`\Delta t`; exactly 0 for a spectrum constant
-    along depth."""
+    r"""Per matrix, the least-squares slope of ``log_radius`` against the depth fraction ``time`` (exactly 0 for a
+    spectrum constant along depth)."""
     t = ds["time"].values.astype(np.float64)
     if t.size < 2:
         raise ValueError("a slope along depth needs at least two depth points")
@@ -392,15 +347,10 @@ def log_radius_slope(ds: xr.Dataset) -> dict[str, float]:
 
 
 def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
-    r"""Whether the spectral radii grow with depth, over seeds: one row per (model, matrix), from ``{label: [spectra
-    of each seed]}`` (``seed_spectra``).
-
-    The seed is the unit (the depth points of one model are not independent draws): the one-sample t-test of the
-    seeds' ``log_radius_slope`` against 0 (``statistics.one_sample``). Columns: ``model``, ``matrix``, ``seeds``,
-    ``slope`` (mean over seeds, per unit t), ``factor`` (:math:`e^{\text{slope}\,\Delta t}` over the grid's span),
-    ``verdict``, ``change`` (mean over seeds of ``mean_change``), ``comparison`` (the ``statistics.Comparison``), and
-    per seed: ``slopes``, ``spearman`` (median over heads of ``depth_trends``' correlation of the radius with depth),
-    ``peak_time`` (depth of the largest head-mean radius), ``positivity`` (the same correlation of the positivity)."""
+    r"""Whether the spectral radii grow with depth, one row per (model, matrix) of ``{label: [spectra of each seed]}``:
+    the seed is the unit (a model's depth points are not independent draws), the one-sample t-test of the seeds'
+    ``log_radius_slope`` against 0. Columns: ``slope`` (mean), ``factor`` (e^{slope * span}), ``verdict``,
+    ``change`` (``mean_change``), ``comparison``, and per seed ``slopes``, ``spearman``, ``peak_time``, ``positivity``."""
     from .statistics import as_list, one_sample
 
     rows = []
@@ -427,9 +377,8 @@ def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
 
 
 def verdicts(layers: Mapping[str, Sequence[xr.Dataset]], *, ode: str = "ours") -> dict:
-    """The verdict (``claims.Verdict``) on F2's claim that the QK and OV eigenvalues grow with t
-    (``claims.CLAIMS["f2_growth"]``): the intersection-union test of the QK and the OV slopes of ``depth_growth``
-    of model ``ode``."""
+    """The verdict on F2's claim that the QK and OV eigenvalues grow with t: the intersection-union test of both
+    slopes of ``depth_growth`` of model ``ode``."""
     growth = depth_growth(layers)
     rows = growth[growth.model == ode].set_index("matrix")
     return {"f2_growth": claims.intersection("f2_growth", {f"the {m.upper()} radius": rows.loc[m, "comparison"]

@@ -198,9 +198,8 @@ class Judged:
 
 @dataclass(frozen=True)
 class Comparison(Judged):
-    """``a`` against ``b`` by the rule: ``difference`` with its two-sided ``p`` and 95% interval ``low``, ``high`` (NaN
-    for an exact test), the ``test``'s name, ``n`` the seeds (the fewer side's) or pairs it rests on, counted in
-    ``unit``; ``se`` and ``df`` those of ``difference``. Untested (``n`` < 2): NaN interval and p."""
+    """``a`` against ``b`` by the rule: ``difference``, two-sided ``p``, 95% interval ``low``, ``high`` (NaN if exact),
+    ``test``, ``n`` seeds or pairs counted in ``unit``, ``se`` and ``df``; untested (``n`` < 2): NaN interval and p."""
 
     a: Spread
     b: Spread
@@ -282,20 +281,16 @@ def one_sample(values: Sequence[float]) -> Comparison:
 
 
 def compare_seeds(a: Sequence[float], b: Sequence[float]) -> Comparison:
-    """Two settings' per-seed values by the paired test on the first n seeds of both (n the fewer): the workflow
-    trains every setting as seeds 0..n-1 (``workflow.presets.seeded``), and seed k of each reads the same training
-    sequences."""
+    """Two settings' per-seed values by the paired test on the first n seeds of both (n the fewer): seed k of every
+    setting reads the same training sequences (``workflow.presets.seeded``)."""
     n = min(len(a), len(b))
     return compare(a[:n], b[:n], paired=True)
 
 
 def mcnemar(a: Sequence, b: Sequence) -> Comparison:
-    r"""Exact McNemar test of paired 0/1 outcomes, [pairs] or [pairs, replicates] (a prompt seen by each seed's model).
-
-    Of :math:`m` discordant pairs :math:`k` favour a, tested against :math:`\mathrm{Binomial}(m, 1/2)`; the
-    difference :math:`(2k - m) / N` over :math:`N` pairs, its interval Clopper-Pearson's of :math:`k/m` mapped alike,
-    its standard error :math:`\sqrt m / N`. A pair's replicates are not independent, so a pair counts once: it
-    favours a when a's outcomes summed over them exceed b's."""
+    """Exact McNemar test of paired 0/1 outcomes [pairs] or [pairs, replicates]: the k of m discordant pairs that
+    favour a against Binomial(m, 1/2), difference (2k - m) / N with Clopper-Pearson's interval mapped alike; a pair's
+    replicates are not independent, so it counts once (for a when a's summed outcomes exceed b's)."""
     a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
     if a.shape != b.shape or a.ndim not in (1, 2):
         raise ValueError(f"paired outcomes need the same shape, [pairs] or [pairs, replicates]: {a.shape}, {b.shape}")
@@ -344,10 +339,9 @@ class Trend(Judged):
 
 
 def trend(x: Sequence[float], y: Sequence[float], seeds: Sequence | None = None) -> Trend:
-    r"""The least-squares slope of :math:`y = \alpha_s + \beta x + \varepsilon` and the t-test of :math:`\beta = 0`;
-    ``seeds`` (each value's) gives each seed its intercept :math:`\alpha_s` (with two settings: the paired t-test),
-    else one. Every value on the line (residuals within 1e-12 of the values) makes t d/0: the exact sign-flip test of
-    the seeds' slopes instead (p = 2 / 2^seeds; 1 where each seed's values are equal), without an interval."""
+    r"""The least-squares slope of :math:`y = \alpha_s + \beta x + \varepsilon` and the t-test of :math:`\beta = 0`, an
+    intercept per seed with ``seeds``; values all on the line make t d/0: then the exact sign-flip test of the seeds'
+    slopes (p = 2 / 2^seeds; 1 where each seed's values are equal), without an interval."""
     x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     if x.shape != y.shape or x.ndim != 1:
         raise ValueError(f"a trend needs one x per value, got shapes {x.shape} and {y.shape}")

@@ -10,14 +10,10 @@ and measurements: the measurements page):
 
 * Diffrax's Tsit5 with a PID controller by default; the paper's 200 Euler steps are
   ``SolverConfig(solver="euler", adaptive=False, num_steps=200)``.
-* On the sphere every token is renormalised after each step, and so is the dense output (the projection method,
-  Hairer, Lubich & Wanner, GNI IV.4): it keeps the solver's order; ``SolverConfig(project=False)`` turns it off.
-* Free space solves for x_i = e^rho y_i with a common log-scale rho, d rho/dt = mean_i <y_i, v_i> / |y_i|^2, so that
-  y stays of order one (x and the scores overflow float32 with fast growth); the score scale beta g^2 e^{2 rho} is
-  capped at ``SCORE_CAP``. The Dataset's ``x`` holds y, ``log_scale`` rho. A solve stops at the first non-finite
-  state (``success = False``, later times NaN). Model-driven solves are for x itself.
-* Redrawn weights jump at known times: adaptive steps do not straddle them (``ClipStepSizeController``); Euler steps
-  take the weights of the step's start, looked up at t + h/2 (immune to the rounding of t).
+* On the sphere every token is renormalised after each step and in the dense output (the projection method).
+* Free space solves for x_i = e^rho y_i with a common log-scale rho (``log_scale``), so that y stays of order one in
+  float32; the score scale is capped at ``SCORE_CAP``. A solve stops at its first non-finite state.
+* Redrawn weights jump at known times: adaptive steps do not straddle them, Euler steps look them up at t + h/2.
 """
 
 from __future__ import annotations
@@ -243,9 +239,8 @@ class _ProjectedInterpolation(diffrax.AbstractLocalInterpolation):
 
 
 class SphereProjection(diffrax.AbstractWrappedSolver):
-    """Wraps a Diffrax solver: after each step every token (row of y, [..., n, d]) is divided by its norm, and so is
-    the dense output. The correction is of the size of the step's own error, so the solver keeps its order; the error
-    estimates and the FSAL stage stay the wrapped solver's (they differ by the step's drift, far below tolerance)."""
+    """Wraps a Diffrax solver: every token (row of y) of each step and of the dense output is divided by its norm; the
+    correction is of the step's own error, so the solver keeps its order, error estimates and FSAL stage."""
 
     solver: diffrax.AbstractSolver
 
@@ -281,9 +276,8 @@ class SphereProjection(diffrax.AbstractWrappedSolver):
 
 def solve(field: Callable, y0, args, ts: jax.Array, dt0: jax.Array, solver: SolverConfig, sphere: bool,
            dtmax: float | None = None, jump_ts: jax.Array | None = None):
-    """Solve dy/dt = field(t, y, args) with (first) step dt0, saved at ts: (ys [len(ts), ...], num_steps, success),
-    NaN where a failed solve did not reach. Adaptive steps do not straddle ``jump_ts``. dt0 is traced (and
-    ``solver.num_steps`` not read), so that solves differing only in the step share a compile."""
+    """Solve dy/dt = field(t, y, args) from step dt0, saved at ts: (ys, num_steps, success), NaN past a failure;
+    adaptive steps do not straddle ``jump_ts``; dt0 is traced, so solves differing only in the step share a compile."""
     inner = SOLVERS[solver.solver]()
     method = SphereProjection(inner) if (sphere and solver.project) else inner
     t0, t1 = ts[0], ts[-1]
@@ -359,9 +353,8 @@ def _free_velocity(y: jax.Array, rho: jax.Array, A: jax.Array, B: jax.Array, bet
 
 @functools.lru_cache(maxsize=None)
 def _polynomial_runner(solver: SolverConfig, sphere: bool, pieces: bool) -> Callable:
-    """The compiled solve of a batch of (power, Q, K, V [P, d, d], x(0)), one per (solver settings, geometry, whether
-    the weights jump); times, beta, the step and the jump times are traced. Fixed weights do without the jump times,
-    whose step controller costs more per step."""
+    """The compiled solve of a batch of (power, Q, K, V [P, d, d], x(0)), one per (solver settings, geometry, jumps);
+    times, beta, the step and the jump times are traced (fixed weights skip the costlier jump-aware controller)."""
 
     def field(t, state, args):
         power, q, k, v, beta, jumps, shift = args
@@ -393,20 +386,10 @@ def _polynomial_runner(solver: SolverConfig, sphere: bool, pieces: bool) -> Call
 
 
 def simulate(config: TrajectoryConfig = TrajectoryConfig(), *, cache_dir: Path | str | None = None) -> xr.Dataset:
-    """Solve the random-weight dynamics for every growth power and seed of ``config``.
-
-    Seed s: PRNGKey(s) split into (weights, start), shared by every power p; A(t) = t^{2p} Q(0)^T K(0),
-    B(t) = t^p V(0) (redrawn: those of the interval holding t). All (p, s) are solved in one compiled call.
-
-    Returns a Dataset with
-      ``x``          (growth, seed, time, token, dim)   positions (free space: y = x e^-rho)
-      ``log_scale``  (growth, seed, time)               free space only: rho
-      ``q0``, ``k0``, ``v0`` (seed, row, col)           Q(0), K(0), V(0) (redrawn: those of the first interval)
-      ``success``    (growth, seed)                     the solve reached T, finite, within ``max_steps``
-      ``num_steps``  (growth, seed)                     accepted + rejected solver steps
-    coordinates growth (the powers, with ``growth_label``), seed, time, token, dim; ``attrs``: every configuration
-    field (``config`` as JSON for ``config_from_attrs``). Cached in ``cache_dir`` (``cache.cached``).
-    """
+    """Solve the random-weight dynamics for every growth power and seed of ``config`` in one compiled call (seed s:
+    PRNGKey(s) split into weights and start, shared by every power), cached in ``cache_dir``: ``x`` (growth, seed,
+    time, token, dim; free space: y), ``log_scale`` (free space: rho), ``q0``, ``k0``, ``v0`` (seed, row, col),
+    ``success`` and ``num_steps`` (growth, seed); ``attrs``: the configuration (``config_from_attrs``)."""
     return cached(cache_dir, "trajectories", config_key(config), lambda: _simulate(config), save=save_netcdf,
                   load=load_netcdf, suffix=".nc")
 
