@@ -340,14 +340,6 @@ def without_overrides(overrides: list[str] | tuple[str, ...], *fields: str) -> t
                  for item in (f"--{key}", value))
 
 
-def with_override(overrides: list[str] | tuple[str, ...], dotted: str, value: str) -> tuple[str, ...]:
-    """``overrides`` with ``dotted`` set to ``value``: in the place of the override that set it, else at the end."""
-    pairs = override_pairs(overrides)
-    if dotted not in {key for key, _ in pairs}:
-        pairs.append((dotted, value))
-    return tuple(item for key, old in pairs for item in (f"--{key}", value if key == dotted else old))
-
-
 def override_args(values: dict[str, Any]) -> tuple[str, ...]:
     """Overrides that set each dotted field of ``values`` (a string as it is, anything else as JSON, which draccus
     reads as YAML): ``{"optimizer.beta2": 0.95}`` -> ``("--optimizer.beta2", "0.95")``."""

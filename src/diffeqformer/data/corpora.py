@@ -378,21 +378,20 @@ def split_openwebtext(dataset, *, seed: int = 2357, validation_fraction: float =
     return parts["train"], parts["test"]
 
 
-def prepare_openwebtext(out_dir: Path, *, num_train_shards: int = 64,
-                        num_proc: int | None = None) -> dict[str, list[Path]]:
+def prepare_openwebtext(out_dir: Path) -> dict[str, list[Path]]:
     """Download ``Skylion007/openwebtext`` once, split it with ``split_openwebtext`` and write it as gzipped JSONL
     shards into ``out_dir`` (``write_jsonl_shards``); returns the shard paths by split."""
-    counts = {"train": num_train_shards, "validation": 1}
+    counts = {"train": 64, "validation": 1}
     shards = _shard_paths(out_dir, counts)
     if all(p.exists() for ps in shards.values() for p in ps):
         return shards
     require_hub("openwebtext")
     try:
-        full = datasets.load_dataset(OPENWEBTEXT_ID, split="train", num_proc=num_proc)
+        full = datasets.load_dataset(OPENWEBTEXT_ID, split="train")
     except RuntimeError as error:  # datasets>=4 refuses the repository's loading script: try the hub's parquet copy
         if "scripts are no longer supported" not in str(error):
             raise
-        full = datasets.load_dataset(OPENWEBTEXT_ID, split="train", revision="refs/convert/parquet", num_proc=num_proc)
+        full = datasets.load_dataset(OPENWEBTEXT_ID, split="train", revision="refs/convert/parquet")
     if len(full) != OPENWEBTEXT_DOCUMENTS:  # the hub's automatic parquet conversion of a large dataset can be partial
         raise DatasetUnavailableError(
             f"{OPENWEBTEXT_ID} gave {len(full):,} documents, not the {OPENWEBTEXT_DOCUMENTS:,} of nanoGPT's split; "

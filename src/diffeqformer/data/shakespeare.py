@@ -85,12 +85,12 @@ class Document:
     text: str = field(repr=False)
 
 
-def verify_archive(path: Path, sha256: str = ARCHIVE_SHA256) -> Path:
+def verify_archive(path: Path) -> Path:
     """Check the SHA-256 of ``path``; on a mismatch delete the file and raise ``CorpusChecksumError``."""
     actual = file_sha256(path)
-    if actual != sha256:
+    if actual != ARCHIVE_SHA256:
         path.unlink()
-        raise CorpusChecksumError(f"{path.name} has SHA-256 {actual}, expected {sha256}; the file was deleted, "
+        raise CorpusChecksumError(f"{path.name} has SHA-256 {actual}, expected {ARCHIVE_SHA256}; the file was deleted, "
                                   f"call fetch_archive() again to download it afresh.")
     return path
 
@@ -141,13 +141,11 @@ def split_key(name: str) -> float:
     return int.from_bytes(hashlib.sha256(name.encode()).digest()[:8], "big") / 2**64
 
 
-def assign_splits(names: Iterable[str], validation_fraction: float = VALIDATION_FRACTION) -> dict[str, Split]:
-    """Split one domain by document: the ``max(1, round(fraction * n))`` names with the smallest ``split_key`` go to
-    validation, the rest to train. Independent of the order of ``names``."""
-    if not 0.0 < validation_fraction < 1.0:
-        raise ValueError(f"validation_fraction must lie in (0, 1), got {validation_fraction}")
+def assign_splits(names: Iterable[str]) -> dict[str, Split]:
+    """Split one domain by document: the ``max(1, round(VALIDATION_FRACTION * n))`` names with the smallest
+    ``split_key`` go to validation, the rest to train. Independent of the order of ``names``."""
     ranked = sorted(set(names), key=lambda n: (split_key(n), n))
-    n_validation = max(1, round(validation_fraction * len(ranked)))
+    n_validation = max(1, round(VALIDATION_FRACTION * len(ranked)))
     return {name: ("validation" if i < n_validation else "train") for i, name in enumerate(ranked)}
 
 

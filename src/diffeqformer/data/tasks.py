@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import json
 import re
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -102,9 +101,6 @@ class TaskFiles:
 def example_budget(max_seq_len: int, shots: int) -> int:
     """Tokens one example may have so that a ``shots``-shot prompt (the examples and the query, a blank line of about
     one token between them, one token of slack for merges at the joins) fits in ``max_seq_len``."""
-    check_positive_int(max_seq_len, "max_seq_len")
-    if not isinstance(shots, int) or shots < 0:
-        raise ValueError(f"shots must be a non-negative integer, got {shots!r}")
     budget = (max_seq_len - 2 * shots - 1) // (shots + 1)
     if budget < MIN_CONTEXT_TOKENS + 2:
         raise ValueError(f"a {shots}-shot prompt leaves {budget} tokens per example in {max_seq_len}: too few for a "
@@ -352,19 +348,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--fewshot", type=int, default=50, help="few-shot examples per task (drawn apart)")
     parser.add_argument("--max-tokens", type=int, default=example_budget(64, 1),
                         help="tokens of one example, context and answer (default: a 1-shot prompt in 64 tokens)")
-    parser.add_argument("--seed", type=int, default=0, help="the order in which candidates are taken")
-    parser.add_argument("--domain", choices=corpora.DOMAINS, default="all")
     parser.add_argument("--vocab-size", type=int, default=corpora.DEFAULT_VOCAB_SIZE, help="the corpus's BPE")
-    parser.add_argument("--root", type=Path, default=paths.DATA, help="data root (raw/ and cache/ go below it)")
     args = parser.parse_args(argv)
-    start = time.perf_counter()
     try:
-        files = build_tasks(args.root, num_examples=args.examples, num_fewshot=args.fewshot,
-                            max_tokens=args.max_tokens, seed=args.seed, domain=args.domain,
+        files = build_tasks(num_examples=args.examples, num_fewshot=args.fewshot, max_tokens=args.max_tokens,
                             vocab_size=args.vocab_size)
     except ValueError as error:
         parser.exit(2, f"error: {error}\n")
-    print(f"tasks in {files.directory} ({time.perf_counter() - start:.1f} s)")
+    print(f"tasks in {files.directory}")
     for task, n in files.manifest["counts"].items():
         print(f"{task}: {n['test']} test, {n['fewshot']} few-shot examples (of {n['candidates']} candidates)")
     for name, sha in files.hashes.items():
