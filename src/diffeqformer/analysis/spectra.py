@@ -349,8 +349,8 @@ def log_radius_slope(ds: xr.Dataset) -> dict[str, float]:
 def depth_growth(models: Mapping[str, Sequence[xr.Dataset]]) -> pd.DataFrame:
     r"""Whether the spectral radii grow with depth, one row per (model, matrix) of ``{label: [spectra of each seed]}``:
     the seed is the unit (a model's depth points are not independent draws), the one-sample t-test of the seeds'
-    ``log_radius_slope`` against 0. Columns: ``slope`` (mean), ``factor`` (e^{slope * span}), ``verdict``,
-    ``change`` (``mean_change``), ``comparison``, and per seed ``slopes``, ``spearman``, ``peak_time``, ``positivity``."""
+    ``log_radius_slope`` against 0. Columns: ``slope`` (mean), ``factor`` (e^{slope * span}), ``verdict``, ``change``
+    (``mean_change``), ``comparison``, and per seed ``slopes``, ``spearman``, ``peak_time``, ``positivity``."""
     from .statistics import as_list, one_sample
 
     rows = []
